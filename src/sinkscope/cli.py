@@ -1,0 +1,151 @@
+"""The ``sinkscope`` command line: thin typer wrappers over library functions.
+
+Every anticipated failure is a :class:`~sinkscope.errors.SinkscopeError` whose one sentence is
+printed as ``error: ...`` with exit code 1 (never a traceback).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from sinkscope.errors import SinkscopeError
+
+app = typer.Typer(
+    name="sinkscope",
+    help="Measure attention sinks in causal language models.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+# ---- options shared by commands --------------------------------------------------------------
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(help="Hub id, local save_pretrained folder or .gguf file; default: the bundled SmolLM2-135M."),
+]
+OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder (default reports/<run-id>).")]
+TextFileOpt = Annotated[Optional[str], typer.Option("--text-file", help="UTF-8 text to use instead of the bundled corpus.")]
+DatasetOpt = Annotated[Optional[str], typer.Option("--dataset", help="A datasets corpus NAME[:CONFIG][:SPLIT].")]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per window (BOS included).")]
+NSeqsOpt = Annotated[int, typer.Option("--n-seqs", help="Number of windows.")]
+BatchOpt = Annotated[int, typer.Option("--batch-size", help="Windows per forward pass (numbers do not change).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the window draw.")]
+BosOpt = Annotated[str, typer.Option("--bos", help="auto | add | none: prepend the BOS token to each window.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16.")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code from the model repository to run.")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty run folder.")]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+
+
+def _friendly_errors(func):
+    """Turn anticipated failures into one sentence on stderr and a non-zero exit."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        import torch
+
+        try:
+            return func(*args, **kwargs)
+        except SinkscopeError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(1) from None
+        except torch.OutOfMemoryError:
+            typer.echo("error: out of memory; lower --batch-size or --seq-len, or use a larger device.", err=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted; no run folder was written.", err=True)
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+@app.command()
+@_friendly_errors
+def sinks(
+    model: ModelArg = None,
+    out: OutOpt = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = 512,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
+    sink_layer_start: Annotated[int, typer.Option("--sink-layer-start", help="First layer of sink_rate[s:].")] = 2,
+    overwrite: OverwriteOpt = False,
+    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots.")] = True,
+    progress: ProgressOpt = True,
+) -> None:
+    """Measure position-0 mass, sink rate, phantom mass, value-norm ratio and massive activations.
+
+    Writes results.csv/.parquet, manifest.json, tokens.npy and figures into a run folder.
+
+    Examples:
+
+        sinkscope sinks                                  # SmolLM2-135M on the bundled Austen corpus
+
+        sinkscope sinks EleutherAI/pythia-1b --seq-len 1024 --n-seqs 64
+
+        sinkscope sinks model.gguf --text-file book.txt --bos add --out runs/book
+    """
+    from sinkscope.sinks import SinksOptions, measure_sinks
+
+    options = SinksOptions(
+        model=model, out=out, text_file=text_file, dataset=dataset, seq_len=seq_len, n_seqs=n_seqs,
+        batch_size=batch_size, seed=seed, bos=bos, device=device, dtype=dtype, revision=revision,
+        trust_remote_code=trust_remote_code, sink_epsilon=sink_epsilon, sink_layer_start=sink_layer_start,
+        overwrite=overwrite, figures=figures, progress=progress,
+    )
+    run_dir = measure_sinks(options)
+    typer.echo(str(run_dir))
+
+
+@app.command("ls")
+@_friendly_errors
+def list_things(
+    what: Annotated[str, typer.Argument(help="probes | families")] = "probes",
+) -> None:
+    """List the probes (with their metrics) or the supported model families.
+
+    Examples:
+
+        sinkscope ls probes
+
+        sinkscope ls families
+    """
+    if what == "probes":
+        from sinkscope.probes import PROBES
+
+        for name, cls in PROBES.items():
+            typer.echo(name)
+            for metric, text in cls.metrics.items():
+                typer.echo(f"  {metric:30s} {text}")
+    elif what == "families":
+        from sinkscope.capture.families import FAMILIES
+
+        for model_type, family in FAMILIES.items():
+            typer.echo(f"{model_type:14s} {family.label}")
+    else:
+        raise SinkscopeError(f"unknown listing {what!r}; use probes or families.")
+
+
+def main() -> None:  # pragma: no cover - console entry for python -m
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app(prog_name="sinkscope")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Text corpora and the deterministic token windows every run evaluates.
+
+Sources: the bundled default (six Jane Austen novels, fetched at set-up from the Debian package
+``r-cran-janeaustenr`` by ``python -m sinkscope.corpus_fetch``), a UTF-8 text file
+(``--text-file``), or a ``datasets`` dataset (``--dataset NAME[:CONFIG][:SPLIT]``, when the
+``datasets`` package and the data are available locally).
+
+Windowing (documented in the README and recorded in the manifest):
+
+1. Each document (a novel, the text file, one dataset row) is tokenised on its own with no
+   special tokens.
+2. Every document is cut into non-overlapping chunks of ``body = seq_len - 1`` tokens if a BOS
+   token is prepended, else ``seq_len``, starting at its first token; the remainder is dropped.
+   Windows never cross a document boundary.
+3. ``n_seqs`` chunks are drawn without replacement from all chunks of all documents by
+   ``numpy.random.default_rng(seed)`` and put back in corpus order.
+4. With the BOS policy ``add`` each window is ``[bos] + chunk``. ``auto`` adds BOS exactly when
+   the tokenizer adds one to plain text by default (Llama yes; SmolLM2 and GPT-2 no).
+
+The result is an int64 array of shape (n_seqs, seq_len), saved as ``tokens.npy`` with each run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sinkscope.corpus_fetch import default_corpus_dir, is_complete_corpus
+from sinkscope.errors import SinkscopeError
+
+BOS_POLICIES = ("auto", "add", "none")
+
+
+@dataclass
+class Corpus:
+    """Documents plus a description of where they came from.
+
+    Attributes:
+        name: short name (``austen``, the file name, the dataset name).
+        documents: the texts, in corpus order.
+        info: provenance recorded in the manifest (paths as the user gave them, hashes).
+    """
+
+    name: str
+    documents: list[str]
+    info: dict = field(default_factory=dict)
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the documents in order (what the manifest calls the corpus hash)."""
+        digest = hashlib.sha256()
+        for text in self.documents:
+            digest.update(hashlib.sha256(text.encode("utf-8")).digest())
+        return digest.hexdigest()
+
+
+def bundled_corpus() -> Corpus:
+    """The default Austen corpus, or a sentence saying how to fetch it."""
+    folder = default_corpus_dir()
+    if not is_complete_corpus(folder):
+        raise SinkscopeError(
+            f"the bundled corpus is not in {folder}; run `python -m sinkscope.corpus_fetch` "
+            "(or `make demo`), or pass --text-file PATH."
+        )
+    files = sorted(folder.glob("austen_*.txt"))
+    return Corpus("austen", [f.read_text(encoding="utf-8") for f in files],
+                  {"kind": "bundled", "path": str(folder), "files": [f.name for f in files],
+                   "source": "Debian package r-cran-janeaustenr (texts public domain)"})
+
+
+def text_file_corpus(path: str) -> Corpus:
+    """One UTF-8 text file as a single document."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise SinkscopeError(f"no text file at {path}.")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise SinkscopeError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}).") from error
+    if not text.strip():
+        raise SinkscopeError(f"the text file {path} is empty.")
+    return Corpus(file.name, [text], {"kind": "text_file", "path": path})
+
+
+def dataset_corpus(spec: str, text_column: str = "text") -> Corpus:
+    """``NAME[:CONFIG][:SPLIT]`` through the ``datasets`` library (local cache or online)."""
+    try:
+        import datasets  # type: ignore
+    except ImportError as error:
+        raise SinkscopeError("--dataset needs the datasets package; pip install datasets.") from error
+    name, config, split = (spec.split(":") + [None, None])[:3]
+    try:
+        data = datasets.load_dataset(name, config or None, split=split or "train")
+    except Exception as error:  # noqa: BLE001 - any loading failure becomes one sentence
+        raise SinkscopeError(f"the dataset {spec!r} is not available ({str(error).splitlines()[0][:200]}).") from error
+    if text_column not in data.column_names:
+        raise SinkscopeError(f"the dataset {spec!r} has no {text_column!r} column; it has {data.column_names}.")
+    docs = [t for t in data[text_column] if t and t.strip()]
+    return Corpus(name, docs, {"kind": "dataset", "spec": spec, "column": text_column})
+
+
+def load_corpus(text_file: str | None = None, dataset: str | None = None) -> Corpus:
+    """The corpus chosen by the options (bundled default when neither is given)."""
+    if text_file and dataset:
+        raise SinkscopeError("pass either --text-file or --dataset, not both.")
+    if text_file:
+        return text_file_corpus(text_file)
+    if dataset:
+        return dataset_corpus(dataset)
+    return bundled_corpus()
+
+
+def tokenizer_adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer prepends its BOS token to plain text by default."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    ids = tokenizer("a").input_ids
+    return bool(ids) and ids[0] == bos
+
+
+def resolve_bos(policy: str, tokenizer) -> int | None:
+    """The BOS id to prepend to each window, or None, under ``policy``."""
+    if policy not in BOS_POLICIES:
+        raise SinkscopeError(f"unknown BOS policy {policy!r}; use one of {', '.join(BOS_POLICIES)}.")
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if policy == "none":
+        return None
+    if policy == "add":
+        if bos is None:
+            raise SinkscopeError("--bos add was asked for but the tokenizer has no BOS token; use --bos none.")
+        return int(bos)
+    return int(bos) if tokenizer_adds_bos(tokenizer) else None
+
+
+def tokenize_documents(tokenizer, documents: list[str]) -> list[np.ndarray]:
+    """Each document's token ids (no special tokens), int64."""
+    out = []
+    for text in documents:
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        out.append(np.asarray(ids, dtype=np.int64))
+    return out
+
+
+@dataclass
+class Windows:
+    """The token windows of a run and how they were drawn."""
+
+    tokens: np.ndarray  # (n_seqs, seq_len) int64
+    bos_id: int | None
+    starts: list[tuple[int, int]]  # (document index, token offset) of each window's body
+    n_corpus_tokens: int
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(np.ascontiguousarray(self.tokens).tobytes()).hexdigest()
+
+
+def make_windows(doc_ids: list[np.ndarray], *, seq_len: int, n_seqs: int, seed: int, bos_id: int | None) -> Windows:
+    """Draw ``n_seqs`` windows of ``seq_len`` tokens (see the module docstring for the rule)."""
+    if seq_len < 2:
+        raise SinkscopeError(f"--seq-len must be at least 2 (got {seq_len}).")
+    if n_seqs < 1:
+        raise SinkscopeError(f"--n-seqs must be at least 1 (got {n_seqs}).")
+    body = seq_len - (1 if bos_id is not None else 0)
+    chunks = [(d, start) for d, ids in enumerate(doc_ids) for start in range(0, len(ids) - body + 1, body)]
+    total = int(sum(len(ids) for ids in doc_ids))
+    if len(chunks) < n_seqs:
+        raise SinkscopeError(
+            f"the corpus has {total} tokens, enough for {len(chunks)} windows of {seq_len} tokens, "
+            f"but --n-seqs {n_seqs} were asked for; lower --n-seqs or --seq-len, or use a longer text."
+        )
+    rng = np.random.default_rng(seed)
+    picked = sorted(rng.choice(len(chunks), size=n_seqs, replace=False).tolist())
+    starts = [chunks[i] for i in picked]
+    rows = []
+    for d, start in starts:
+        row = doc_ids[d][start:start + body]
+        if bos_id is not None:
+            row = np.concatenate([np.asarray([bos_id], dtype=np.int64), row])
+        rows.append(row)
+    return Windows(np.stack(rows).astype(np.int64), bos_id, starts, total)

@@ -1,0 +1,75 @@
+"""Massive activations in the residual stream (Sun et al. 2024; SPEC.md "Massive activations").
+
+Per layer l (the output hidden state of decoder layer l), over every evaluated token:
+
+    massive_activation          = max |h|                       (the top entry)
+    massive_activation_channel  = its channel
+    massive_activation_position = its position in the window
+    massive_activation_ratio    = max |h| / median |h|
+
+The median is not a streaming statistic, so we take it per sequence (exact median of |h| over
+that sequence's positions and channels) and average those over sequences; the ratio divides
+the overall top by that mean median. Both are independent of the batch size. Ties for the top
+keep the first sequence in evaluation order. Model rows: the largest ``massive_activation`` and
+``massive_activation_ratio`` over layers (a mean of maxima would describe no activation).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from sinkscope.probes.base import Probe, Row
+from sinkscope.probes.stats import median
+
+
+class MassiveActivation(Probe):
+    name = "massive_activation"
+    needs_residual = True
+    metrics = {
+        "massive_activation": "largest |h| in the layer's output residual stream",
+        "massive_activation_ratio": "largest |h| over the mean per-sequence median |h|",
+        "massive_activation_channel": "channel of the largest |h|",
+        "massive_activation_position": "position (in the window) of the largest |h|",
+    }
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        L = spec.n_layers
+        self.top = torch.full((L,), -1.0, dtype=torch.float64)
+        self.channel = torch.zeros(L, dtype=torch.int64)
+        self.position = torch.zeros(L, dtype=torch.int64)
+        self.median_sum = torch.zeros(L, dtype=torch.float64)
+        self.n_seqs = torch.zeros(L, dtype=torch.int64)
+
+    def observe_residual(self, layer: int, hidden: Tensor) -> None:
+        magnitude = hidden.detach().float().abs()  # (B, T, C)
+        B, T, C = magnitude.shape
+        flat = magnitude.reshape(B, T * C)  # (B, T*C)
+        seq_top, seq_arg = flat.max(dim=-1)  # (B,), (B,)
+        self.median_sum[layer] += median(flat, dim=-1).double().sum().cpu()
+        self.n_seqs[layer] += B
+        best = int(seq_top.argmax())  # first maximal sequence of the batch
+        if float(seq_top[best]) > float(self.top[layer]):
+            self.top[layer] = float(seq_top[best])
+            self.position[layer] = int(seq_arg[best]) // C
+            self.channel[layer] = int(seq_arg[best]) % C
+
+    def rows(self) -> list[Row]:
+        rows: list[Row] = []
+        seen = [l for l in range(self.spec.n_layers) if self.n_seqs[l] > 0]
+        ratios = {}
+        for l in seen:
+            n = int(self.n_seqs[l])
+            ratios[l] = float(self.top[l] / (self.median_sum[l] / n))
+            rows += [
+                Row(self.name, "massive_activation", l, None, float(self.top[l]), n),
+                Row(self.name, "massive_activation_ratio", l, None, ratios[l], n),
+                Row(self.name, "massive_activation_channel", l, None, float(self.channel[l]), n),
+                Row(self.name, "massive_activation_position", l, None, float(self.position[l]), n),
+            ]
+        if seen:
+            n_total = int(self.n_seqs.sum())
+            rows.append(Row(self.name, "massive_activation", None, None, float(self.top[seen].max()), n_total))
+            rows.append(Row(self.name, "massive_activation_ratio", None, None, max(ratios.values()), n_total))
+        return rows

@@ -1,0 +1,29 @@
+"""Position-0 mass (SPEC.md "Position-0 mass"; seed 000 Table 15).
+
+    p0_i = w_i0 = a_i0 / sum_j a_ij
+
+the share of query i's real-key attention that lands on the first key, per (layer, head),
+averaged over queries i >= 1 (row 0 is trivially all on position 0) and sequences. On a
+sliding-window layer key 0 is invisible to queries i >= W, which then contribute 0.
+"""
+
+from __future__ import annotations
+
+from sinkscope.capture.record import AttentionRecord
+from sinkscope.probes.base import HeadMeans, Probe, Row
+
+
+class P0Mass(Probe):
+    name = "p0_mass"
+    metrics = {"p0_mass": "share of each query's real-key attention on position 0 (w_i0), mean over i >= 1"}
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.acc = HeadMeans(spec.n_layers, spec.n_heads)
+
+    def observe_attention(self, record: AttentionRecord) -> None:
+        p0 = record.key_mass(0, over="real")  # (B, H, T)
+        self.acc.add(record.layer, p0[:, :, 1:], item_dims=(0, 2))
+
+    def rows(self) -> list[Row]:
+        return self.acc.rows(self.name, "p0_mass")

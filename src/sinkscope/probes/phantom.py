@@ -1,0 +1,36 @@
+"""Phantom (learned sink) mass and the sink logits themselves (SPEC.md "Phantom mass").
+
+    phi_i = exp(b_h) / (exp(b_h) + sum_k exp(s_ik)) = sigmoid(b_h - LSE_i)
+
+per (layer, head), averaged over queries i >= 1 and sequences; 0 by construction for a model
+without a phantom. ``sink_logit`` reports b_h (gpt-oss ``sinks``) and is absent where the
+model has none. For Hugging Face's gpt-oss eager attention phi_i also equals 1 - sum_j a_ij
+(it drops the sink column after the softmax); the tests check both.
+"""
+
+from __future__ import annotations
+
+from sinkscope.capture.record import AttentionRecord
+from sinkscope.probes.base import HeadMeans, Probe, Row
+
+
+class PhantomMass(Probe):
+    name = "phantom_mass"
+    metrics = {
+        "phantom_mass": "attention on the learned phantom key, sigmoid(b_h - LSE_i), mean over i >= 1",
+        "sink_logit": "the learned phantom logit b_h (models with a phantom only)",
+    }
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.mass = HeadMeans(spec.n_layers, spec.n_heads)
+        self.logit = HeadMeans(spec.n_layers, spec.n_heads)
+
+    def observe_attention(self, record: AttentionRecord) -> None:
+        phi = record.phantom_mass()  # (B, H, T)
+        self.mass.add(record.layer, phi[:, :, 1:], item_dims=(0, 2))
+        if record.has_phantom:
+            self.logit.set(record.layer, record.sink_logits.float())
+
+    def rows(self) -> list[Row]:
+        return self.mass.rows(self.name, "phantom_mass") + self.logit.rows(self.name, "sink_logit")

@@ -1,0 +1,32 @@
+"""Value-norm ratio (SPEC.md "Value-norm ratio"; seed 000 Tables 14-15).
+
+    r0 = ||v_0|| / median_{j >= 1} ||v_j||
+
+per value (KV) head and sequence, then averaged over sequences. ``v`` is the head's value
+vector before any gate. The ``head`` column of these rows indexes value heads (0..Hkv-1), which
+under GQA are fewer than query heads. The median is the exact one (mean of the two middle values
+for an even count).
+"""
+
+from __future__ import annotations
+
+from sinkscope.capture.record import AttentionRecord
+from sinkscope.probes.base import HeadMeans, Probe, Row
+from sinkscope.probes.stats import median
+
+
+class ValueNormRatio(Probe):
+    name = "value_norm_ratio"
+    metrics = {"value_norm_ratio": "||v_0|| / median_{j>=1} ||v_j|| per value head, mean over sequences"}
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.acc = HeadMeans(spec.n_layers, spec.n_kv_heads)
+
+    def observe_attention(self, record: AttentionRecord) -> None:
+        norms = record.value_norms()  # (B, Hkv, S)
+        ratio = norms[..., 0] / median(norms[..., 1:], dim=-1)  # (B, Hkv)
+        self.acc.add(record.layer, ratio, item_dims=(0,))
+
+    def rows(self) -> list[Row]:
+        return self.acc.rows(self.name, "value_norm_ratio")

@@ -1,0 +1,509 @@
+"""Publication-style figures for sinkscope results.
+
+All functions take the *tidy* results table used throughout sinkscope: a
+:class:`pandas.DataFrame` with columns
+
+* ``probe`` (str) -- name of the probe that produced the row,
+* ``metric`` (str) -- metric name, e.g. ``p0_mass``,
+* ``layer`` (nullable ``Int64``) -- layer index, ``<NA>`` for model aggregates,
+* ``head`` (nullable ``Int64``) -- head index, ``<NA>`` for layer/model
+  aggregates,
+* ``value`` (float64) -- the measurement, possibly NaN,
+* ``n`` (int64) -- number of observations behind ``value``.
+
+Only the object-oriented matplotlib API is used: figures are created as
+:class:`matplotlib.figure.Figure` instances that are never registered with
+pyplot, so nothing leaks between calls and no figure has to be closed. No
+backend is selected (``Figure.savefig`` renders PNG/SVG without one), so
+importing this module does not disturb an interactive session. Style
+settings are applied through :func:`matplotlib.rc_context` while a figure is
+built, so the global rcParams are left untouched.
+
+Colour maps default to ``viridis`` (perceptually uniform, monotone in
+lightness, so heatmaps stay readable in greyscale print). Missing (NaN) cells
+are drawn as hatched light grey, which remains distinguishable from every
+colour of the map in greyscale too.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import atomic_write_bytes
+
+__all__ = [
+    "KV_HEAD_METRICS",
+    "METRIC_LABELS",
+    "layer_head_grid",
+    "layer_head_heatmap",
+    "metric_axis_label",
+    "per_layer_line",
+    "save_figure",
+    "write_run_figures",
+]
+
+#: Human-readable label and unit for each known metric: ``metric -> (label, unit)``.
+#: Unknown metrics fall back to the raw metric name without a unit.
+METRIC_LABELS: dict[str, tuple[str, str]] = {
+    "p0_mass": ("Attention mass on position 0", "share of real-key mass"),
+    "sink_rate": ("Sink rate (alpha_0 > eps)", "fraction of heads and sequences"),
+    "sink_alpha": ("Key-0 importance alpha_0", "mean attention on key 0"),
+    "phantom_mass": ("Phantom sink mass", "share of row mass"),
+    "sink_logit": ("Learned sink logit b_h", "logit"),
+    "value_norm_ratio": ("Value-norm ratio ||v_0|| / median ||v_j||", "ratio"),
+    "massive_activation": ("Largest residual activation", "max |h|"),
+    "massive_activation_ratio": ("Largest residual activation / median", "ratio"),
+    "massive_activation_channel": ("Channel of the largest activation", "channel index"),
+    "massive_activation_position": ("Position of the largest activation", "token position"),
+}
+
+#: Metrics whose head axis indexes key/value heads (GQA) rather than query heads.
+KV_HEAD_METRICS: frozenset[str] = frozenset({"value_norm_ratio"})
+
+REQUIRED_COLUMNS: tuple[str, ...] = ("metric", "layer", "head", "value")
+
+#: Colour (and hatch) used for NaN / missing cells in heatmaps.
+MISSING_COLOR = "0.86"
+MISSING_HATCH_COLOR = "0.55"
+MISSING_HATCH = "////"
+
+PNG_DPI = 150
+SVG_HASHSALT = "sinkscope"
+
+# Heatmap sizing: inches per cell, plus fixed room for labels and colourbar,
+# clipped to a range that fits a paper page / slide.
+_CELL_IN = 0.17
+_HEATMAP_PAD_W = 2.0
+_HEATMAP_PAD_H = 1.3
+_HEATMAP_W_RANGE = (4.5, 12.0)
+_HEATMAP_H_RANGE = (3.2, 9.0)
+_WRAP_BELOW_IN = 5.0
+_CBAR_W_IN = 0.15
+_LINE_FIGSIZE = (6.0, 3.8)
+
+_STYLE: dict[str, object] = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "hatch.linewidth": 0.5,
+    "svg.hashsalt": SVG_HASHSALT,
+}
+
+
+def metric_axis_label(
+    metric: str,
+    labels: Mapping[str, tuple[str, str]] | None = None,
+    *,
+    wrap: bool = False,
+) -> str:
+    """Return an axis/colourbar label "Human label (unit)" for a metric.
+
+    Args:
+        metric: Metric name as it appears in the ``metric`` column.
+        labels: Optional mapping ``metric -> (label, unit)``; defaults to
+            :data:`METRIC_LABELS`.
+        wrap: Put the unit on a second line (for short axes).
+
+    Returns:
+        ``"label (unit)"`` for known metrics, the bare label when the unit is
+        empty, and the metric name itself for unknown metrics.
+    """
+    table = METRIC_LABELS if labels is None else labels
+    if metric not in table:
+        return metric
+    label, unit = table[metric]
+    if not unit:
+        return label
+    return f"{label}\n({unit})" if wrap else f"{label} ({unit})"
+
+
+def _metric_title(metric: str) -> str:
+    label = METRIC_LABELS.get(metric, (metric, ""))[0]
+    return label if label == metric else f"{label} [{metric}]"
+
+
+def _check_columns(df: pd.DataFrame) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise SinkscopeError(
+            f"the results table lacks the column(s) {', '.join(missing)} needed for figures; "
+            f"it has {', '.join(map(str, df.columns))}."
+        )
+
+
+def _per_head_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    sel = (df["metric"] == metric) & df["layer"].notna() & df["head"].notna()
+    return df.loc[sel.fillna(False).astype(bool)]
+
+
+def _per_layer_rows(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    sel = (df["metric"] == metric) & df["layer"].notna() & df["head"].isna()
+    return df.loc[sel.fillna(False).astype(bool)]
+
+
+def _raise_on_duplicates(rows: pd.DataFrame, keys: list[str], metric: str) -> None:
+    dup = rows.duplicated(subset=keys, keep=False)
+    if dup.any():
+        example = rows.loc[dup, keys].iloc[0].tolist()
+        probes = sorted(rows.loc[dup, "probe"].astype(str).unique()) if "probe" in rows else []
+        where = ", ".join(f"{k} {v}" for k, v in zip(keys, example))
+        raise SinkscopeError(
+            f"metric {metric!r} has several rows for {where}"
+            + (f" (probes {', '.join(probes)})" if probes else "")
+            + "; plot one run and probe at a time."
+        )
+
+
+def layer_head_grid(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Pivot the per-(layer, head) rows of one metric into a layer x head grid.
+
+    The grid covers every integer layer and head between the smallest and the
+    largest index present; cells without a row are NaN.
+
+    Args:
+        df: Tidy results table.
+        metric: Metric to extract.
+
+    Returns:
+        Float DataFrame indexed by layer (rows) with heads as columns.
+
+    Raises:
+        SinkscopeError: If the metric has no per-(layer, head) rows or has several
+            rows for the same (layer, head).
+    """
+    _check_columns(df)
+    rows = _per_head_rows(df, metric)
+    if rows.empty:
+        raise SinkscopeError(f"metric {metric!r} has no per-(layer, head) rows to draw a heatmap from.")
+    rows = pd.DataFrame(
+        {
+            "layer": rows["layer"].astype("int64").to_numpy(),
+            "head": rows["head"].astype("int64").to_numpy(),
+            "value": rows["value"].astype("float64").to_numpy(),
+            **({"probe": rows["probe"].to_numpy()} if "probe" in rows else {}),
+        }
+    )
+    _raise_on_duplicates(rows, ["layer", "head"], metric)
+    grid = rows.pivot(index="layer", columns="head", values="value")
+    layers = np.arange(grid.index.min(), grid.index.max() + 1)
+    heads = np.arange(grid.columns.min(), grid.columns.max() + 1)
+    grid = grid.reindex(index=layers, columns=heads).astype("float64")
+    grid.index.name, grid.columns.name = "layer", "head"
+    return grid
+
+
+def _heatmap_figsize(n_layers: int, n_heads: int) -> tuple[float, float]:
+    w = float(np.clip(n_heads * _CELL_IN + _HEATMAP_PAD_W, *_HEATMAP_W_RANGE))
+    h = float(np.clip(n_layers * _CELL_IN + _HEATMAP_PAD_H, *_HEATMAP_H_RANGE))
+    return w, h
+
+
+def layer_head_heatmap(
+    df: pd.DataFrame,
+    metric: str,
+    *,
+    title: str | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    cmap: str = "viridis",
+) -> Figure:
+    """Draw a layer x head heatmap of one metric.
+
+    Rows are layers (layer 0 at the top), columns are heads. Only rows where
+    both ``layer`` and ``head`` are present are used. NaN or absent cells are
+    drawn hatched light grey. Tick labels are thinned automatically and the
+    figure size grows with the grid but stays within page-friendly bounds, so
+    a 36-layer x 64-head grid stays readable.
+
+    Args:
+        df: Tidy results table.
+        metric: Metric to plot.
+        title: Axes title; defaults to the metric's human label and name.
+        vmin: Lower end of the colour scale; data minimum if None.
+        vmax: Upper end of the colour scale; data maximum if None.
+        cmap: Name of a registered matplotlib colour map. Prefer perceptually
+            uniform maps (``viridis``, ``cividis``) so the figure survives
+            greyscale printing.
+
+    Returns:
+        The figure. The image is ``fig.axes[0].images[0]``; its array is the
+        masked layer x head grid (see :func:`layer_head_grid`).
+
+    Raises:
+        SinkscopeError: If the metric has no per-(layer, head) rows or duplicates.
+    """
+    grid = layer_head_grid(df, metric)
+    data = np.ma.masked_invalid(grid.to_numpy(dtype="float64"))
+    layers = grid.index.to_numpy()
+    heads = grid.columns.to_numpy()
+
+    if data.mask.all() and vmin is None and vmax is None:
+        vmin, vmax = 0.0, 1.0  # nothing to scale; avoid a degenerate norm
+
+    colormap = matplotlib.colormaps[cmap].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
+    head_label = "KV head" if metric in KV_HEAD_METRICS else "head"
+    # Cell (layer l, head h) is centred on data coordinates (h, l).
+    extent = (heads[0] - 0.5, heads[-1] + 0.5, layers[-1] + 0.5, layers[0] - 0.5)
+
+    fig_w, fig_h = _heatmap_figsize(len(layers), len(heads))
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=(fig_w, fig_h), layout="constrained")
+        ax = fig.add_subplot()
+        # Hatched background shows through transparent (masked) cells.
+        ax.add_patch(
+            Rectangle(
+                (extent[0], extent[3]),
+                extent[1] - extent[0],
+                extent[2] - extent[3],
+                facecolor=MISSING_COLOR,
+                edgecolor=MISSING_HATCH_COLOR,
+                hatch=MISSING_HATCH,
+                linewidth=0.0,
+                zorder=-1,
+            )
+        )
+        im = ax.imshow(
+            data,
+            cmap=colormap,
+            vmin=vmin,
+            vmax=vmax,
+            origin="upper",
+            extent=extent,
+            aspect="auto",
+            interpolation="nearest",
+        )
+        ax.set_xlim(extent[0], extent[1])
+        ax.set_ylim(extent[2], extent[3])  # inverted: layer 0 at the top
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(MaxNLocator(nbins="auto", integer=True, min_n_ticks=2))
+        ax.tick_params(length=2.5)
+        for spine in ax.spines.values():
+            spine.set_visible(True)
+        ax.set_xlabel(head_label)
+        ax.set_ylabel("layer")
+        ax.set_title(title if title is not None else _metric_title(metric))
+
+        # Fixed physical colourbar width; aspect chosen so it spans the axes height.
+        cbar = fig.colorbar(
+            im,
+            ax=ax,
+            fraction=_CBAR_W_IN / max(fig_w - _HEATMAP_PAD_W, 1.0),
+            pad=0.01,
+            aspect=max(10.0, (fig_h - _HEATMAP_PAD_H) / _CBAR_W_IN),
+        )
+        # A long label does not fit along a short colourbar: unit on a second line.
+        cbar.set_label(metric_axis_label(metric, wrap=fig_h < _WRAP_BELOW_IN))
+        cbar.outline.set_linewidth(0.5)
+
+        if data.mask.any():
+            fig.legend(
+                handles=[
+                    Patch(
+                        facecolor=MISSING_COLOR,
+                        edgecolor=MISSING_HATCH_COLOR,
+                        hatch=MISSING_HATCH,
+                        linewidth=0.0,
+                        label="no data (NaN)",
+                    )
+                ],
+                loc="outside lower right",
+                handlelength=1.2,
+            )
+    return fig
+
+
+def per_layer_line(
+    df: pd.DataFrame,
+    metric: str,
+    *,
+    label: str | None = None,
+    ax: Axes | None = None,
+) -> Figure:
+    """Plot a metric's per-layer aggregate against layer.
+
+    Uses rows with a layer and no head. If the metric also has per-(layer,
+    head) rows, a light band spans the min-max across heads of each layer.
+    Pass ``ax`` to overlay further runs on an existing plot.
+
+    Args:
+        df: Tidy results table (one run; filter first when the table mixes runs).
+        metric: Metric to plot.
+        label: Legend entry for the line (e.g. a model or run name). A legend
+            is drawn whenever a label is given.
+        ax: Axes to draw into; a new figure is created when None.
+
+    Returns:
+        The (root) figure holding the axes. The aggregate line is the first
+        line drawn by this call, with x = layers and y = aggregate values.
+
+    Raises:
+        SinkscopeError: If the metric has no per-layer aggregate rows, or several
+            rows for the same layer.
+    """
+    _check_columns(df)
+    agg = _per_layer_rows(df, metric)
+    if agg.empty:
+        raise SinkscopeError(
+            f"metric {metric!r} has no per-layer rows (layer set, head empty) to draw a line from."
+        )
+    agg = pd.DataFrame(
+        {
+            "layer": agg["layer"].astype("int64").to_numpy(),
+            "value": agg["value"].astype("float64").to_numpy(),
+            **({"probe": agg["probe"].to_numpy()} if "probe" in agg else {}),
+        }
+    )
+    _raise_on_duplicates(agg, ["layer"], metric)
+    agg = agg.sort_values("layer")
+    x = agg["layer"].to_numpy()
+    y = agg["value"].to_numpy()
+
+    heads = _per_head_rows(df, metric)
+    band = None
+    if not heads.empty:
+        hv = pd.DataFrame(
+            {
+                "layer": heads["layer"].astype("int64").to_numpy(),
+                "value": heads["value"].astype("float64").to_numpy(),
+            }
+        )
+        band = hv.groupby("layer")["value"].agg(["min", "max"]).sort_index()
+
+    with matplotlib.rc_context(_STYLE):
+        if ax is None:
+            fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+            ax = fig.add_subplot()
+            ax.set_title(_metric_title(metric))
+        else:
+            fig = _root_figure(ax)
+
+        (line,) = ax.plot(
+            x, y, marker="o", markersize=3, linewidth=1.4, label=label, zorder=3
+        )
+        if band is not None:
+            ax.fill_between(
+                band.index.to_numpy(),
+                band["min"].to_numpy(),
+                band["max"].to_numpy(),
+                color=line.get_color(),
+                alpha=0.18,
+                linewidth=0.0,
+                label=f"{label}: min–max over heads" if label else "min–max over heads",
+                zorder=2,
+            )
+        ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", integer=True))
+        ax.set_xlabel("layer")
+        ax.set_ylabel(metric_axis_label(metric))
+        ax.grid(True, linewidth=0.4, alpha=0.4)
+        if label is not None or band is not None:
+            # Below the axes: the band would hide an inside legend, and
+            # overlaid runs append entries (one column per run).
+            n_entries = len(ax.get_legend_handles_labels()[0])
+            per_run = 2 if band is not None else 1
+            ax.legend(
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.16),
+                ncols=max(1, min(4, n_entries // per_run)),
+                borderaxespad=0.0,
+            )
+    return fig
+
+
+def _root_figure(ax: Axes) -> Figure:
+    try:
+        return ax.get_figure(root=True)
+    except TypeError:  # matplotlib < 3.10: ax.figure is already the root figure
+        fig = ax.figure
+        return getattr(fig, "figure", fig)
+
+
+def _atomic_savefig(fig: Figure, path: Path, fmt: str, **kwargs: object) -> None:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=fmt, **kwargs)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def save_figure(fig: Figure, stem: Path) -> list[Path]:
+    """Write a figure as ``<stem>.png`` (150 dpi) and ``<stem>.svg``, atomically.
+
+    Each file is rendered in memory and written with
+    :func:`sinkscope.fileio.atomic_write_bytes` (temporary file in the
+    destination directory, then :func:`os.replace`), so readers never see a
+    half-written figure. The SVG carries no date and uses a fixed hash
+    salt, so re-rendering the same figure gives byte-identical output (for a
+    given matplotlib version).
+
+    Args:
+        fig: Figure to write.
+        stem: Output path without suffix; its parent is created if needed.
+            Any suffix already on ``stem`` is kept (``a.b`` -> ``a.b.png``).
+
+    Returns:
+        ``[png_path, svg_path]``.
+    """
+    stem = Path(stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    png = stem.with_name(stem.name + ".png")
+    svg = stem.with_name(stem.name + ".svg")
+    with matplotlib.rc_context({"svg.hashsalt": SVG_HASHSALT}):
+        _atomic_savefig(fig, png, "png", dpi=PNG_DPI, metadata={"Software": None})
+        _atomic_savefig(fig, svg, "svg", metadata={"Date": None})
+    return [png, svg]
+
+
+def _file_stem(metric: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric).strip("._") or "metric"
+
+
+def write_run_figures(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Write the standard figure set for one run.
+
+    For every metric with per-(layer, head) rows, writes a heatmap
+    ``out_dir/figures/heatmap_<metric>.{png,svg}``; for every metric with
+    per-layer aggregate rows, a line plot ``out_dir/figures/layers_<metric>.{png,svg}``
+    (with the min-max band over heads where per-head rows exist). Model
+    aggregates (layer NA) are not plotted.
+
+    Args:
+        df: Tidy results table of a single run.
+        out_dir: Run output directory; ``figures/`` is created inside it.
+
+    Returns:
+        Paths of all written files, heatmaps first, metrics in sorted order.
+
+    Raises:
+        SinkscopeError: If required columns are missing or a metric has duplicate
+            rows for the same (layer, head).
+    """
+    _check_columns(df)
+    fig_dir = Path(out_dir) / "figures"
+    layer_set = df["layer"].notna()
+    head_set = df["head"].notna()
+    metric = df["metric"].astype(str)
+    heat_metrics = sorted(metric[layer_set & head_set].unique())
+    line_metrics = sorted(metric[layer_set & ~head_set].unique())
+
+    written: list[Path] = []
+    for m in heat_metrics:
+        written += save_figure(layer_head_heatmap(df, m), fig_dir / f"heatmap_{_file_stem(m)}")
+    for m in line_metrics:
+        written += save_figure(per_layer_line(df, m), fig_dir / f"layers_{_file_stem(m)}")
+    return written

@@ -1,0 +1,72 @@
+"""The only forward loop: windows in, probe accumulators filled.
+
+The model runs under :func:`sinkscope.capture.capture`; each attention layer hands its record to
+every probe the moment it exists, and nothing per-token outlives the layer. The logits of the
+LM head are not needed, so where the model supports it only the last position's are computed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from sinkscope.capture import AttentionRecord, capture
+from sinkscope.probes.base import Probe
+
+
+class ProbeTap:
+    """Dispatches captured tensors to probes (the capture's ``Tap``)."""
+
+    def __init__(self, probes: Sequence[Probe]):
+        self.probes = list(probes)
+        self.residual_probes = [p for p in self.probes if p.needs_residual]
+
+    def on_attention(self, record: AttentionRecord) -> None:
+        for probe in self.probes:
+            probe.observe_attention(record)
+
+    def on_residual(self, layer: int, hidden: Tensor) -> None:
+        for probe in self.residual_probes:
+            probe.observe_residual(layer, hidden)
+
+
+def _forward_kwargs(model: torch.nn.Module) -> dict:
+    """``use_cache=False`` and, where accepted, ``logits_to_keep=1`` (skip the full LM head)."""
+    kwargs = {"use_cache": False}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = 1
+    return kwargs
+
+
+def run_probes(
+    model: torch.nn.Module,
+    tokens: np.ndarray,
+    probes: Sequence[Probe],
+    *,
+    batch_size: int = 4,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+) -> None:
+    """Run ``model`` over ``tokens`` (n_seqs, seq_len) in batches, feeding ``probes``.
+
+    Results do not depend on ``batch_size``: probes only add per-sequence sums.
+    """
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    tap = ProbeTap(probes)
+    kwargs = _forward_kwargs(model)
+    n = tokens.shape[0]
+    starts = range(0, n, batch_size)
+    bar = tqdm(starts, desc="batches", unit="batch", disable=not progress, file=sys.stderr,
+               total=len(starts), dynamic_ncols=True)
+    with capture(model, tap, residual=bool(tap.residual_probes)), torch.inference_mode():
+        for start in bar:
+            ids = torch.from_numpy(np.ascontiguousarray(tokens[start:start + batch_size])).to(device)  # (B, T)
+            model(input_ids=ids, **kwargs)
+            bar.set_postfix(seqs=min(start + batch_size, n))
+    bar.close()

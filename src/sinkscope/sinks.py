@@ -1,0 +1,168 @@
+"""``sinkscope sinks``: the sink measurements of SPEC.md, per layer and head, into a run folder.
+
+Library entry point :func:`measure_sinks`; the CLI command is a thin wrapper over it.
+Order of work: validate every option and the output folder first (seconds), then load the
+model, tokenise and window the corpus, run the probes, and write the folder atomically.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from sinkscope import corpus as corpus_mod
+from sinkscope.capture.families import ModelSpec
+from sinkscope.errors import SinkscopeError
+from sinkscope.probes import SINKS_PROBES, get_probe
+from sinkscope.probes.sink_rate import SinkRate
+from sinkscope.results import base_manifest, check_run_dir, rows_to_frame, staged_run_dir, write_tables
+from sinkscope.runner import run_probes
+from sinkscope.sources import load_model, model_config_summary, resolve_source
+
+
+@dataclass
+class SinksOptions:
+    """Everything that defines a ``sinks`` run (recorded verbatim in the manifest).
+
+    Attributes:
+        model: hub id, local folder, GGUF file; None for the embedded SmolLM2 default.
+        out: run folder; None for ``reports/<run-id>``.
+        text_file: a UTF-8 text file to use instead of the bundled corpus.
+        dataset: a ``datasets`` name ``NAME[:CONFIG][:SPLIT]`` instead of the bundled corpus.
+        seq_len: tokens per window, BOS included (512 keeps a SmolLM2 run near a minute on 2 cores).
+        n_seqs: number of windows.
+        batch_size: windows per forward pass (does not change the numbers).
+        seed: seeds the window draw.
+        bos: ``auto`` | ``add`` | ``none`` (see corpus.py).
+        device, dtype, revision, trust_remote_code: model loading (see sources.py).
+        sink_epsilon, sink_layer_start: Gu et al.'s threshold and the ``[s:]`` layer cut.
+        overwrite: replace an existing non-empty run folder.
+        figures: draw the heatmaps and per-layer plots.
+    """
+
+    model: str | None = None
+    out: str | None = None
+    text_file: str | None = None
+    dataset: str | None = None
+    seq_len: int = 512
+    n_seqs: int = 16
+    batch_size: int = 4
+    seed: int = 0
+    bos: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    sink_epsilon: float = 0.3
+    sink_layer_start: int = 2
+    overwrite: bool = False
+    figures: bool = True
+    progress: bool = True
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
+
+
+def default_run_dir(label: str) -> Path:
+    """``reports/<YYYYmmdd-HHMMSS>-<model>`` under the current directory."""
+    return Path("reports") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{_slug(label)}"
+
+
+def _validate(options: SinksOptions) -> None:
+    if options.seq_len < 2:
+        raise SinkscopeError(f"--seq-len must be at least 2 (got {options.seq_len}).")
+    if options.n_seqs < 1:
+        raise SinkscopeError(f"--n-seqs must be at least 1 (got {options.n_seqs}).")
+    if options.batch_size < 1:
+        raise SinkscopeError(f"--batch-size must be at least 1 (got {options.batch_size}).")
+    if options.bos not in corpus_mod.BOS_POLICIES:
+        raise SinkscopeError(f"unknown --bos {options.bos!r}; use one of {', '.join(corpus_mod.BOS_POLICIES)}.")
+    if not 0.0 < options.sink_epsilon < 1.0:
+        raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
+
+
+def _check_context(model: torch.nn.Module, seq_len: int) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    if limit is not None and seq_len > limit:
+        raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
+
+
+def measure_sinks(options: SinksOptions, log=None) -> Path:
+    """Run the sink probes and write the run folder; returns its path."""
+    log = log or (lambda message: print(message, file=sys.stderr))
+    _validate(options)
+    source = resolve_source(options.model, options.revision)
+    out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location)
+    check_run_dir(out_dir, options.overwrite)
+    corpus = corpus_mod.load_corpus(options.text_file, options.dataset)
+
+    started = time.perf_counter()
+    log(f"Loading {source.label or source.location} ...")
+    loaded = load_model(source, device=options.device, dtype=options.dtype,
+                        trust_remote_code=options.trust_remote_code, log=log)
+    load_s = time.perf_counter() - started
+    spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
+    _check_context(loaded.model, options.seq_len)
+
+    log(f"Tokenising the corpus {corpus.name!r} ({len(corpus.documents)} documents) ...")
+    bos_id = corpus_mod.resolve_bos(options.bos, loaded.tokenizer)
+    doc_ids = corpus_mod.tokenize_documents(loaded.tokenizer, corpus.documents)
+    windows = corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs,
+                                      seed=options.seed, bos_id=bos_id)
+
+    probes = []
+    for name in SINKS_PROBES:
+        cls = get_probe(name)
+        if cls is SinkRate:
+            probes.append(cls(spec, epsilon=options.sink_epsilon, layer_start=options.sink_layer_start))
+        else:
+            probes.append(cls(spec))
+
+    log(f"Running {spec.family} ({spec.n_layers} layers x {spec.n_heads} heads) over "
+        f"{options.n_seqs} windows of {options.seq_len} tokens on {loaded.device} in {str(loaded.dtype)[6:]} ...")
+    run_started = time.perf_counter()
+    run_probes(loaded.model, windows.tokens, probes, batch_size=options.batch_size, device=loaded.device,
+               progress=options.progress)
+    run_s = time.perf_counter() - run_started
+
+    frame = rows_to_frame(row for probe in probes for row in probe.rows())
+    manifest = base_manifest("sinks", asdict(options))
+    manifest.update(
+        model={
+            "source": source.to_dict(),
+            "float32_cache": loaded.cache_path,
+            "family": spec.family,
+            "spec": asdict(spec),
+            "n_parameters": sum(p.numel() for p in loaded.model.parameters()),
+            "config": model_config_summary(loaded.model),
+        },
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        device=str(loaded.device),
+        corpus={**corpus.info, "name": corpus.name, "sha256": corpus.sha256, "n_documents": len(corpus.documents),
+                "n_tokens": windows.n_corpus_tokens},
+        windows={
+            "seq_len": options.seq_len, "n_seqs": options.n_seqs, "seed": options.seed,
+            "bos_policy": options.bos, "bos_id": windows.bos_id, "tokens_sha256": windows.sha256,
+            "rule": "non-overlapping per-document chunks, drawn without replacement by "
+                    "numpy.random.default_rng(seed), kept in corpus order; BOS prepended when bos_id is set",
+            "starts": [list(s) for s in windows.starts],
+        },
+        probes={p.name: {"options": p.options(), "metrics": p.metrics} for p in probes},
+        timing={"load_s": round(load_s, 3), "run_s": round(run_s, 3),
+                "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
+    )
+    with staged_run_dir(out_dir, options.overwrite) as stage:
+        write_tables(stage, frame, manifest, windows.tokens)
+        if options.figures:
+            from sinkscope.report.figures import write_run_figures
+
+            write_run_figures(frame, stage)
+    log(f"Wrote {out_dir}")
+    return out_dir

