@@ -118,3 +118,28 @@ def test_ls_lists_probes_and_families():
     assert probes.exit_code == 0 and "p0_mass" in probes.output and "sink_rate[2:]" in probes.output
     families = runner.invoke(app, ["ls", "families"])
     assert families.exit_code == 0 and "gpt_oss" in families.output and "qwen3_next" in families.output
+
+
+def test_recipe_runs_with_overrides(tiny_llama_dir, text_file, tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('command = "sinks"\n[options]\nseq_len = 16\nn_seqs = 2\nbos = "none"\nfigures = false\n')
+    out = tmp_path / "recipe-run"
+    result = runner.invoke(app, ["run", str(recipe), "--set", f"model={tiny_llama_dir}", "--set",
+                                 f"text_file={text_file}", "--set", "n_seqs=3", "--set", f"out={out}",
+                                 "--set", "progress=false"])
+    assert result.exit_code == 0, result.output
+    assert np.load(out / "tokens.npy").shape == (3, 16)
+    bad = runner.invoke(app, ["run", str(recipe), "--set", "n_seq=3"])
+    assert bad.exit_code == 1 and "unknown option 'n_seq'" in bad.output
+    bad = runner.invoke(app, ["run", str(recipe), "--set", "n_seqs=many"])
+    assert bad.exit_code == 1 and "must be int" in bad.output
+
+
+def test_bundled_recipes_parse():
+    from pathlib import Path
+
+    from sinkscope.recipes import load_recipe
+
+    for path in sorted((Path(__file__).parents[1] / "probes").glob("*.toml")):
+        command, options = load_recipe(str(path))
+        assert command == "sinks" and options.seq_len == 512

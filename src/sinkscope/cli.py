@@ -113,6 +113,25 @@ def sinks(
     typer.echo(str(run_dir))
 
 
+@app.command("run")
+@_friendly_errors
+def run_recipe_command(
+    recipe: Annotated[str, typer.Argument(help="A recipe TOML file, e.g. probes/sinks-smollm2.toml.")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable).")] = None,
+) -> None:
+    """Run a probe recipe (a TOML file naming a command and its options).
+
+    Examples:
+
+        sinkscope run probes/sinks-smollm2.toml
+
+        sinkscope run probes/sinks-smollm2.toml --set n_seqs=4 --set out=runs/quick
+    """
+    from sinkscope.recipes import run_recipe
+
+    typer.echo(str(run_recipe(recipe, set_ or [])))
+
+
 @app.command("ls")
 @_friendly_errors
 def list_things(

