@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup corpus demo test clean
+.PHONY: setup corpus browser demo test clean
 
 setup: $(VENV)/.installed corpus
 
@@ -24,10 +24,16 @@ $(VENV)/.installed: pyproject.toml
 corpus: $(VENV)/.installed
 	$(BIN)/python -m sinkscope.corpus_fetch
 
+# Debian's chromium for the report's headless-browser test (skipped with a reason if this fails).
+browser:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+	  || echo "note: could not install chromium; the browser test will be skipped"
+
 demo: setup
 	$(BIN)/sinkscope sinks
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

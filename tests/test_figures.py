@@ -317,5 +317,5 @@ def test_metric_labels_cover_known_metrics() -> None:
         assert label and unit
     assert figures.METRIC_LABELS["p0_mass"][1] == "share of real-key mass"
     assert figures.METRIC_LABELS["phantom_mass"][1] == "share of row mass"
-    assert figures.METRIC_LABELS["sink_rate"][1] == "fraction of heads and sequences"
+    assert figures.METRIC_LABELS["sink_rate"][1] == "fraction of heads"
     assert figures.metric_axis_label("unknown") == "unknown"

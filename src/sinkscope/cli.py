@@ -113,6 +113,28 @@ def sinks(
     typer.echo(str(run_dir))
 
 
+@app.command()
+@_friendly_errors
+def report(
+    run_dirs: Annotated[list[str], typer.Argument(help="One or more run folders.")],
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder (default: the run folder for one run, reports/compare-<time> for several).")] = None,
+    label: Annotated[Optional[list[str]], typer.Option("--label", help="A name per run, in order (default: folder names).")] = None,
+) -> None:
+    """Rebuild a run's report.html, or compare several runs on one page (no model is loaded).
+
+    Examples:
+
+        sinkscope report reports/20261129-150033-SmolLM2-135M-Instruct.Q4_1
+
+        sinkscope report runs/bos-none runs/bos-add --label "no BOS" --label "BOS" --out runs/bos-compare
+    """
+    from sinkscope.report import build_report
+
+    if label and len(label) != len(run_dirs):
+        raise SinkscopeError(f"give one --label per run folder ({len(run_dirs)}), not {len(label)}.")
+    typer.echo(str(build_report(run_dirs, out=out, labels=label)))
+
+
 @app.command("run")
 @_friendly_errors
 def run_recipe_command(
@@ -150,8 +172,8 @@ def list_things(
 
         for name, cls in PROBES.items():
             typer.echo(name)
-            for metric, text in cls.metrics.items():
-                typer.echo(f"  {metric:30s} {text}")
+            for metric, info in cls.metrics.items():
+                typer.echo(f"  {metric:30s} {info.label} [{info.unit}] ({info.source})")
     elif what == "families":
         from sinkscope.capture.families import FAMILIES
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sinkscope.corpus_fetch import default_corpus_dir, is_complete_corpus
+from sinkscope.corpus_fetch import AUSTEN_NAMES, austen_filename, default_corpus_dir, is_complete_corpus
 from sinkscope.errors import SinkscopeError
 
 BOS_POLICIES = ("auto", "add", "none")
@@ -65,7 +65,7 @@ def bundled_corpus() -> Corpus:
             f"the bundled corpus is not in {folder}; run `python -m sinkscope.corpus_fetch` "
             "(or `make demo`), or pass --text-file PATH."
         )
-    files = sorted(folder.glob("austen_*.txt"))
+    files = [folder / austen_filename(name) for name in sorted(AUSTEN_NAMES)]
     return Corpus("austen", [f.read_text(encoding="utf-8") for f in files],
                   {"kind": "bundled", "path": str(folder), "files": [f.name for f in files],
                    "source": "Debian package r-cran-janeaustenr (texts public domain)"})

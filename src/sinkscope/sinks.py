@@ -43,7 +43,7 @@ class SinksOptions:
         device, dtype, revision, trust_remote_code: model loading (see sources.py).
         sink_epsilon, sink_layer_start: Gu et al.'s threshold and the ``[s:]`` layer cut.
         overwrite: replace an existing non-empty run folder.
-        figures: draw the heatmaps and per-layer plots.
+        figures: draw the heatmaps and per-layer plots and write report.html.
     """
 
     model: str | None = None
@@ -154,15 +154,16 @@ def measure_sinks(options: SinksOptions, log=None) -> Path:
                     "numpy.random.default_rng(seed), kept in corpus order; BOS prepended when bos_id is set",
             "starts": [list(s) for s in windows.starts],
         },
-        probes={p.name: {"options": p.options(), "metrics": p.metrics} for p in probes},
+        probes={p.name: {"options": p.options(), "metrics": {m: asdict(i) for m, i in p.metrics.items()}}
+                for p in probes},
         timing={"load_s": round(load_s, 3), "run_s": round(run_s, 3),
                 "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
     )
     with staged_run_dir(out_dir, options.overwrite) as stage:
         write_tables(stage, frame, manifest, windows.tokens)
         if options.figures:
-            from sinkscope.report.figures import write_run_figures
+            from sinkscope.report import build_report
 
-            write_run_figures(frame, stage)
+            build_report([stage], out=stage, labels=[out_dir.name])
     log(f"Wrote {out_dir}")
     return out_dir

@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -179,6 +180,7 @@ def _write_cache(model, tokenizer, cache: Path) -> None:
 def _short(error: Exception) -> str:
     """First line of an exception message, trimmed, for one-sentence errors."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    text = re.split(r"(?<=[.!?])\s+(?=[A-Z])", text)[0]  # first sentence only
     return text[:300].rstrip(".")
 
 

@@ -41,7 +41,11 @@ class AttentionRecord:
         weights: (B, H, T, S) the attention weights a_ij the model's own eager function returned
             (rows sum to 1 - phi_i where there is a phantom). Float32.
         output_gate: (B, T, H, D) multiplicative output gate in (0, 1) applied to each head's
-            attention output before the output projection (Qwen3-Next), or None.
+            attention output before the output projection (Qwen3-Next; trainer ``outgate``,
+            headwise gates broadcast over D), or None.
+        value_gate: (B, Hkv, S) value gate g_j in (0, 1) of the bundled trainer's gated variants
+            (``normgate``, ``projgate``, ``sink+*``: the read is g_j v_j; ``routing-norm``: the
+            logits carry + log g_j instead), or None.
     """
 
     layer: int
@@ -54,6 +58,7 @@ class AttentionRecord:
     sliding_window: int | None = None
     sink_logits: Tensor | None = None
     output_gate: Tensor | None = None
+    value_gate: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ---- shapes ---------------------------------------------------------------------------

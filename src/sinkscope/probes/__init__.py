@@ -8,7 +8,7 @@ add it here.
 from __future__ import annotations
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import HeadMeans, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
 from sinkscope.probes.massive_activation import MassiveActivation
 from sinkscope.probes.p0_mass import P0Mass
 from sinkscope.probes.phantom import PhantomMass
@@ -29,4 +29,11 @@ def get_probe(name: str) -> type[Probe]:
     return PROBES[name]
 
 
-__all__ = ["PROBES", "SINKS_PROBES", "HeadMeans", "Probe", "Row", "get_probe"]
+
+
+def metric_info() -> dict[str, MetricInfo]:
+    """Every registered metric's documentation, keyed by metric name."""
+    return {metric: info for cls in PROBES.values() for metric, info in cls.metrics.items()}
+
+
+__all__ = ["PROBES", "SINKS_PROBES", "HeadMeans", "MetricInfo", "Probe", "Row", "get_probe", "metric_info"]

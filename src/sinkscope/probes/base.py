@@ -23,6 +23,27 @@ from sinkscope.capture.record import AttentionRecord
 
 
 @dataclass(frozen=True)
+class MetricInfo:
+    """What a metric means, for ``sinkscope ls``, the manifest and the report.
+
+    Attributes:
+        label: short human name (figure titles, table headers).
+        unit: unit of the value (axis labels).
+        formula: the definition in words and symbols (SPEC.md notation).
+        source: where the definition comes from (SPEC.md section, paper).
+        direction: how to read the value, e.g. "higher = more mass parked on position 0", or "".
+        per: granularity of the finest rows: "layer x head", "layer x KV head", "layer" or "model".
+    """
+
+    label: str
+    unit: str
+    formula: str
+    source: str
+    direction: str = ""
+    per: str = "layer x head"
+
+
+@dataclass(frozen=True)
 class Row:
     """One number of the tidy results table; ``None`` layer/head marks an aggregate."""
 
@@ -91,8 +112,8 @@ class Probe:
     """Base class: declare ``name``, ``metrics``, ``needs_residual``; override the hooks."""
 
     name: ClassVar[str]
-    #: metric names this probe writes, with one line each (shown by ``sinkscope ls``).
-    metrics: ClassVar[dict[str, str]]
+    #: the metrics this probe writes, documented (shown by ``sinkscope ls``, kept in the manifest).
+    metrics: ClassVar[dict[str, MetricInfo]]
     #: whether the probe reads each decoder layer's output hidden state.
     needs_residual: ClassVar[bool] = False
 

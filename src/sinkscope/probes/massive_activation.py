@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sinkscope.probes.base import Probe, Row
+from sinkscope.probes.base import MetricInfo, Probe, Row
 from sinkscope.probes.stats import median
 
 
@@ -27,10 +27,22 @@ class MassiveActivation(Probe):
     name = "massive_activation"
     needs_residual = True
     metrics = {
-        "massive_activation": "largest |h| in the layer's output residual stream",
-        "massive_activation_ratio": "largest |h| over the mean per-sequence median |h|",
-        "massive_activation_channel": "channel of the largest |h|",
-        "massive_activation_position": "position (in the window) of the largest |h|",
+        "massive_activation": MetricInfo(
+            "Largest residual activation", "max |h|",
+            "max |h| over every position and channel of the layer's output residual stream; model row = "
+            "largest over layers",
+            "SPEC.md 'Massive activations'; Sun et al. 2024", "higher = a more massive activation", per="layer"),
+        "massive_activation_ratio": MetricInfo(
+            "Largest activation / median", "ratio",
+            "max |h| divided by the median |h| (exact median per window, averaged over windows); model row = "
+            "largest over layers",
+            "SPEC.md 'Massive activations'; Sun et al. 2024", "higher = a more massive activation", per="layer"),
+        "massive_activation_channel": MetricInfo(
+            "Channel of the largest activation", "channel index",
+            "the residual channel holding max |h|", "SPEC.md 'Massive activations'", per="layer"),
+        "massive_activation_position": MetricInfo(
+            "Position of the largest activation", "token position",
+            "the position in the window holding max |h|", "SPEC.md 'Massive activations'", per="layer"),
     }
 
     def __init__(self, spec):

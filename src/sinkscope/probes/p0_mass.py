@@ -10,12 +10,17 @@ sliding-window layer key 0 is invisible to queries i >= W, which then contribute
 from __future__ import annotations
 
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
 
 
 class P0Mass(Probe):
     name = "p0_mass"
-    metrics = {"p0_mass": "share of each query's real-key attention on position 0 (w_i0), mean over i >= 1"}
+    metrics = {"p0_mass": MetricInfo(
+        "Position-0 mass", "share of real-key mass",
+        "p0 = w_i0 = a_i0 / sum_j a_ij: the share of query i's attention on real keys that lands on "
+        "key 0, averaged over queries i >= 1 and windows",
+        "SPEC.md 'Position-0 mass'; seed 000 Table 15",
+        "higher = more attention parked on the first token")}
 
     def __init__(self, spec):
         super().__init__(spec)

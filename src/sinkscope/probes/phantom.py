@@ -11,14 +11,23 @@ model has none. For Hugging Face's gpt-oss eager attention phi_i also equals 1 -
 from __future__ import annotations
 
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
 
 
 class PhantomMass(Probe):
     name = "phantom_mass"
     metrics = {
-        "phantom_mass": "attention on the learned phantom key, sigmoid(b_h - LSE_i), mean over i >= 1",
-        "sink_logit": "the learned phantom logit b_h (models with a phantom only)",
+        "phantom_mass": MetricInfo(
+            "Phantom mass", "share of row mass",
+            "phi_i = exp(b_h) / (exp(b_h) + sum_k exp(s_ik)) = sigmoid(b_h - LSE_i), the attention on the "
+            "learned phantom key (value 0), averaged over queries i >= 1 and windows; 0 without a phantom",
+            "SPEC.md 'Phantom mass'; seed 002 (gpt-oss sinks)",
+            "higher = more attention withheld through the phantom"),
+        "sink_logit": MetricInfo(
+            "Learned sink logit", "logit",
+            "b_h, the learned per-head logit of the phantom key (gpt-oss `sinks`)",
+            "SPEC.md 'Phantom mass'; seed 002",
+            "higher = the phantom absorbs more mass"),
     }
 
     def __init__(self, spec):

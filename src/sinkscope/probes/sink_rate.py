@@ -16,15 +16,29 @@ itself, averaged over sequences. Defaults: k = 0, eps = 0.3.
 from __future__ import annotations
 
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
 
 
 class SinkRate(Probe):
     name = "sink_rate"
     metrics = {
-        "sink_rate": "fraction of (layer, head, sequence) with alpha_k > eps (Gu et al.)",
-        "sink_rate[2:]": "sink_rate over layers l >= layer_start only (model row)",
-        "sink_alpha": "alpha_k = mean over queries t >= k of a_tk",
+        "sink_rate": MetricInfo(
+            "Sink rate", "fraction of heads",
+            "Sink_k^eps: share of (layer, head) pairs whose importance alpha_k = mean over queries t >= k of "
+            "a_tk exceeds eps (k = 0, eps = 0.3), evaluated per window and averaged over windows; per head "
+            "it is the fraction of windows in which the head is a sink",
+            "SPEC.md 'Sink rate'; Gu et al. 2025; seed 003 Table 1",
+            "higher = more heads act as sinks"),
+        "sink_rate[2:]": MetricInfo(
+            "Sink rate, layers 2 on", "fraction of heads",
+            "Sink_0^eps restricted to layers l >= 2 (the start is --sink-layer-start)",
+            "SPEC.md 'Sink rate'; seed 003 Table 1 (Sink_0^eps[2:])",
+            "higher = more heads act as sinks", per="model"),
+        "sink_alpha": MetricInfo(
+            "Key-0 importance", "mean attention on key 0",
+            "alpha_0 = mean over queries t >= 0 of a_t0 (phantom, if any, in the normaliser), averaged over windows",
+            "Gu et al. 2025 (importance score behind the sink rate)",
+            "higher = key 0 receives more attention"),
     }
 
     def __init__(self, spec, *, epsilon: float = 0.3, key: int = 0, layer_start: int = 2):

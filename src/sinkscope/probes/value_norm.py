@@ -11,13 +11,18 @@ for an even count).
 from __future__ import annotations
 
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
 from sinkscope.probes.stats import median
 
 
 class ValueNormRatio(Probe):
     name = "value_norm_ratio"
-    metrics = {"value_norm_ratio": "||v_0|| / median_{j>=1} ||v_j|| per value head, mean over sequences"}
+    metrics = {"value_norm_ratio": MetricInfo(
+        "Value-norm ratio", "ratio",
+        "r0 = ||v_0|| / median_{j >= 1} ||v_j|| per value (KV) head and window, averaged over windows; "
+        "v before any gate",
+        "SPEC.md 'Value-norm ratio'; seed 000 Tables 14-15",
+        "lower = a quieter (more no-op) sink value", per="layer x KV head")}
 
     def __init__(self, spec):
         super().__init__(spec)

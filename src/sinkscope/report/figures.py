@@ -41,6 +41,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.probes import metric_info
 from sinkscope.fileio import atomic_write_bytes
 
 __all__ = [
@@ -57,20 +58,11 @@ __all__ = [
 #: Human-readable label and unit for each known metric: ``metric -> (label, unit)``.
 #: Unknown metrics fall back to the raw metric name without a unit.
 METRIC_LABELS: dict[str, tuple[str, str]] = {
-    "p0_mass": ("Attention mass on position 0", "share of real-key mass"),
-    "sink_rate": ("Sink rate (alpha_0 > eps)", "fraction of heads and sequences"),
-    "sink_alpha": ("Key-0 importance alpha_0", "mean attention on key 0"),
-    "phantom_mass": ("Phantom sink mass", "share of row mass"),
-    "sink_logit": ("Learned sink logit b_h", "logit"),
-    "value_norm_ratio": ("Value-norm ratio ||v_0|| / median ||v_j||", "ratio"),
-    "massive_activation": ("Largest residual activation", "max |h|"),
-    "massive_activation_ratio": ("Largest residual activation / median", "ratio"),
-    "massive_activation_channel": ("Channel of the largest activation", "channel index"),
-    "massive_activation_position": ("Position of the largest activation", "token position"),
+    metric: (info.label, info.unit) for metric, info in metric_info().items()
 }
 
 #: Metrics whose head axis indexes key/value heads (GQA) rather than query heads.
-KV_HEAD_METRICS: frozenset[str] = frozenset({"value_norm_ratio"})
+KV_HEAD_METRICS: frozenset[str] = frozenset(m for m, i in metric_info().items() if i.per == "layer x KV head")
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("metric", "layer", "head", "value")
 

@@ -1,0 +1,288 @@
+"""Run folders -> one self-contained ``report.html`` (figures embedded) plus PNG/SVG beside it.
+
+The report reads only what a run folder holds (``manifest.json``, ``results.parquet``/``.csv``);
+it never loads a model, so it can be rebuilt, restyled or combined at any time:
+
+    build_report([run])                  -> run/report.html, run/figures/*
+    build_report([run_a, run_b], out=d)  -> d/report.html comparing the runs, d/figures/*
+
+With several runs every shared metric gets an overlay of its per-layer line (one line per run),
+heatmaps on one shared colour scale, and a side-by-side per-layer table; metrics that not every
+run has are listed in a note and left out of the comparison.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+
+from sinkscope import __version__
+from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import atomic_write_text
+from sinkscope.probes.base import MetricInfo
+from sinkscope.results import RUN_FORMAT_VERSION, read_results
+
+#: Per-layer tables longer than this start collapsed.
+COLLAPSE_ROWS = 16
+
+
+@dataclass
+class RunData:
+    """One run folder, read."""
+
+    path: Path
+    label: str
+    manifest: dict
+    table: pd.DataFrame
+
+
+def read_run(path: str | Path, label: str | None = None) -> RunData:
+    """Read and check a run folder (one-sentence errors for anything that is not one)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise SinkscopeError(f"{path} is not a folder.")
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+        raise SinkscopeError(f"{path} is not a sinkscope run folder (it has no manifest.json).")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as error:
+        raise SinkscopeError(f"the manifest of {path} is not valid JSON ({error.msg}).") from error
+    version = manifest.get("format_version")
+    if version != RUN_FORMAT_VERSION:
+        raise SinkscopeError(
+            f"{path} was written with run format {version!r}; this sinkscope ({__version__}) reads format "
+            f"{RUN_FORMAT_VERSION}: rerun the measurement with this version."
+        )
+    return RunData(folder, label or folder.resolve().name, manifest, read_results(folder))
+
+
+# ---- formatting -----------------------------------------------------------------------------
+
+
+def fmt(value) -> str:
+    """Numbers as the report prints them: 6 significant digits, NaN as an em dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or pd.isna(value):
+        return "—"
+    return f"{float(value):.6g}"
+
+
+def _metric_docs(runs: list[RunData]) -> dict[str, MetricInfo]:
+    """Metric documentation: the registry, overridden by what the manifests recorded."""
+    from sinkscope.probes import metric_info
+
+    docs = dict(metric_info())
+    for run in runs:
+        for probe in run.manifest.get("probes", {}).values():
+            for metric, info in probe.get("metrics", {}).items():
+                if isinstance(info, dict):
+                    docs.setdefault(metric, MetricInfo(**info))
+    return docs
+
+
+def _embed_png(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+# ---- figures ----------------------------------------------------------------------------------
+
+
+def _has_heads(table: pd.DataFrame, metric: str) -> bool:
+    rows = table[table.metric == metric]
+    return bool((rows.layer.notna() & rows["head"].notna()).any())
+
+
+def _has_layers(table: pd.DataFrame, metric: str) -> bool:
+    rows = table[table.metric == metric]
+    return bool((rows.layer.notna() & rows["head"].isna()).any())
+
+
+def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list[dict]:
+    """Draw and save this metric's figures; return [{title, src, files}] for the page."""
+    from sinkscope.report import figures
+
+    stem = figures._file_stem(metric)
+    out: list[dict] = []
+
+    def keep(fig, name: str, title: str) -> None:
+        png, svg = figures.save_figure(fig, fig_dir / name)
+        out.append({"title": title, "src": _embed_png(png), "files": [png.name, svg.name]})
+
+    if all(_has_layers(r.table, metric) for r in runs):
+        if len(runs) == 1:
+            keep(figures.per_layer_line(runs[0].table, metric), f"layers_{stem}", "per layer")
+        else:
+            fig = None
+            for run in runs:
+                if fig is None:
+                    fig = figures.per_layer_line(run.table, metric, label=run.label)
+                    ax = fig.axes[0]
+                else:
+                    figures.per_layer_line(run.table, metric, label=run.label, ax=ax)
+            keep(fig, f"overlay_{stem}", "per layer, one line per run")
+    heads = [r for r in runs if _has_heads(r.table, metric)]
+    if heads:
+        values = pd.concat([r.table[(r.table.metric == metric) & r.table["head"].notna()]["value"] for r in heads])
+        vmin, vmax = (float(values.min()), float(values.max())) if len(runs) > 1 else (None, None)
+        for index, run in enumerate(heads):
+            title = run.label if len(runs) > 1 else None
+            fig = figures.layer_head_heatmap(run.table, metric, title=title, vmin=vmin, vmax=vmax)
+            suffix = f"_run{index}" if len(runs) > 1 else ""
+            keep(fig, f"heatmap_{stem}{suffix}", f"layer x head{': ' + run.label if len(runs) > 1 else ''}")
+    return out
+
+
+# ---- tables ----------------------------------------------------------------------------------
+
+
+def _model_value(table: pd.DataFrame, metric: str):
+    rows = table[(table.metric == metric) & table.layer.isna()]
+    return rows["value"].iloc[0] if len(rows) else None
+
+
+def _layer_table(runs: list[RunData], metric: str) -> dict:
+    """Per-layer rows: layer, then per run the layer value (and min/max over heads for one run)."""
+    single = len(runs) == 1
+    columns = ["layer"] + ([f"{metric}", "min over heads", "max over heads", "n"] if single
+                           else [run.label for run in runs])
+    per_run = []
+    for run in runs:
+        rows = run.table[run.table.metric == metric]
+        layer_rows = rows[rows.layer.notna() & rows["head"].isna()].set_index("layer")
+        heads = rows[rows.layer.notna() & rows["head"].notna()].groupby("layer")["value"].agg(["min", "max"])
+        per_run.append((layer_rows, heads))
+    layers = sorted(set().union(*[set(lr.index.astype(int)) for lr, _ in per_run]))
+    body = []
+    for layer in layers:
+        if single:
+            layer_rows, heads = per_run[0]
+            row = layer_rows.loc[layer]
+            lo, hi = (heads.loc[layer, "min"], heads.loc[layer, "max"]) if layer in heads.index else (None, None)
+            body.append([str(layer), fmt(row["value"]), fmt(lo), fmt(hi), str(int(row["n"]))])
+        else:
+            body.append([str(layer)] + [fmt(lr.loc[layer, "value"]) if layer in lr.index else "—"
+                                        for lr, _ in per_run])
+    return {"columns": columns, "rows": body, "collapsed": len(body) > COLLAPSE_ROWS}
+
+
+def _run_info(runs: list[RunData]) -> dict:
+    """The "what was run" table: one column per run."""
+    def get(manifest: dict, *keys, default="—"):
+        node = manifest
+        for key in keys:
+            if not isinstance(node, dict) or key not in node:
+                return default
+            node = node[key]
+        return default if node is None else node
+
+    fields = [
+        ("model", lambda m: get(m, "model", "source", "label")),
+        ("model source", lambda m: f"{get(m, 'model', 'source', 'kind')}: {get(m, 'model', 'source', 'location')}"),
+        ("family", lambda m: get(m, "model", "family")),
+        ("corpus", lambda m: get(m, "corpus", "name")),
+        ("corpus sha256", lambda m: str(get(m, "corpus", "sha256"))[:16]),
+        ("BOS policy", lambda m: f"{get(m, 'windows', 'bos_policy')} (bos id {get(m, 'windows', 'bos_id', default='none')})"),
+        ("seq-len", lambda m: get(m, "windows", "seq_len")),
+        ("n-seqs", lambda m: get(m, "windows", "n_seqs")),
+        ("seed", lambda m: get(m, "windows", "seed")),
+        ("dtype", lambda m: get(m, "dtype")),
+        ("device", lambda m: get(m, "device")),
+        ("sinkscope", lambda m: get(m, "versions", "sinkscope")),
+        ("torch", lambda m: get(m, "versions", "torch")),
+        ("transformers", lambda m: get(m, "versions", "transformers")),
+        ("date", lambda m: get(m, "created")),
+        ("command", lambda m: get(m, "command")),
+    ]
+    return {"columns": ["", *[r.label for r in runs]],
+            "rows": [[name, *[str(getter(r.manifest)) for r in runs]] for name, getter in fields]}
+
+
+# ---- the page ----------------------------------------------------------------------------------
+
+
+def _ordered_metrics(runs: list[RunData]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """[(probe, [metrics shared by every run, in table order])], and the metrics not shared."""
+    first = runs[0].table
+    order = list(dict.fromkeys(zip(first.probe.astype(str), first.metric.astype(str))))
+    for run in runs[1:]:
+        order += [pm for pm in dict.fromkeys(zip(run.table.probe.astype(str), run.table.metric.astype(str)))
+                  if pm not in order]
+    shared = set.intersection(*[set(r.table.metric.astype(str)) for r in runs])
+    by_probe: dict[str, list[str]] = {}
+    for probe, metric in order:
+        if metric in shared:
+            by_probe.setdefault(probe, []).append(metric)
+    not_shared = sorted({m for _, m in order} - shared)
+    return list(by_probe.items()), not_shared
+
+
+def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
+                 labels: list[str] | None = None) -> Path:
+    """Write ``report.html`` (+ ``figures/``) for one run or a comparison of several.
+
+    Args:
+        run_dirs: run folders written by a sinkscope command.
+        out: output folder; default: the run folder itself for one run,
+            ``reports/compare-<time>`` for several.
+        labels: names for the runs (default: folder names).
+
+    Returns:
+        The path of the written ``report.html``.
+    """
+    if not run_dirs:
+        raise SinkscopeError("give at least one run folder to build a report from.")
+    labels = labels or [None] * len(run_dirs)
+    runs = [read_run(path, label) for path, label in zip(run_dirs, labels)]
+    seen: dict[str, int] = {}
+    for run in runs:  # distinct labels for the legend
+        if run.label in seen:
+            seen[run.label] += 1
+            run.label = f"{run.label} ({seen[run.label]})"
+        else:
+            seen[run.label] = 1
+    if out is None:
+        out = runs[0].path if len(runs) == 1 else Path("reports") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+    out = Path(out)
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+
+    docs = _metric_docs(runs)
+    probes, not_shared = _ordered_metrics(runs)
+    sections = []
+    summary = []
+    for probe, metrics in probes:
+        entries = []
+        for metric in metrics:
+            info = docs.get(metric, MetricInfo(metric, "", "", ""))
+            summary.append({"metric": metric, "label": info.label, "direction": info.direction,
+                            "values": [fmt(_model_value(r.table, metric)) for r in runs]})
+            entries.append({
+                "metric": metric, "info": info,
+                "figures": _figures_for_metric(runs, metric, fig_dir),
+                "table": _layer_table(runs, metric) if all(_has_layers(r.table, metric) for r in runs) else None,
+            })
+        sections.append({"probe": probe, "entries": entries})
+
+    notes = []
+    if not_shared:
+        for metric in not_shared:
+            have = [r.label for r in runs if (r.table.metric == metric).any()]
+            notes.append(f"{metric}: only in {', '.join(have)}; left out of the comparison.")
+
+    from jinja2 import Environment, PackageLoader, select_autoescape
+
+    env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=select_autoescape(["html"]))
+    html = env.get_template("report.html.j2").render(
+        title=("sinkscope report: " + runs[0].label) if len(runs) == 1 else f"sinkscope comparison of {len(runs)} runs",
+        runs=runs, run_info=_run_info(runs), summary=summary, sections=sections, notes=notes,
+        generated=datetime.now().isoformat(timespec="seconds"), version=__version__,
+    )
+    page = out / "report.html"
+    atomic_write_text(page, html)
+    return page
