@@ -112,7 +112,8 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
 
     def keep(fig, name: str, title: str) -> None:
         png, svg = figures.save_figure(fig, fig_dir / name)
-        out.append({"title": title, "src": _embed_png(png), "files": [png.name, svg.name]})
+        kind = "heatmap" if name.startswith("heatmap") else "line"
+        out.append({"title": title, "src": _embed_png(png), "files": [png.name, svg.name], "kind": kind})
 
     if all(_has_layers(r.table, metric) for r in runs):
         if len(runs) == 1:
