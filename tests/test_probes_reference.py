@@ -164,3 +164,39 @@ def test_n_counts_items_behind_each_number():
     assert model_row["n"] == 3 * 9 * 4 * 2  # x heads x layers
     vnr = table[(table.metric == "value_norm_ratio") & table["head"].notna()]
     assert sorted(vnr["head"].unique().tolist()) == [0, 1]  # value (KV) heads under GQA
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_fused_capture_gives_the_explicit_tables(family):
+    """The fused path (kernel LSE, no weights) reproduces the explicit reference within 1e-5."""
+    model = build(family)
+    ids = random_ids(3, 25, seed=4)
+    spec = ModelSpec.from_model(model)
+    tables = {}
+    for mode in ("explicit", "fused"):
+        probes = [PROBES[name](spec) for name in SINKS_PROBES]
+        run_probes(model, ids.numpy(), probes, batch_size=2, progress=False, attention=mode)
+        tables[mode] = rows_to_frame(r for p in probes for r in p.rows())
+    explicit, fused = tables["explicit"], tables["fused"]
+    pd.testing.assert_frame_equal(explicit.drop(columns="value"), fused.drop(columns="value"))
+    np.testing.assert_allclose(fused["value"].to_numpy(), explicit["value"].to_numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_fused_capture_leaves_logits_unchanged(family):
+    from sinkscope.capture import capture
+
+    class Nothing:
+        def on_attention(self, record):
+            pass
+
+        def on_residual(self, layer, hidden):
+            pass
+
+    model = build(family)
+    ids = random_ids(2, 24)
+    with torch.no_grad():
+        reference = model(ids).logits
+        with capture(model, Nothing(), mode="fused"):
+            fused = model(ids).logits
+    torch.testing.assert_close(fused, reference, atol=1e-6, rtol=0)

@@ -88,6 +88,7 @@ def sinks(
     overwrite: OverwriteOpt = False,
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots.")] = True,
     progress: ProgressOpt = True,
+    attention: Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")] = "fused",
 ) -> None:
     """Measure position-0 mass, sink rate, phantom mass, value-norm ratio and massive activations.
 
@@ -107,7 +108,7 @@ def sinks(
         model=model, out=out, text_file=text_file, dataset=dataset, seq_len=seq_len, n_seqs=n_seqs,
         batch_size=batch_size, seed=seed, bos=bos, device=device, dtype=dtype, revision=revision,
         trust_remote_code=trust_remote_code, sink_epsilon=sink_epsilon, sink_layer_start=sink_layer_start,
-        overwrite=overwrite, figures=figures, progress=progress,
+        overwrite=overwrite, figures=figures, progress=progress, attention=attention,
     )
     run_dir = measure_sinks(options)
     typer.echo(str(run_dir))

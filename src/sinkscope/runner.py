@@ -52,10 +52,13 @@ def run_probes(
     batch_size: int = 4,
     device: torch.device | str | None = None,
     progress: bool = True,
+    attention: str = "fused",
 ) -> None:
     """Run ``model`` over ``tokens`` (n_seqs, seq_len) in batches, feeding ``probes``.
 
-    Results do not depend on ``batch_size``: probes only add per-sequence sums.
+    Results do not depend on ``batch_size``: probes only add per-sequence sums. ``attention``
+    chooses the capture: ``"fused"`` (kernel log-sum-exp, memory linear in the sequence length)
+    or ``"explicit"`` (the model's eager weights; the reference).
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     tap = ProbeTap(probes)
@@ -64,7 +67,7 @@ def run_probes(
     starts = range(0, n, batch_size)
     bar = tqdm(starts, desc="batches", unit="batch", disable=not progress, file=sys.stderr,
                total=len(starts), dynamic_ncols=True)
-    with capture(model, tap, residual=bool(tap.residual_probes)), torch.inference_mode():
+    with capture(model, tap, residual=bool(tap.residual_probes), mode=attention), torch.inference_mode():
         for start in bar:
             ids = torch.from_numpy(np.ascontiguousarray(tokens[start:start + batch_size])).to(device)  # (B, T)
             model(input_ids=ids, **kwargs)

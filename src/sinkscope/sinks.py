@@ -44,6 +44,8 @@ class SinksOptions:
         sink_epsilon, sink_layer_start: Gu et al.'s threshold and the ``[s:]`` layer cut.
         overwrite: replace an existing non-empty run folder.
         figures: draw the heatmaps and per-layer plots and write report.html.
+        attention: ``fused`` (a fused kernel's log-sum-exp; memory linear in seq-len) or
+            ``explicit`` (the model's eager weights; the reference). Same numbers (1e-5).
     """
 
     model: str | None = None
@@ -64,6 +66,7 @@ class SinksOptions:
     overwrite: bool = False
     figures: bool = True
     progress: bool = True
+    attention: str = "fused"
 
 
 def _slug(text: str) -> str:
@@ -84,6 +87,8 @@ def _validate(options: SinksOptions) -> None:
         raise SinkscopeError(f"--batch-size must be at least 1 (got {options.batch_size}).")
     if options.bos not in corpus_mod.BOS_POLICIES:
         raise SinkscopeError(f"unknown --bos {options.bos!r}; use one of {', '.join(corpus_mod.BOS_POLICIES)}.")
+    if options.attention not in ("fused", "explicit"):
+        raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
     if not 0.0 < options.sink_epsilon < 1.0:
         raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
 
@@ -129,7 +134,7 @@ def measure_sinks(options: SinksOptions, log=None) -> Path:
         f"{options.n_seqs} windows of {options.seq_len} tokens on {loaded.device} in {str(loaded.dtype)[6:]} ...")
     run_started = time.perf_counter()
     run_probes(loaded.model, windows.tokens, probes, batch_size=options.batch_size, device=loaded.device,
-               progress=options.progress)
+               progress=options.progress, attention=options.attention)
     run_s = time.perf_counter() - run_started
 
     frame = rows_to_frame(row for probe in probes for row in probe.rows())

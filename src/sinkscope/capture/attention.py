@@ -7,8 +7,15 @@ family's own ``eager_attention_forward`` (so GQA, gpt-oss sinks, GPT-2's scaling
 windows are all exactly the model's), returns its result unchanged, and hands an
 :class:`~sinkscope.capture.record.AttentionRecord` to the active :class:`Tap`.
 
-Use it only through :func:`capture`, a context manager that switches the model to the
-``"sinkscope"`` implementation, installs the few forward hooks a family needs (output gates,
+Two implementations are registered. ``"sinkscope"`` (explicit, the reference) runs the
+family's eager attention and hands over its weights. ``"sinkscope_fused"`` (the default for
+runs) computes the same attention with a fused kernel that also returns each row's log-sum-exp
+(``kernels.py``), so nothing quadratic in the sequence length is kept; its mask comes from
+transformers' ``sdpa_mask`` (None for plain causal layers). Both give the probes the same
+numbers (tests: 1e-5 on every family).
+
+Use them only through :func:`capture`, a context manager that switches the model to the
+chosen implementation, installs the few forward hooks a family needs (output gates,
 residual stream), and restores everything on exit. Outside the context the registered function
 is inert: with no active tap it is the family's eager attention.
 """
@@ -20,14 +27,18 @@ import contextvars
 import sys
 from typing import Callable, Iterator, Protocol
 
+import torch
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from sinkscope.capture.families import Family, ModelSpec, family_of, get_submodule
+from sinkscope.capture.kernels import attention_with_lse
 from sinkscope.capture.record import AttentionRecord
 
 IMPLEMENTATION = "sinkscope"
+FUSED_IMPLEMENTATION = "sinkscope_fused"
+MODES = {"explicit": IMPLEMENTATION, "fused": FUSED_IMPLEMENTATION}
 
 
 class Tap(Protocol):
@@ -77,9 +88,6 @@ def sinkscope_attention(
     active = _ACTIVE_TAP.get()
     if active is not None:
         layer = module.layer_idx
-        scale = kwargs.get("scaling")
-        if scale is None:  # GPT-2 / Gemma eager default
-            scale = query.shape[-1] ** -0.5
         mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
         sinks = getattr(module, "sinks", None)
         record = AttentionRecord(
@@ -87,7 +95,7 @@ def sinkscope_attention(
             query=query,
             key=key,
             value=value,
-            scale=float(scale),
+            scale=_scale(query, kwargs),
             mask=mask,
             weights=weights.float(),
             sliding_window=kwargs.get("sliding_window") or getattr(module, "sliding_window", None),
@@ -98,18 +106,74 @@ def sinkscope_attention(
     return out, weights
 
 
+def _scale(query: Tensor, kwargs: dict) -> float:
+    scale = kwargs.get("scaling")
+    return float(query.shape[-1] ** -0.5 if scale is None else scale)  # GPT-2 / Gemma eager default
+
+
+def sinkscope_fused_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """The fused registered function: same attention, rows summarised by their log-sum-exp.
+
+    A learned phantom (gpt-oss ``sinks``) is applied exactly: the real-key output is scaled by
+    1 - phi_i with phi_i = sigmoid(b_h - LSE_i), which is what a softmax over [s_i., b_h]
+    followed by dropping the sink column computes. Shapes as for the explicit function;
+    the weights returned are None (nothing quadratic is kept). Families with logit
+    soft-capping fall back to the explicit function.
+    """
+    if kwargs.get("softcap") is not None:
+        mask = None if attention_mask is None else _additive(attention_mask, query.dtype)
+        return sinkscope_attention(module, query, key, value, mask, **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # (B, H, S, D)
+    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value  # (B, H, S, D)
+    S = key.shape[-2]
+    mask = None if attention_mask is None else _additive(attention_mask[:, :, :, :S], query.dtype)
+    scale = _scale(query, kwargs)
+    out, lse = attention_with_lse(query, k, v, scale, mask)  # (B, H, T, D), (B, H, T)
+    sinks = getattr(module, "sinks", None)
+    if isinstance(sinks, Tensor):
+        phi = torch.sigmoid(sinks.float().view(1, -1, 1) - lse)  # (B, H, T)
+        out = out * (1 - phi).unsqueeze(-1).to(out.dtype)  # drop the phantom's share
+    active = _ACTIVE_TAP.get()
+    if active is not None:
+        layer = module.layer_idx
+        active.tap.on_attention(AttentionRecord(
+            layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
+            kernel_lse=lse, sliding_window=kwargs.get("sliding_window") or getattr(module, "sliding_window", None),
+            sink_logits=sinks.detach() if isinstance(sinks, Tensor) else None,
+            output_gate=active.pending_gates.pop(layer, None),
+        ))
+    return out.transpose(1, 2).contiguous(), None  # (B, T, H, D)
+
+
+def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean keep-mask (sdpa_mask) as an additive float mask; float masks pass through."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return mask.to(dtype)
+
+
 _registered = False
 
 
 def register_interfaces() -> None:
-    """Register ``"sinkscope"`` in the attention and mask interfaces (idempotent).
+    """Register both implementations in the attention and mask interfaces (idempotent).
 
-    Registering a new name adds an entry; it patches nothing that other code uses.
+    Registering new names adds entries; it patches nothing that other code uses.
     """
     global _registered
     if not _registered:
         AttentionInterface.register(IMPLEMENTATION, sinkscope_attention)
         AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+        AttentionInterface.register(FUSED_IMPLEMENTATION, sinkscope_fused_attention)
+        AttentionMaskInterface.register(FUSED_IMPLEMENTATION, sdpa_mask)
         _registered = True
 
 
@@ -141,23 +205,26 @@ def _install_hooks(
 
 
 @contextlib.contextmanager
-def capture(model: nn.Module, tap: Tap, *, residual: bool = False) -> Iterator[ModelSpec]:
+def capture(model: nn.Module, tap: Tap, *, residual: bool = False, mode: str = "explicit") -> Iterator[ModelSpec]:
     """Attach the capture to ``model`` for the duration of the block.
 
     Args:
         model: a transformers causal LM of a supported family.
         tap: receives one record per attention layer per forward (and residual states).
         residual: also hand each decoder layer's output hidden state (B, T, C) to the tap.
+        mode: ``"explicit"`` (eager weights, the reference) or ``"fused"`` (kernel LSE, linear memory).
 
     Yields:
         The model's :class:`ModelSpec`.
     """
     family = family_of(model)
     spec = ModelSpec.from_model(model)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
     register_interfaces()
     previous = model.config._attn_implementation
     active = _ActiveCapture(tap, spec)
-    model.set_attn_implementation(IMPLEMENTATION)
+    model.set_attn_implementation(MODES[mode])
     handles = _install_hooks(model, family, spec, active, residual)
     token = _ACTIVE_TAP.set(active)
     try:

@@ -7,8 +7,10 @@ Shape letters used in every shape comment of the package:
 
 Probes never touch raw attention weights. They ask an :class:`AttentionRecord` for *row
 reductions* (the mass on a set of keys, the phantom mass, the log-sum-exp, weighted moments
-of a per-key quantity), so a fused implementation can later replace this explicit one
-without changing any probe. Notation follows SPEC.md:
+of a per-key quantity). A record comes in two forms that answer identically (tests check
+1e-5): *explicit*, holding the weights the model's own eager attention returned, and *fused*,
+holding only the log-sum-exp from a fused kernel, from which the mass on key p is
+``exp(s_ip - LSE_i)`` and the phantom mass ``sigmoid(b_h - LSE_i)``. Notation follows SPEC.md:
 
     s_ij  = scale * q_i . k_j + mask_ij                   (real keys j)
     LSE_i = log sum_j exp(s_ij)
@@ -35,11 +37,14 @@ class AttentionRecord:
         key: (B, Hkv, S, D) keys after RoPE.
         value: (B, Hkv, S, D) values, before any gate.
         scale: the factor multiplying q . k (the model's own, e.g. 1/sqrt(D)).
-        mask: (B, 1, T, S) additive float mask the model used (causal, sliding window), or None.
+        mask: (B, 1, T, S) additive float mask the model used (causal, sliding window), or None
+            for a plain causal mask (key j visible to query i iff j <= i + S - T).
         sliding_window: window size W of a sliding-window layer (keys with i - j >= W hidden), or None.
         sink_logits: (H,) learned phantom logits b_h (gpt-oss ``sinks``), or None.
         weights: (B, H, T, S) the attention weights a_ij the model's own eager function returned
-            (rows sum to 1 - phi_i where there is a phantom). Float32.
+            (rows sum to 1 - phi_i where there is a phantom), float32; None in a fused record.
+        kernel_lse: (B, H, T) LSE_i over real keys from a fused kernel, float32; None in an
+            explicit record.
         output_gate: (B, T, H, D) multiplicative output gate in (0, 1) applied to each head's
             attention output before the output projection (Qwen3-Next; trainer ``outgate``,
             headwise gates broadcast over D), or None.
@@ -54,11 +59,12 @@ class AttentionRecord:
     value: Tensor
     scale: float
     mask: Tensor | None
-    weights: Tensor
+    weights: Tensor | None
     sliding_window: int | None = None
     sink_logits: Tensor | None = None
     output_gate: Tensor | None = None
     value_gate: Tensor | None = None
+    kernel_lse: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ---- shapes ---------------------------------------------------------------------------
@@ -74,6 +80,16 @@ class AttentionRecord:
     def has_phantom(self) -> bool:
         return self.sink_logits is not None
 
+    @property
+    def is_fused(self) -> bool:
+        return self.weights is None
+
+    def _causal_fill(self, s: Tensor, keys: Tensor) -> Tensor:
+        """-inf where key index ``keys`` (S',) is after query i (plain causal mask)."""
+        T, S = self.query.shape[-2], self.key.shape[-2]
+        rows = torch.arange(T, device=s.device).unsqueeze(-1) + (S - T)  # (T, 1)
+        return s.masked_fill(keys.to(s.device).unsqueeze(0) > rows, float("-inf"))
+
     # ---- row reductions ---------------------------------------------------------------------
     def logits(self) -> Tensor:
         """s_ij = scale * q_i . k_j + mask_ij, float32, (B, H, T, S); GQA keys repeated per group."""
@@ -83,11 +99,24 @@ class AttentionRecord:
             s = torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale  # (B, H, T, S)
             if self.mask is not None:
                 s = s + self.mask.float()  # (B, 1, T, S) broadcast over heads
+            else:
+                s = self._causal_fill(s, torch.arange(s.shape[-1]))
             self._cache["logits"] = s
         return self._cache["logits"]
 
+    def key_logits(self, keys: Tensor) -> Tensor:
+        """s_ij for the listed key positions only, float32, (B, H, T, len(keys)): linear memory."""
+        groups = self.n_heads // self.n_kv_heads
+        k = self.key[:, :, keys].float().repeat_interleave(groups, dim=1)  # (B, H, K, D)
+        s = torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale  # (B, H, T, K)
+        if self.mask is not None:
+            return s + self.mask[..., keys].float()  # (B, 1, T, K) broadcast over heads
+        return self._causal_fill(s, keys)
+
     def lse(self) -> Tensor:
         """LSE_i = log sum_j exp(s_ij) over real keys, (B, H, T)."""
+        if self.kernel_lse is not None:
+            return self.kernel_lse
         if "lse" not in self._cache:
             self._cache["lse"] = torch.logsumexp(self.logits(), dim=-1)  # (B, H, T)
         return self._cache["lse"]
@@ -95,13 +124,17 @@ class AttentionRecord:
     def real_mass(self) -> Tensor:
         """sum_j a_ij: the share of each row on real keys, (B, H, T); 1 without a phantom."""
         if "real_mass" not in self._cache:
-            self._cache["real_mass"] = self.weights.sum(-1)  # (B, H, T)
+            if self.is_fused:
+                self._cache["real_mass"] = 1 - self.phantom_mass()  # (B, H, T)
+            else:
+                self._cache["real_mass"] = self.weights.sum(-1)  # (B, H, T)
         return self._cache["real_mass"]
 
     def phantom_mass(self) -> Tensor:
         """phi_i = sigmoid(b_h - LSE_i), (B, H, T); zeros where the model has no phantom."""
         if not self.has_phantom:
-            return torch.zeros(self.weights.shape[:-1], dtype=torch.float32, device=self.weights.device)
+            B, H, T, _ = self.query.shape
+            return torch.zeros(B, H, T, dtype=torch.float32, device=self.query.device)
         b = self.sink_logits.float().view(1, -1, 1)  # (1, H, 1)
         return torch.sigmoid(b - self.lse())  # (B, H, T)
 
@@ -113,14 +146,16 @@ class AttentionRecord:
             over: ``"real"`` for w_ij (normalised over real keys: SPEC's p0 = w_i0),
                 ``"all"`` for a_ij (phantom included in the normaliser).
         """
+        if over not in ("real", "all"):
+            raise ValueError(f"over must be 'real' or 'all', not {over!r}")
+        if self.is_fused:  # w_ij = exp(s_ij - LSE_i) over real keys, a_ij = w_ij (1 - phi_i)
+            index = torch.arange(self.key.shape[-2])[keys].reshape(-1)  # (K,)
+            w = torch.exp(self.key_logits(index) - self.lse().unsqueeze(-1)).sum(-1)  # (B, H, T)
+            return w if over == "real" else w * self.real_mass()
         mass = self.weights[..., keys]  # (B, H, T) or (B, H, T, |keys|)
         if mass.dim() == 4:
             mass = mass.sum(-1)  # (B, H, T)
-        if over == "all":
-            return mass
-        if over == "real":
-            return mass / self.real_mass()
-        raise ValueError(f"over must be 'real' or 'all', not {over!r}")
+        return mass if over == "all" else mass / self.real_mass()
 
     def weighted_moments(self, per_key: Tensor) -> tuple[Tensor, Tensor]:
         """First and second moment of a per-key quantity under w, each (B, H, T).
@@ -128,6 +163,8 @@ class AttentionRecord:
         m_i = sum_j w_ij x_j and sum_j w_ij x_j^2, for ``per_key`` of shape (B, H, S) or
         (B, Hkv, S) (repeated over each KV group).
         """
+        if self.is_fused:
+            raise NotImplementedError("weighted moments need an explicit record (--attention explicit)")
         x = per_key.float()
         if x.shape[1] != self.n_heads:
             x = x.repeat_interleave(self.n_heads // x.shape[1], dim=1)  # (B, H, S)

@@ -1,0 +1,601 @@
+"""The training loop of the bundled trainer (``sinkscope train``).
+
+Optimiser and schedule (SPEC.md "Trainer variants"; seed 000 Appendix A): AdamW with betas
+(0.9, 0.95), weight decay on tensors of dim >= 2 only (``GPT.param_groups``), linear warmup to
+the peak learning rate, cosine decay to ``min_lr`` reached at the final iteration, gradient
+clipping to a global norm of 1, bf16 autocast on CUDA (the model keeps its gate maths in fp32),
+fp32 on CPU.
+
+Per-tier defaults (``TIER_TRAINING``) are seed 000's Table 4 for the published tiers. The
+``tiny`` tier is research/tiny-tier-cpu.md's CPU tier: 4 layers x 4 heads x 128, context 128,
+BPE-4096, batch 16, 600 steps, peak lr 3e-3 (the "X" run's settings; a 1.3M-parameter model
+wants a larger rate than GPT-2's 6e-4), about three minutes on two CPU cores.
+
+Reproducibility: the seed sets the initialisation (``torch.manual_seed(seed)`` right before the
+model is built) and, through a separate generator, the batch order (``data.TrainBatches``), so
+variants with one seed are paired. A checkpoint carries the optimiser, the batch generator and
+the RNG states, so ``resume`` continues to the bitwise-identical result on CPU as long as
+``steps`` (which shapes the cosine schedule) is unchanged.
+
+Several processes (``torchrun --nproc-per-node N``; ``WORLD_SIZE > 1``): DDP over gloo on CPU
+or NCCL on CUDA. Every process draws the same global batch and trains on its contiguous share of
+rows, so the batches and the result are those of one process, up to the order of float
+reductions. Only rank 0 evaluates, logs and writes.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import csv
+import dataclasses
+import difflib
+import io
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import atomic_write_text
+from sinkscope.train.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
+from sinkscope.train.data import DEFAULT_TOKENIZER, TrainBatches, eval_batches, load_tokenizer, prepare_data
+
+#: Columns of log.csv (one row every ``log_every`` steps, at every evaluation and checkpoint).
+LOG_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s")
+
+#: Per-tier training defaults. Published tiers: seed 000 Table 4 (batch = sequences per
+#: optimizer step = micro-batch x accumulation), peak lr 6e-4 -> 6e-5. ``warmup_steps`` scales
+#: with ``steps`` when those are changed (same warmup fraction).
+TIER_TRAINING: dict[str, dict] = {
+    "tiny": dict(steps=600, batch_size=16, grad_accum=1, lr=3e-3, min_lr=3e-4, warmup_steps=30,
+                 eval_every=50, checkpoint_every=200),
+    "10M": dict(steps=6000, batch_size=64, grad_accum=1, lr=6e-4, min_lr=6e-5, warmup_steps=200,
+                eval_every=250, checkpoint_every=1000),
+    "50M": dict(steps=29000, batch_size=32, grad_accum=2, lr=6e-4, min_lr=6e-5, warmup_steps=500,
+                eval_every=500, checkpoint_every=1000),
+    "124M": dict(steps=48800, batch_size=32, grad_accum=4, lr=6e-4, min_lr=6e-5, warmup_steps=800,
+                 eval_every=500, checkpoint_every=1000),
+    "350M": dict(steps=177000, batch_size=32, grad_accum=4, lr=6e-4, min_lr=6e-5, warmup_steps=2000,
+                 eval_every=500, checkpoint_every=1000),
+}
+
+
+@dataclass
+class TrainOptions:
+    """Everything ``sinkscope train`` takes.
+
+    ``None`` means "not given": the default named in the comment, or the tier's default
+    (``TIER_TRAINING``). It also lets ``resume`` tell an explicit value from an absent one.
+    """
+
+    variant: str | None = None  # one of model.VARIANTS; None = baseline
+    tier: str | None = None  # one of model.TIERS (model shape and training defaults); None = tiny
+    seed: int | None = None  # initialisation and batch order, shared across variants; None = 0
+    out: str = "ckpt"  # the checkpoint folder (config.json, model.safetensors, log.csv, ...)
+    steps: int | None = None  # optimizer steps; also the length of the cosine schedule
+    batch_size: int | None = None  # sequences per optimizer step, over all processes
+    grad_accum: int | None = None  # micro-batches per step (per process); batches do not change
+    lr: float | None = None  # peak learning rate
+    min_lr: float | None = None  # the cosine's floor, reached at the last step
+    warmup_steps: int | None = None  # linear warmup steps
+    weight_decay: float = 0.1  # on tensors of dim >= 2 only (SPEC.md)
+    grad_clip: float = 1.0  # global gradient norm; 0 = off
+    eval_every: int | None = None  # validation loss every N steps (and at step 0 and the end)
+    eval_windows: int = 64  # fixed validation windows of block_size tokens (seed 000: 64)
+    checkpoint_every: int | None = None  # checkpoint every N steps (and at the end)
+    log_every: int | None = None  # a log.csv row every N steps (default 10)
+    val_tokens: int | None = None  # validation split size; None = 5% (at least 4 windows)
+    text_file: str | None = None  # train on this UTF-8 file instead of the bundled corpus
+    dataset: str | None = None  # or on NAME[:CONFIG][:SPLIT] through `datasets`
+    tokenizer: str | None = None  # bpe4096 (default; trained on the corpus), bpe<N>, gpt2, or a folder
+    tnlm: bool = False  # seed 003's TNLM loss: no cross-entropy term at position 0
+    lb_lambda: float = 0.0  # seed 004's load-balancing loss weight (1e-4 in the paper)
+    force_sink_k: int | None = None  # seed 003's force-sink masking, k channels (16 in the paper)
+    device: str = "auto"  # auto (CUDA when available), cpu, cuda, cuda:N
+    resume: bool = False  # continue the checkpoint in `out`
+    overwrite: bool = False  # replace the checkpoint in `out`
+    overrides: list[str] = field(default_factory=list)  # `--set key=value` on GPTConfig fields
+    stop_at: int | None = None  # stop after this step (checkpointed) as if interrupted; resume later
+    progress: bool = True  # a tqdm bar on stderr
+
+
+#: Options that change the trained weights: a resumed run keeps the checkpoint's values.
+RESULT_FIELDS = ("variant", "tier", "seed", "batch_size", "grad_accum", "lr", "min_lr", "warmup_steps",
+                 "weight_decay", "grad_clip", "val_tokens", "text_file", "dataset", "tokenizer", "tnlm",
+                 "lb_lambda", "force_sink_k", "overrides")
+#: Options a resumed run may change (None = the checkpoint's value).
+RUN_FIELDS = ("steps", "eval_every", "checkpoint_every", "log_every", "eval_windows")
+#: Options not recorded in the checkpoint.
+_NOT_RECORDED = ("out", "resume", "overwrite", "progress", "device", "stop_at")
+
+
+# ---- options ----------------------------------------------------------------------------------
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def resolve_options(options: TrainOptions) -> TrainOptions:
+    """A copy with every ``None`` filled from the tier's defaults, validated."""
+    from sinkscope.train.model import TIERS, VARIANTS
+
+    options = dataclasses.replace(
+        options,
+        variant="baseline" if options.variant is None else options.variant,
+        tier="tiny" if options.tier is None else options.tier,
+        seed=0 if options.seed is None else options.seed,
+        tokenizer=options.tokenizer or DEFAULT_TOKENIZER,
+    )
+    if not isinstance(options.seed, int) or isinstance(options.seed, bool) or options.seed < 0:
+        raise SinkscopeError(f"seed must be a non-negative integer, not {options.seed!r}.")
+    if options.tier not in TIERS or options.tier not in TIER_TRAINING:
+        raise SinkscopeError(f"unknown tier {options.tier!r}{_did_you_mean(options.tier, TIERS)}; tiers: {', '.join(TIERS)}.")
+    if options.variant not in VARIANTS:
+        raise SinkscopeError(
+            f"unknown variant {options.variant!r}{_did_you_mean(options.variant, VARIANTS)}; variants: {', '.join(VARIANTS)}."
+        )
+    tier = TIER_TRAINING[options.tier]
+    out = dataclasses.replace(options, overrides=list(options.overrides))
+    for name in ("steps", "batch_size", "grad_accum", "lr", "eval_every", "checkpoint_every"):
+        if getattr(out, name) is None:
+            setattr(out, name, tier[name])
+    if out.min_lr is None:
+        out.min_lr = tier["min_lr"] * out.lr / tier["lr"]  # the tier's floor-to-peak ratio (1/10)
+    if out.warmup_steps is None:
+        out.warmup_steps = round(tier["warmup_steps"] * out.steps / tier["steps"])
+    if out.log_every is None:
+        out.log_every = 10
+    for name in ("steps", "batch_size", "grad_accum", "eval_every", "checkpoint_every", "log_every", "eval_windows"):
+        value = getattr(out, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SinkscopeError(f"{name} must be a positive integer, not {value!r}.")
+    if not 0 <= out.warmup_steps < out.steps:
+        raise SinkscopeError(f"warmup_steps must be in [0, steps={out.steps}), not {out.warmup_steps}.")
+    if not (out.lr > 0 and 0 <= out.min_lr <= out.lr):
+        raise SinkscopeError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={out.lr}, min_lr={out.min_lr}).")
+    if out.weight_decay < 0 or out.grad_clip < 0 or out.lb_lambda < 0:
+        raise SinkscopeError("weight_decay, grad_clip and lb_lambda must not be negative.")
+    if out.batch_size % out.grad_accum:
+        raise SinkscopeError(f"batch_size ({out.batch_size}) must be a multiple of grad_accum ({out.grad_accum}).")
+    if out.stop_at is not None and not 1 <= out.stop_at <= out.steps:
+        raise SinkscopeError(f"stop_at must be between 1 and steps ({out.steps}), not {out.stop_at}.")
+    return out
+
+
+def apply_overrides(config, overrides):
+    """``config`` with ``key=value`` overrides applied (values parsed as Python literals).
+
+    Unknown keys, values of the wrong type, and invalid combinations raise a one-sentence
+    :class:`SinkscopeError` that lists the valid keys.
+    """
+    names = [f.name for f in dataclasses.fields(config)]
+    valid = ", ".join(names)
+    changes: dict = {}
+    for item in overrides or []:
+        key, sep, raw = str(item).partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key:
+            raise SinkscopeError(f"--set takes key=value, not {item!r}; valid keys: {valid}.")
+        if key not in names:
+            raise SinkscopeError(f"unknown --set key {key!r}{_did_you_mean(key, names)}; valid keys: {valid}.")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        expected = type(getattr(config, key))
+        if expected is str and not isinstance(value, str):
+            value = raw
+        elif expected is float and type(value) is int:
+            value = float(value)
+        if type(value) is not expected:
+            raise SinkscopeError(f"--set {key} needs a {expected.__name__} value, not {raw!r}; valid keys: {valid}.")
+        changes[key] = value
+    try:
+        return dataclasses.replace(config, **changes)
+    except (ValueError, TypeError) as error:
+        raise SinkscopeError(f"invalid model settings: {error}.") from error
+
+
+def _merge_resume(caller: TrainOptions, stored: dict, out: Path) -> TrainOptions:
+    """The checkpoint's options, with the caller's run fields; conflicting result fields fail."""
+    names = {f.name for f in dataclasses.fields(TrainOptions)}
+    saved = TrainOptions(**{k: v for k, v in stored.items() if k in names})
+    defaults = TrainOptions()
+    for name in RESULT_FIELDS:
+        mine, theirs = getattr(caller, name), getattr(saved, name)
+        if mine != getattr(defaults, name) and mine != theirs:
+            raise SinkscopeError(
+                f"--resume continues the run in {out} with its own settings, but {name}={mine!r} was asked "
+                f"for and the checkpoint has {name}={theirs!r}; drop the option or start a new run."
+            )
+    merged = dataclasses.replace(saved, out=caller.out, resume=True, overwrite=False, progress=caller.progress,
+                                 device=caller.device, stop_at=caller.stop_at)
+    for name in RUN_FIELDS:
+        mine = getattr(caller, name)
+        if mine is not None and mine != getattr(defaults, name):
+            setattr(merged, name, mine)
+    return merged
+
+
+def lr_at(it: int, *, lr: float, min_lr: float, warmup_steps: int, steps: int) -> float:
+    """Learning rate of iteration ``it`` (0-based): linear warmup, then cosine to ``min_lr`` at ``steps - 1``."""
+    if it < warmup_steps:
+        return lr * (it + 1) / warmup_steps
+    ratio = min(1.0, (it - warmup_steps) / max(1, steps - 1 - warmup_steps))
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+# ---- processes and devices ----------------------------------------------------------------------
+
+
+@dataclass
+class _Dist:
+    world_size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    owns_group: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            torch.distributed.barrier()
+
+    def close(self) -> None:
+        if self.owns_group and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _resolve_device(name: str, local_rank: int) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise SinkscopeError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from error
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SinkscopeError(f"--device {name} was asked for but CUDA is not available; use --device cpu.")
+    return device
+
+
+def _init_dist(device_name: str) -> _Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return _Dist()
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    owns = False
+    if not dist.is_initialized():
+        cuda = _resolve_device(device_name, local_rank).type == "cuda"
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        owns = True
+    return _Dist(dist.get_world_size(), dist.get_rank(), local_rank, owns)
+
+
+def _main_first(env: _Dist, fn):
+    """Run ``fn`` on rank 0 first (it fills the caches), then on the other ranks."""
+    if not env.enabled:
+        return fn()
+    if env.is_main:
+        try:
+            return fn()
+        finally:
+            env.barrier()
+    env.barrier()
+    return fn()
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        with contextlib.suppress(RuntimeError):
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- log.csv --------------------------------------------------------------------------------------
+
+
+def _fmt(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def read_log(folder: str | os.PathLike) -> list[dict]:
+    """The rows of ``folder/log.csv`` as dicts of strings (complete rows only)."""
+    path = Path(folder) / "log.csv"
+    if not path.is_file():
+        return []
+    rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
+    return [r for r in rows if all(r.get(c) is not None for c in LOG_COLUMNS) and r["step"].isdigit()]
+
+
+def _write_log(folder: Path, rows: list[dict]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=LOG_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({c: r.get(c, "") for c in LOG_COLUMNS} for r in rows)
+    atomic_write_text(folder / "log.csv", buffer.getvalue())
+
+
+def _append_log(folder: Path, row: dict) -> None:
+    """One complete line in one write (O_APPEND), flushed to disk."""
+    line = ",".join(str(row.get(c, "")) for c in LOG_COLUMNS) + "\n"
+    fd = os.open(folder / "log.csv", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- the loop ---------------------------------------------------------------------------------------
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise SinkscopeError(f"{out} exists and is not a folder; choose another --out.")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise SinkscopeError(
+                f"the checkpoint folder {out} already exists and is not empty; pass --resume to continue it, "
+                "--overwrite to replace it, or choose another --out."
+            )
+        leftovers = {p.name for p in out.iterdir()} - {"log.csv"}
+        if leftovers and not is_checkpoint(out):
+            raise SinkscopeError(
+                f"--overwrite only replaces a trainer checkpoint, and {out} holds other files; choose another --out."
+            )
+
+
+@torch.no_grad()
+def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, chunk: int, device: torch.device,
+             autocast) -> float:
+    """Mean next-token cross-entropy over the fixed validation windows."""
+    total, n = 0.0, inputs.shape[0]
+    for start in range(0, n, chunk):
+        x = inputs[start:start + chunk].to(device)  # (b, T)
+        y = targets[start:start + chunk].to(device)  # (b, T)
+        with autocast():
+            _, loss = model(x, y)
+        total += float(loss) * x.shape[0]
+    return total / n
+
+
+def train(options: TrainOptions, log: Callable[[str], None] | None = None) -> Path:
+    """Train (or resume) one model; returns the checkpoint folder. See the module docstring."""
+    log = log or _stderr
+    env = _init_dist(options.device)
+    try:
+        return _train(options, log, env)
+    finally:
+        env.close()
+
+
+def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Path:
+    from sinkscope.corpus import load_corpus
+    from sinkscope.train.model import GPT, GPTConfig
+
+    out = Path(options.out).expanduser()
+    device = _resolve_device(options.device, env.local_rank)
+    saved_state = None
+    if options.resume:
+        if not is_checkpoint(out):
+            raise SinkscopeError(f"there is no trainer checkpoint to resume in {out}; run without --resume first.")
+        model, tokenizer, meta, saved_state = load_checkpoint(out, for_training=True)
+        opts = resolve_options(_merge_resume(options, meta.get("train_options", {}), out))
+        start = int(saved_state["step"])
+        if opts.steps < start:
+            raise SinkscopeError(f"the checkpoint in {out} is at step {start}, past steps={opts.steps}.")
+        if opts.steps != meta.get("train_options", {}).get("steps"):
+            log(f"note: steps changed from {meta['train_options'].get('steps')} to {opts.steps}; the cosine "
+                "schedule changes with it, so this is not the run an uninterrupted training would give.")
+        config = model.config
+    else:
+        opts = resolve_options(options)
+        _check_out(out, opts.overwrite)
+        start = 0
+    if opts.batch_size % (opts.grad_accum * env.world_size):
+        raise SinkscopeError(
+            f"batch_size ({opts.batch_size}) must be a multiple of grad_accum x processes "
+            f"({opts.grad_accum} x {env.world_size})."
+        )
+
+    corpus = load_corpus(opts.text_file, opts.dataset)
+    if not options.resume:
+        tokenizer = _main_first(env, lambda: load_tokenizer(opts.tokenizer, corpus))
+        base = GPTConfig.from_tier(opts.tier, vocab_size=len(tokenizer), variant=opts.variant,
+                                   **({} if opts.force_sink_k is None else {"force_sink_k": opts.force_sink_k}))
+        config = apply_overrides(base, opts.overrides)
+        if config.vocab_size < len(tokenizer):
+            raise SinkscopeError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} entries.")
+    data = _main_first(env, lambda: prepare_data(corpus, tokenizer, config.block_size, opts.val_tokens))
+    if options.resume and data.info["stream_sha256"] != meta.get("data", {}).get("stream_sha256"):
+        raise SinkscopeError(
+            f"the corpus or tokenizer differs from the one the checkpoint in {out} was trained on "
+            "(token stream hash); resume needs the same data."
+        )
+
+    if not options.resume:
+        torch.manual_seed(opts.seed)  # the initialisation; shared weights are equal across variants
+        model = GPT(config)
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.param_groups(opts.weight_decay), lr=opts.lr, betas=(0.9, 0.95), eps=1e-8)
+    batches = TrainBatches(data.train, config.block_size, opts.batch_size, opts.seed)
+    val_x, val_y = eval_batches(data.val, config.block_size, opts.eval_windows)
+    tokens_per_step = opts.batch_size * config.block_size
+    elapsed_before = 0.0
+    if saved_state is not None:
+        optimizer.load_state_dict(saved_state["optimizer"])
+        train_state = saved_state.get("train_state", {})
+        batches.load_state_dict(train_state["batches"])
+        _set_rng_state(train_state.get("rng", {}))
+        elapsed_before = float(train_state.get("elapsed_s", 0.0))
+
+    ddp_model = model
+    if env.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    use_bf16 = device.type == "cuda"
+
+    def autocast():
+        return torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+
+    per_rank = opts.batch_size // env.world_size
+    micro = per_rank // opts.grad_accum
+    recorded = {k: v for k, v in asdict(opts).items() if k not in _NOT_RECORDED}
+
+    # -- the folder and the log (rank 0) --
+    last_ckpt = start if options.resume else None
+    if env.is_main:
+        if options.resume:
+            rows = [r for r in read_log(out) if int(r["step"]) <= start]
+            _write_log(out, rows)  # drops rows logged after the checkpoint by an interrupted run
+        else:
+            if out.exists() and opts.overwrite:
+                shutil.rmtree(out)
+            out.mkdir(parents=True, exist_ok=True)
+            _write_log(out, [])
+        n_params = model.num_parameters()
+        log(f"{'resuming' if options.resume else 'training'} {config.variant} ({opts.tier}, "
+            f"{config.n_layer}L x {config.n_head}H x {config.n_embd}, ctx {config.block_size}, {n_params:,} parameters) "
+            f"seed {opts.seed} on {data.info['corpus']}: {data.info['train_tokens']:,} training and "
+            f"{data.info['val_tokens']:,} validation tokens, vocab {data.info['vocab_size']:,}; "
+            f"{opts.steps} steps x {tokens_per_step:,} tokens on {device}"
+            f"{f' x {env.world_size} processes' if env.enabled else ''} -> {out}")
+    env.barrier()
+
+    run_start = time.perf_counter()
+    val_loss: float | None = meta.get("val_loss") if options.resume else None
+    val_step: int | None = meta.get("val_loss_step") if options.resume else None
+
+    def elapsed() -> float:
+        return elapsed_before + time.perf_counter() - run_start
+
+    def do_eval(step: int) -> float | None:
+        nonlocal val_loss, val_step
+        if not env.is_main:
+            return None
+        val_loss = evaluate(model, val_x, val_y, chunk=max(1, opts.batch_size // opts.grad_accum), device=device,
+                            autocast=autocast)
+        val_step = step
+        return val_loss
+
+    def save(step: int) -> None:
+        nonlocal last_ckpt
+        if env.is_main:
+            train_state = {"batches": batches.state_dict(), "rng": _rng_state(),
+                           "tokens_seen": step * tokens_per_step, "elapsed_s": elapsed()}
+            meta_out = {"tier": opts.tier, "seed": opts.seed, "tokens_seen": step * tokens_per_step,
+                        "val_loss": val_loss, "val_loss_step": val_step, "train_options": recorded, "data": data.info}
+            save_checkpoint(out, model, optimizer, step, train_state, data.tokenizer, meta_out)
+        last_ckpt = step
+
+    if not options.resume and env.is_main:
+        v = do_eval(0)
+        _append_log(out, {"step": 0, "tokens": 0, "train_loss": "", "val_loss": _fmt(v, ".6f"),
+                          "lr": _fmt(lr_at(0, lr=opts.lr, min_lr=opts.min_lr, warmup_steps=opts.warmup_steps,
+                                           steps=opts.steps), ".6g"),
+                          "tokens_per_s": "", "elapsed_s": _fmt(elapsed(), ".2f")})
+
+    from tqdm import tqdm
+
+    stop = opts.stop_at or opts.steps
+    bar = tqdm(total=opts.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,
+               disable=not (opts.progress and env.is_main))
+    window_loss, window_steps, window_time = 0.0, 0, 0.0
+    tokens_per_s = None
+    try:
+        for it in range(start, stop):
+            step = it + 1
+            t0 = time.perf_counter()
+            lr = lr_at(it, lr=opts.lr, min_lr=opts.min_lr, warmup_steps=opts.warmup_steps, steps=opts.steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = batches.next(env.rank, env.world_size)  # (B / world, T) each
+            step_loss = torch.zeros((), device=device)
+            for m in range(opts.grad_accum):
+                xb = x[m * micro:(m + 1) * micro].to(device, non_blocking=True)  # (micro, T)
+                yb = y[m * micro:(m + 1) * micro].to(device, non_blocking=True)  # (micro, T)
+                sync = not env.enabled or m == opts.grad_accum - 1
+                with (contextlib.nullcontext() if sync else ddp_model.no_sync()):
+                    with autocast():
+                        _, loss = ddp_model(xb, yb, tnlm=opts.tnlm, lb_lambda=opts.lb_lambda)
+                    (loss / opts.grad_accum).backward()
+                step_loss += loss.detach().float() / opts.grad_accum
+            if env.enabled:
+                torch.distributed.all_reduce(step_loss)
+                step_loss /= env.world_size
+            loss_value = float(step_loss)
+            if not math.isfinite(loss_value):
+                where = (f"the last good checkpoint at step {last_ckpt} is in {out}" if last_ckpt is not None
+                         else f"no checkpoint had been written yet (the first was due at step "
+                              f"{min(opts.checkpoint_every, opts.steps)})")
+                raise SinkscopeError(f"training diverged at step {step} (loss {loss_value}); {where}; "
+                                     "try a lower --lr or more --warmup-steps.")
+            if opts.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), opts.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            dt = time.perf_counter() - t0
+            window_loss, window_steps, window_time = window_loss + loss_value, window_steps + 1, window_time + dt
+            bar.update(1)
+            bar.set_postfix_str(f"loss {loss_value:.3f}, {tokens_per_step / max(dt, 1e-9):,.0f} tok/s", refresh=False)
+
+            is_eval = step % opts.eval_every == 0 or step == opts.steps
+            is_ckpt = step % opts.checkpoint_every == 0 or step == opts.steps or step == stop
+            if is_eval:
+                do_eval(step)
+            if env.is_main and (is_eval or is_ckpt or step % opts.log_every == 0):
+                tokens_per_s = window_steps * tokens_per_step / max(window_time, 1e-9)
+                _append_log(out, {"step": step, "tokens": step * tokens_per_step,
+                                  "train_loss": _fmt(window_loss / window_steps, ".6f"),
+                                  "val_loss": _fmt(val_loss if is_eval else None, ".6f"), "lr": _fmt(lr, ".6g"),
+                                  "tokens_per_s": _fmt(tokens_per_s, ".1f"), "elapsed_s": _fmt(elapsed(), ".2f")})
+                window_loss, window_steps, window_time = 0.0, 0, 0.0
+                if is_eval:
+                    line = f"step {step}: train {loss_value:.4f}, val {val_loss:.4f}, {tokens_per_s:,.0f} tok/s"
+                    bar.write(line, file=sys.stderr) if not bar.disable else log(line)
+            if is_ckpt:
+                save(step)
+                env.barrier()
+    finally:
+        bar.close()
+    if env.is_main:
+        done = "stopped" if stop < opts.steps else "finished"
+        log(f"{done} at step {stop} in {elapsed():.0f} s; val loss {val_loss if val_loss is None else round(val_loss, 4)}"
+            f" (step {val_step}); checkpoint in {out}")
+    return out

@@ -1,0 +1,645 @@
+"""The bundled trainer's model: a GPT-2-style decoder with every attention variant of SPEC.md.
+
+One file, nanoGPT style. The decoder is the one of SPEC.md "Trainer variants" (seed 000,
+Appendix A): pre-norm LayerNorm without bias, GELU MLP of width 4C, no biases anywhere,
+learned absolute positions, token embedding tied to the LM head, no dropout, init N(0, 0.02)
+with N(0, 0.02/sqrt(2L)) for the output projections of attention and MLP.
+
+The attention variants (seed 000 Table 5 plus seed 001's output gate):
+
+    baseline      causal softmax attention
+    offbyone      a phantom key with logit fixed at 0 and value 0 ("softmax + 1")
+    sinklogit     a phantom key with a learned per-head logit b_h (init 0) and value 0
+    sinktoken     a learned vector prepended to every sequence; its output is dropped
+    normgate      value gate g_j = sigmoid(beta (||v_j||/sqrt(D) - tau_h)); the read is g_j v_j
+    projgate      value gate g_j = sigmoid(w_h . v_j + c_h); the read is g_j v_j
+    sink+norm     learned phantom and norm gate
+    sink+proj     learned phantom and projection gate
+    routing-norm  the norm gate in the routing slot: logits s_ij + log g_j, rows still sum to 1
+    outgate       seed 001's G1 gate: sigmoid(x W_g) multiplies each head's output before W_O,
+                  elementwise (H*D gates per token) or headwise (H gates per token)
+
+(The projection gate's bias is written c_h here so it is not confused with the sink logit b_h.)
+
+Every variant runs on two paths that compute the same function (tests hold them to 1e-5):
+
+    fused     ``F.scaled_dot_product_attention``. The phantom rides along as an extra key
+              column with value 0 and one extra q/k coordinate: q gets the constant sqrt(D),
+              the phantom key gets b_h there and real keys 0, so with the scale set to
+              1/sqrt(D) the phantom logit is b_h and every other logit is unchanged (seed 000
+              appendix). The head dim is zero-padded to a multiple of 8 and an explicit boolean
+              mask keeps the phantom visible to every query. routing-norm folds log g_j into
+              the extra key coordinate the same way.
+    explicit  materialised logits and weights, in float32: the reference path, and the one a
+              ``tap`` observes (a tap implies the explicit path).
+
+Training-objective options of ``GPT.forward`` (SPEC.md; seeds 003 and 004): ``tnlm`` drops the
+cross-entropy term at position 0, ``config.force_sink_k`` partitions the residual channels
+between position 0 and the rest, ``lb_lambda`` adds the sink-aware load-balancing loss.
+
+Shape letters as in ``capture/record.py``: B batch, H heads, T queries, S keys (S == T),
+D head dim, C width (channels), L layers, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from sinkscope.capture.families import ModelSpec
+from sinkscope.capture.record import AttentionRecord
+
+#: ``ModelSpec.family`` of the trainer's model (it has no transformers ``model_type``).
+MODEL_TYPE = "sinkscope-gpt"
+
+#: fused kernels want the head dim of an augmented q/k to be a multiple of this.
+HEAD_DIM_MULTIPLE = 8
+
+
+# ---- variants and tiers ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What one attention variant adds to plain causal softmax attention."""
+
+    phantom: str | None = None  # None | "fixed" (logit 0, offbyone) | "learned" (b_h)
+    value_gate: str | None = None  # None | "norm" | "proj"
+    routing: bool = False  # the value gate acts in the routing slot (logits + log g_j)
+    sink_token: bool = False  # a learned vector prepended to every sequence
+    output_gate: bool = False  # seed 001's G1 gate on each head's output
+
+    @property
+    def has_phantom(self) -> bool:
+        return self.phantom is not None
+
+
+VARIANTS: dict[str, Variant] = {
+    "baseline": Variant(),
+    "offbyone": Variant(phantom="fixed"),
+    "sinklogit": Variant(phantom="learned"),
+    "sinktoken": Variant(sink_token=True),
+    "normgate": Variant(value_gate="norm"),
+    "projgate": Variant(value_gate="proj"),
+    "sink+norm": Variant(phantom="learned", value_gate="norm"),
+    "sink+proj": Variant(phantom="learned", value_gate="proj"),
+    "routing-norm": Variant(value_gate="norm", routing=True),
+    "outgate": Variant(output_gate=True),
+}
+
+OUTGATE_MODES = ("elementwise", "headwise")
+
+#: Model shapes by tier (seed 000 Table 4; "tiny" is the CPU tier of research/tiny-tier-cpu.md).
+#: The vocabulary comes from the tokenizer, not the tier.
+TIERS: dict[str, dict] = {
+    "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
+    "10M": dict(n_layer=6, n_head=6, n_embd=384, block_size=512),
+    "50M": dict(n_layer=10, n_head=10, n_embd=640, block_size=1024),
+    "124M": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
+    "350M": dict(n_layer=24, n_head=16, n_embd=1024, block_size=1024),
+}
+
+
+@dataclass
+class GPTConfig:
+    """Everything that fixes the model's architecture (a checkpoint stores this, as a dict)."""
+
+    # GPT-2 BPE, the tokenizer of seed 000's tiers (the CPU tier trains its own 4096-entry BPE).
+    vocab_size: int = 50257
+    # Context length; this and the three shape fields below are the 10M tier (seed 000 Table 4),
+    # the smallest published one, so a bare GPTConfig() is a model the paper trained.
+    block_size: int = 512
+    n_layer: int = 6
+    n_head: int = 6
+    # Residual width C; head dim D = C / H = 64 at every published tier.
+    n_embd: int = 384
+    # One of VARIANTS; the plain decoder by default so nothing else is trained silently.
+    variant: str = "baseline"
+    # outgate only. Seed 001: the elementwise, head-specific G1 gate is the one that won; the
+    # headwise gate (one scalar per head) costs C*H instead of C*C and recovers most of it.
+    outgate_mode: str = "elementwise"
+    # Norm-gate sharpness beta; 8 in every experiment of seed 000 (and SPEC.md).
+    norm_gate_beta: float = 8.0
+    # Initial norm-gate threshold tau_h. At 0 every gate starts >= 0.5, and at init
+    # ||v_j||/sqrt(D) ~ 0.02 sqrt(C) (LayerNorm'd input times N(0, 0.02) weights), so the gate
+    # starts mostly open: ~0.86 at C=128, ~0.96 at C=384, ~0.99 at C=768.
+    norm_gate_tau_init: float = 0.0
+    # Initial projection-gate bias c_h: sigmoid(2) = 0.88, so the gate starts mostly open
+    # (w_h starts tiny, N(0, 0.02)); 0 would start every read at a uniform 0.5.
+    proj_gate_bias_init: float = 2.0
+    # Force-sink masking (seed 003): k residual channels reserved for position 0. 0 = off;
+    # seed 003 (and SPEC.md) use k = 16 when it is on (32 in their data-saturated runs).
+    force_sink_k: int = 0
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; known variants are: {', '.join(VARIANTS)}")
+        if self.outgate_mode not in OUTGATE_MODES:
+            raise ValueError(f"outgate_mode must be one of {', '.join(OUTGATE_MODES)}, not {self.outgate_mode!r}")
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, not {getattr(self, name)!r}")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not 0 <= self.force_sink_k < self.n_embd:
+            raise ValueError(f"force_sink_k must be in [0, n_embd), not {self.force_sink_k}")
+
+    @classmethod
+    def from_tier(cls, tier: str, **overrides) -> "GPTConfig":
+        """The config of a named tier (``TIERS``), with any field overridden."""
+        if tier not in TIERS:
+            raise ValueError(f"unknown tier {tier!r}; known tiers are: {', '.join(TIERS)}")
+        return cls(**{**TIERS[tier], **overrides})
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def variant_spec(self) -> Variant:
+        """The :class:`Variant` named by ``variant``."""
+        return VARIANTS[self.variant]
+
+
+class Tap(Protocol):
+    """What receives the model's records (the runner's probe dispatcher)."""
+
+    def on_attention(self, record: AttentionRecord) -> None: ...
+
+    def on_residual(self, layer: int, hidden: Tensor) -> None: ...
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def _fp32(t: Tensor):
+    """A region where autocast is off: gate maths and the explicit path run in float32."""
+    return torch.autocast(device_type=t.device.type, enabled=False)
+
+
+def _pad_head_dim(x: Tensor) -> Tensor:
+    """Zero-pad the last dim up to a multiple of HEAD_DIM_MULTIPLE (zeros change no dot product)."""
+    extra = -x.shape[-1] % HEAD_DIM_MULTIPLE
+    return F.pad(x, (0, extra)) if extra else x
+
+
+def _causal_additive_mask(T: int, device) -> Tensor:
+    """0 where key j <= query i, -inf above the diagonal, (1, 1, T, T) float32."""
+    return torch.full((T, T), float("-inf"), device=device).triu(1).view(1, 1, T, T)  # (1, 1, T, T)
+
+
+def _phantom_bool_mask(T: int, device) -> Tensor:
+    """True = visible: the phantom column 0 for every query, then causal real keys, (T, T+1)."""
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
+    phantom = torch.ones(T, 1, dtype=torch.bool, device=device)  # (T, 1)
+    return torch.cat([phantom, causal], dim=1)  # (T, T+1)
+
+
+def load_balance_loss(importance: Tensor) -> Tensor:
+    """Seed 004's load-balancing term: mean over layers of CV(Imp^{l,.})^2.
+
+    ``importance`` is (L, H): Imp^{l,h} = mean over sequences and queries i >= 1 of the head's
+    gate G_i. CV = std / mean across the heads of a layer, with the population std (divide by
+    H), so a layer whose heads are equally important contributes exactly 0.
+    """
+    mean = importance.mean(dim=-1)  # (L,)
+    std = importance.std(dim=-1, correction=0)  # (L,)
+    cv = std / mean.clamp_min(1e-12)  # (L,)
+    return (cv * cv).mean()
+
+
+def lm_loss(logits: Tensor, targets: Tensor, *, tnlm: bool = False) -> Tensor:
+    """Mean next-token cross-entropy; targets of -1 are ignored.
+
+    ``tnlm`` (seed 003's TNLM loss) drops the term at position 0, the prediction made *at* the
+    first token of the window. With a BOS-first data pipeline that is the BOS position, as in
+    seed 003; without one it is whatever token the window starts on (the CPU tier's random
+    windows), whose prediction is a bigram from a context of one token. For ``sinktoken`` the
+    sink's own output is already dropped, so position 0 is the first real token.
+    """
+    if tnlm:
+        logits, targets = logits[:, 1:], targets[:, 1:]  # (B, T-1, V), (B, T-1)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+
+
+# ---- the modules ----------------------------------------------------------------------------
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention with the variant's phantom, value gate or output gate."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.head_dim
+        self.n_head, self.head_dim = H, D
+        self.variant = config.variant_spec
+        self.beta = config.norm_gate_beta
+        self.c_attn = nn.Linear(C, 3 * C, bias=False)  # W_Q, W_K, W_V side by side
+        self.c_proj = nn.Linear(C, C, bias=False)  # W_O
+        if self.variant.phantom == "learned":
+            self.sink_logit = nn.Parameter(torch.zeros(H))  # b_h: (H,), init 0 (SPEC.md)
+        if self.variant.value_gate == "norm":
+            self.gate_tau = nn.Parameter(torch.full((H,), config.norm_gate_tau_init))  # tau_h: (H,)
+        if self.variant.value_gate == "proj":
+            self.gate_w = nn.Parameter(torch.empty(H, D))  # w_h: (H, D), drawn in GPT._init_weights
+            self.gate_b = nn.Parameter(torch.full((H,), config.proj_gate_bias_init))  # c_h: (H,)
+        if self.variant.output_gate:
+            width = C if config.outgate_mode == "elementwise" else H
+            self.c_gate = nn.Linear(C, width, bias=False)  # W_g: H*D (elementwise) or H (headwise) gates
+
+    # -- the variant's extra pieces --------------------------------------------------------------
+
+    def sink_logits(self) -> Tensor | None:
+        """b_h, (H,): the learned logits, zeros for offbyone, None without a phantom."""
+        if self.variant.phantom == "learned":
+            return self.sink_logit
+        if self.variant.phantom == "fixed":
+            return torch.zeros(self.n_head, device=self.c_attn.weight.device)  # (H,)
+        return None
+
+    def gate_logit(self, v: Tensor) -> Tensor | None:
+        """The value gate's pre-sigmoid z_j, float32 (B, H, S), so g_j = sigmoid(z_j); or None."""
+        kind = self.variant.value_gate
+        if kind is None:
+            return None
+        H = self.n_head
+        with _fp32(v):
+            vf = v.float()  # (B, H, S, D)
+            if kind == "norm":  # beta (||v_j|| / sqrt(D) - tau_h)
+                norm = vf.norm(dim=-1) / math.sqrt(self.head_dim)  # (B, H, S)
+                return self.beta * (norm - self.gate_tau.float().view(1, H, 1))  # (B, H, S)
+            # projection gate: w_h . v_j + c_h
+            z = torch.einsum("bhsd,hd->bhs", vf, self.gate_w.float())  # (B, H, S)
+            return z + self.gate_b.float().view(1, H, 1)  # (B, H, S)
+
+    def output_gate(self, x: Tensor) -> Tensor | None:
+        """sigmoid(x W_g) per head, float32 (B, H, T, D) or headwise (B, H, T, 1); or None."""
+        if not self.variant.output_gate:
+            return None
+        B, T, _ = x.shape
+        z = self.c_gate(x)  # (B, T, H*D) or (B, T, H)
+        with _fp32(z):
+            g = torch.sigmoid(z.float())  # (B, T, H*D) or (B, T, H)
+        return g.view(B, T, self.n_head, -1).transpose(1, 2)  # (B, H, T, D) or (B, H, T, 1)
+
+    # -- the two attention paths -------------------------------------------------------------------
+
+    def attend_explicit(self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Materialised attention in float32: head outputs (B, H, T, D) and weights a_ij (B, H, T, S).
+
+        a_ij has the phantom in its normaliser (rows sum to 1 - phi_i); for routing-norm it is
+        softmax_j(s_ij + log g_j). ``z`` is the value gate's logit (B, H, S) or None.
+        """
+        B, H, T, D = q.shape
+        with _fp32(q):
+            qf, kf, vf = q.float(), k.float(), v.float()  # (B, H, T, D) each
+            s = torch.matmul(qf, kf.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, H, T, S)
+            s = s + _causal_additive_mask(T, q.device)  # (B, H, T, S)
+            if z is not None and self.variant.routing:
+                s = s + F.logsigmoid(z).unsqueeze(2)  # (B, H, T, S): s_ij + log g_j
+            b = self.sink_logits()
+            if b is not None:
+                phantom = b.float().view(1, H, 1, 1).expand(B, H, T, 1)  # (B, H, T, 1)
+                att = torch.softmax(torch.cat([phantom, s], dim=-1), dim=-1)[..., 1:]  # (B, H, T, S)
+            else:
+                att = torch.softmax(s, dim=-1)  # (B, H, T, S)
+            if z is not None and not self.variant.routing:
+                vf = torch.sigmoid(z).unsqueeze(-1) * vf  # (B, H, S, D): the read g_j v_j
+            y = torch.matmul(att, vf)  # (B, H, T, D)
+        return y.to(v.dtype), att
+
+    def attend_fused(
+        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, want_importance: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``F.scaled_dot_product_attention``: head outputs (B, H, T, D) and, if asked, G_i (B, H, T).
+
+        The implicit gate G_i = 1 - A_sink,i comes out of the same kernel call as one crafted
+        value column (DESIGN.md "Probes"): 1 on every real key (phantom 0) gives
+        sum_j a_ij = 1 - phi_i; the indicator of key 0 gives a_i0, and G_i = 1 - a_i0.
+        """
+        B, H, T, D = q.shape
+        scale = 1.0 / math.sqrt(D)
+        if z is not None and not self.variant.routing:
+            with _fp32(v):
+                v = (torch.sigmoid(z).unsqueeze(-1) * v.float()).to(v.dtype)  # (B, H, S, D): g_j v_j
+        if want_importance:
+            probe = torch.ones(T, 1, device=v.device, dtype=v.dtype)  # (S, 1): phantom variants
+            if not self.variant.has_phantom:
+                probe = torch.zeros_like(probe)  # (S, 1)
+                probe[0] = 1.0  # (S, 1): indicator of key 0
+            v = torch.cat([v, probe.expand(B, H, T, 1)], dim=-1)  # (B, H, S, D+1)
+            v = _pad_head_dim(v)  # (B, H, S, D8)
+        b = self.sink_logits()
+        if b is not None:
+            q_aug = torch.cat([q, q.new_full((B, H, T, 1), math.sqrt(D))], dim=-1)  # (B, H, T, D+1)
+            k_real = torch.cat([k, k.new_zeros(B, H, T, 1)], dim=-1)  # (B, H, S, D+1)
+            k_sink = F.pad(b.to(k.dtype).view(1, H, 1, 1).expand(B, H, 1, 1), (D, 0))  # (B, H, 1, D+1)
+            k_aug = torch.cat([k_sink, k_real], dim=2)  # (B, H, S+1, D+1): phantom first
+            v_aug = torch.cat([v.new_zeros(B, H, 1, v.shape[-1]), v], dim=2)  # (B, H, S+1, Dv): value 0
+            mask = _phantom_bool_mask(T, q.device)  # (T, S+1)
+            out = F.scaled_dot_product_attention(
+                _pad_head_dim(q_aug), _pad_head_dim(k_aug), v_aug, attn_mask=mask, scale=scale
+            )  # (B, H, T, Dv)
+        elif self.variant.routing:  # routing-norm: log g_j in one extra key coordinate
+            log_g = F.logsigmoid(z)  # (B, H, S) float32
+            q_aug = torch.cat([q, q.new_full((B, H, T, 1), math.sqrt(D))], dim=-1)  # (B, H, T, D+1)
+            k_aug = torch.cat([k, log_g.unsqueeze(-1).to(k.dtype)], dim=-1)  # (B, H, S, D+1)
+            q_aug, k_aug = _pad_head_dim(q_aug), _pad_head_dim(k_aug)  # (B, H, T, D8), (B, H, S, D8)
+            v = F.pad(v, (0, q_aug.shape[-1] - v.shape[-1]))  # (B, H, S, D8): one width for flash kernels
+            out = F.scaled_dot_product_attention(q_aug, k_aug, v, is_causal=True, scale=scale)  # (B, H, T, D8)
+        else:
+            if v.shape[-1] != D:  # the importance column widened v: zero-pad q and k to match
+                q, k = F.pad(q, (0, v.shape[-1] - D)), F.pad(k, (0, v.shape[-1] - D))  # (B, H, T|S, D8)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # (B, H, T, Dv)
+        y = out[..., :D]  # (B, H, T, D): the real head outputs
+        if not want_importance:
+            return y, None
+        mass = out[..., D].float()  # (B, H, T): sum_j a_ij (phantom) or a_i0 (vanilla)
+        importance = mass if self.variant.has_phantom else 1.0 - mass  # (B, H, T)
+        return y, importance
+
+    # -- forward -----------------------------------------------------------------------------------
+
+    def forward(
+        self, x: Tensor, *, layer: int, explicit: bool, tap: Tap | None, want_importance: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention of the (pre-normed) stream ``x`` (B, T, C).
+
+        Returns the layer's output (B, T, C) and, if ``want_importance``, Imp^{l,h} (H,): the
+        mean of G_i over sequences and queries i >= 1.
+        """
+        B, T, C = x.shape
+        H, D = self.n_head, self.head_dim
+        q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, S, D)
+        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, S, D), before any gate
+        z = self.gate_logit(v)  # (B, H, S) float32, or None
+        gate_out = self.output_gate(x)  # (B, H, T, D|1) float32, or None
+
+        if explicit or tap is not None:
+            y, att = self.attend_explicit(q, k, v, z)  # (B, H, T, D), (B, H, T, S)
+            G = att.sum(-1) if self.variant.has_phantom else 1.0 - att[..., 0]  # (B, H, T)
+        else:
+            implicit = want_importance and gate_out is None  # outgate's G is its explicit gate
+            y, G = self.attend_fused(q, k, v, z, implicit)  # (B, H, T, D), (B, H, T) | None
+        if gate_out is not None:
+            y = y * gate_out.to(y.dtype)  # (B, H, T, D)
+            G = gate_out.mean(dim=-1)  # (B, H, T): the explicit gate, averaged over the head's D
+
+        if tap is not None:
+            b = self.sink_logits()
+            tap.on_attention(
+                AttentionRecord(
+                    layer=layer,
+                    query=q.detach(),  # (B, H, T, D)
+                    key=k.detach(),  # (B, H, S, D)
+                    value=v.detach(),  # (B, H, S, D), before any gate
+                    scale=1.0 / math.sqrt(D),
+                    mask=_causal_additive_mask(T, x.device),  # (1, 1, T, S)
+                    weights=att.detach(),  # (B, H, T, S)
+                    sink_logits=None if b is None else b.detach().float(),  # (H,)
+                    value_gate=None if z is None else torch.sigmoid(z).detach(),  # (B, H, S)
+                    output_gate=None
+                    if gate_out is None
+                    else gate_out.detach().transpose(1, 2).expand(B, T, H, D),  # (B, T, H, D)
+                )
+            )
+
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side
+        out = self.c_proj(y)  # (B, T, C)
+        if not want_importance:
+            return out, None
+        start = 1 if T > 1 else 0  # SPEC "Averages": query 0 is trivial (G_0 = 0 without a phantom)
+        return out, G[:, :, start:].mean(dim=(0, 2))  # (H,)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))  # (B, T, 4C) -> (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + attn(ln(x)), then + mlp(ln(x)); force-sink mask after each add."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: Tensor, *, layer: int, explicit: bool, tap: Tap | None, want_importance: bool,
+        keep: Tensor | None,
+    ) -> tuple[Tensor, Tensor | None]:
+        a, importance = self.attn(
+            self.ln_1(x), layer=layer, explicit=explicit, tap=tap, want_importance=want_importance
+        )  # (B, T, C), (H,) | None
+        x = x + a  # (B, T, C)
+        if keep is not None:
+            x = x * keep  # (B, T, C)
+        x = x + self.mlp(self.ln_2(x))  # (B, T, C)
+        if keep is not None:
+            x = x * keep  # (B, T, C)
+        return x, importance
+
+
+class GPT(nn.Module):
+    """The decoder. ``forward(idx, targets)`` returns ``(logits (B, T, V), loss or None)``."""
+
+    #: parameters never decayed, whatever their dim (seed 000 Appendix A, SPEC.md): sink logits,
+    #: norm-gate thresholds, projection-gate directions and biases.
+    NO_DECAY = ("sink_logit", "gate_tau", "gate_w", "gate_b")
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        C = config.n_embd
+        # Module constructors draw their default inits from the global RNG, and how many draws
+        # depends on the variant. Building under fork_rng and then drawing every weight in a
+        # fixed order (_init_weights) gives every variant built after the same torch.manual_seed
+        # identical shared weights (paired seeds, SPEC.md).
+        with torch.random.fork_rng(devices=[]):
+            self.transformer = nn.ModuleDict(
+                dict(
+                    wte=nn.Embedding(config.vocab_size, C),
+                    wpe=nn.Embedding(config.block_size, C),
+                    h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                    ln_f=nn.LayerNorm(C, bias=False),
+                )
+            )
+            self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied input and output embeddings
+        if config.variant_spec.sink_token:
+            # The sink token is one learned vector that sits before position 0 and takes no
+            # position embedding (a learned vector plus a learned position is one learned
+            # vector), so real tokens keep positions 0..T-1 and the extra cost is C (Table 5).
+            self.sink_token = nn.Parameter(torch.empty(C))  # (C,)
+        else:
+            self.register_parameter("sink_token", None)
+        self._init_weights()
+        #: detached loss terms of the last forward with targets: "ce", and "lb" when lb_lambda > 0.
+        self.last_loss_terms: dict[str, Tensor] = {}
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """N(0, 0.02), and N(0, 0.02/sqrt(2L)) for the attention and MLP output projections.
+
+        Shared weights are drawn first in a fixed order; the variant's extra weights are drawn
+        after them inside fork_rng, so the global RNG leaves __init__ in the same state for
+        every variant (a trainer drawing batches from it stays paired too).
+        """
+        std, proj_std = 0.02, 0.02 / math.sqrt(2 * self.config.n_layer)
+        nn.init.normal_(self.transformer.wte.weight, 0.0, std)
+        nn.init.normal_(self.transformer.wpe.weight, 0.0, std)
+        for block in self.transformer.h:
+            nn.init.normal_(block.attn.c_attn.weight, 0.0, std)
+            nn.init.normal_(block.attn.c_proj.weight, 0.0, proj_std)
+            nn.init.normal_(block.mlp.c_fc.weight, 0.0, std)
+            nn.init.normal_(block.mlp.c_proj.weight, 0.0, proj_std)
+        with torch.random.fork_rng(devices=[]):
+            if self.sink_token is not None:
+                nn.init.normal_(self.sink_token, 0.0, std)
+            for block in self.transformer.h:
+                if hasattr(block.attn, "gate_w"):
+                    nn.init.normal_(block.attn.gate_w, 0.0, std)  # w_h . v_j starts ~ 0: gate = sigmoid(c_h)
+                if hasattr(block.attn, "c_gate"):
+                    nn.init.normal_(block.attn.c_gate.weight, 0.0, std)  # output gate starts ~ 0.5
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        """Parameter count (tied embeddings counted once); optionally without wte and wpe."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wte.weight.numel() + self.transformer.wpe.weight.numel()
+        return n
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """AdamW groups: decay on tensors of dim >= 2 except the ``NO_DECAY`` ones, none on the rest.
+
+        The embedding (tied with the LM head) and the output-gate projection W_g are ordinary
+        weight matrices and are decayed; LayerNorm gains, the sink token, sink logits, gate
+        thresholds, directions and biases are not.
+        """
+        decay, no_decay = [], []
+        for name, p in self.named_parameters():
+            if not p.requires_grad:
+                continue
+            if p.dim() >= 2 and name.rsplit(".", 1)[-1] not in self.NO_DECAY:
+                decay.append(p)
+            else:
+                no_decay.append(p)
+        return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+    def model_spec(self) -> ModelSpec:
+        """The sizes probes need (a record's positions include the sink token for ``sinktoken``)."""
+        c = self.config
+        return ModelSpec(
+            family=MODEL_TYPE,
+            n_layers=c.n_layer,
+            n_heads=c.n_head,
+            n_kv_heads=c.n_head,
+            head_dim=c.head_dim,
+            hidden_size=c.n_embd,
+            attention_layers=tuple(range(c.n_layer)),
+            has_phantom=c.variant_spec.has_phantom,
+            has_output_gate=c.variant_spec.output_gate,
+        )
+
+    def force_sink_mask(self, T: int, like: Tensor) -> Tensor | None:
+        """Seed 003's force-sink mask (T, C) of 0/1, or None when ``force_sink_k`` is 0.
+
+        The first k channels are kept only at position 0 (the sink token's position for
+        ``sinktoken``) and zeroed elsewhere; the other C - k are zeroed at position 0.
+        """
+        k = self.config.force_sink_k
+        if k == 0:
+            return None
+        keep = torch.zeros(T, self.config.n_embd, device=like.device, dtype=like.dtype)  # (T, C)
+        keep[0, :k] = 1.0  # position 0: the k sink channels only
+        keep[1:, k:] = 1.0  # other positions: everything but the sink channels
+        return keep
+
+    # ---- forward -------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        idx: Tensor,
+        targets: Tensor | None = None,
+        *,
+        attention: str = "fused",
+        tap: Tap | None = None,
+        tnlm: bool = False,
+        lb_lambda: float = 0.0,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Logits (B, T, V) for token ids ``idx`` (B, T) and, with ``targets`` (B, T), the loss.
+
+        Args:
+            attention: ``"fused"`` (SDPA) or ``"explicit"`` (materialised weights, float32).
+            tap: receives one :class:`AttentionRecord` per layer (explicit path) and each
+                block's output stream (B, T, C) through ``on_residual``. For ``sinktoken`` both
+                include the sink token at position 0 (T + 1 positions).
+            tnlm: drop the cross-entropy term at position 0 (seed 003; see :func:`lm_loss`).
+            lb_lambda: weight of the sink-aware load-balancing loss (seed 004; 1e-4 in the
+                paper and SPEC.md; 0 = off): ``lb_lambda * load_balance_loss(Imp)``, where
+                Imp^{l,h} is the mean over sequences and queries i >= 1 of G_i = 1 - A_sink,i:
+                A_sink is the phantom mass for phantom variants and the mass on position 0
+                otherwise (the sink token for ``sinktoken``, the routing weights for
+                routing-norm); for ``outgate`` G_i is the head's mean output-gate value.
+                Differentiable on both paths (the fused path reads it from one extra value
+                column of the same kernel call). Only computed when ``targets`` is given.
+        """
+        if attention not in ("fused", "explicit"):
+            raise ValueError(f"attention must be 'fused' or 'explicit', not {attention!r}")
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
+        explicit = attention == "explicit" or tap is not None
+        want_importance = lb_lambda > 0 and targets is not None
+
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        if self.sink_token is not None:
+            sink = self.sink_token.to(x.dtype).view(1, 1, -1).expand(B, 1, -1)  # (B, 1, C)
+            x = torch.cat([sink, x], dim=1)  # (B, T+1, C)
+        keep = self.force_sink_mask(x.shape[1], x)  # (T', C) or None
+        if keep is not None:
+            x = x * keep  # (B, T', C)
+
+        importances = []
+        for layer, block in enumerate(self.transformer.h):
+            x, importance = block(
+                x, layer=layer, explicit=explicit, tap=tap, want_importance=want_importance, keep=keep
+            )  # (B, T', C), (H,) | None
+            if tap is not None:
+                tap.on_residual(layer, x.detach())
+            if importance is not None:
+                importances.append(importance)
+
+        x = self.transformer.ln_f(x)  # (B, T', C)
+        if self.sink_token is not None:
+            x = x[:, 1:]  # (B, T, C): the sink token's output never reaches the LM head
+        logits = self.lm_head(x)  # (B, T, V)
+
+        if targets is None:
+            return logits, None
+        loss = lm_loss(logits, targets, tnlm=tnlm)  # ()
+        self.last_loss_terms = {"ce": loss.detach()}
+        if want_importance:
+            lb = load_balance_loss(torch.stack(importances))  # () from (L, H)
+            self.last_loss_terms["lb"] = lb.detach()
+            loss = loss + lb_lambda * lb  # ()
+        return logits, loss
