@@ -200,3 +200,14 @@ def test_fused_capture_leaves_logits_unchanged(family):
         with capture(model, Nothing(), mode="fused"):
             fused = model(ids).logits
     torch.testing.assert_close(fused, reference, atol=1e-6, rtol=0)
+
+
+def test_exact_median_matches_numpy_with_ties():
+    from sinkscope.probes.stats import median
+
+    rng = np.random.default_rng(0)
+    for shape in [(3, 10), (2, 7), (4, 1000), (1, 6)]:
+        x = torch.from_numpy(rng.integers(0, 5, size=shape).astype(np.float32))  # many ties
+        np.testing.assert_allclose(median(x).numpy(), np.median(x.numpy(), axis=-1))
+        y = torch.randn(*shape)
+        np.testing.assert_allclose(median(y).numpy(), np.median(y.numpy(), axis=-1), rtol=1e-6)
