@@ -1,12 +1,14 @@
 """The only forward loop: windows in, probe accumulators filled.
 
-The model runs under :func:`sinkscope.capture.capture`; each attention layer hands its record to
-every probe the moment it exists, and nothing per-token outlives the layer. The logits of the
+A transformers model runs under :func:`sinkscope.capture.capture`; the bundled trainer's model
+emits its records natively (``model(ids, tap=...)``, no hooks). Either way each attention layer
+hands its record to every probe the moment it exists, and nothing per-token outlives the layer. The logits of the
 LM head are not needed, so where the model supports it only the last position's are computed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from typing import Sequence
@@ -62,14 +64,20 @@ def run_probes(
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
     tap = ProbeTap(probes)
-    kwargs = _forward_kwargs(model)
+    kwargs = {} if hasattr(model, "model_spec") else _forward_kwargs(model)
     n = tokens.shape[0]
     starts = range(0, n, batch_size)
     bar = tqdm(starts, desc="batches", unit="batch", disable=not progress, file=sys.stderr,
                total=len(starts), dynamic_ncols=True)
-    with capture(model, tap, residual=bool(tap.residual_probes), mode=attention), torch.inference_mode():
+    native = hasattr(model, "model_spec")  # sinkscope's trainer: records without hooks
+    attached = contextlib.nullcontext() if native else capture(
+        model, tap, residual=bool(tap.residual_probes), mode=attention)
+    with attached, torch.inference_mode():
         for start in bar:
             ids = torch.from_numpy(np.ascontiguousarray(tokens[start:start + batch_size])).to(device)  # (B, T)
-            model(input_ids=ids, **kwargs)
+            if native:
+                model(ids, tap=tap)
+            else:
+                model(input_ids=ids, **kwargs)
             bar.set_postfix(seqs=min(start + batch_size, n))
     bar.close()

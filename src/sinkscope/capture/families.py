@@ -128,6 +128,9 @@ class ModelSpec:
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ModelSpec":
+        """The spec of a transformers model, or the bundled trainer's own ``model_spec()``."""
+        if hasattr(model, "model_spec"):
+            return model.model_spec()
         family = family_of(model)
         config = model.config
         n_layers = config.num_hidden_layers
