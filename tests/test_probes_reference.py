@@ -211,3 +211,31 @@ def test_exact_median_matches_numpy_with_ties():
         np.testing.assert_allclose(median(x).numpy(), np.median(x.numpy(), axis=-1))
         y = torch.randn(*shape)
         np.testing.assert_allclose(median(y).numpy(), np.median(y.numpy(), axis=-1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_oss"])
+def test_merging_shares_equals_one_pass(family):
+    """Probes over windows [0:3] merged with probes over [3:7] give the one-pass table."""
+    model = build(family)
+    ids = random_ids(7, 20, seed=5).numpy()
+    spec = ModelSpec.from_model(model)
+
+    def probes_over(part):
+        probes = [PROBES[name](spec) for name in SINKS_PROBES]
+        run_probes(model, part, probes, batch_size=2, progress=False)
+        return probes
+
+    whole = probes_over(ids)
+    first, second = probes_over(ids[:3]), probes_over(ids[3:])
+    for a, b in zip(first, second):
+        a.merge(b)
+    one = rows_to_frame(r for p in whole for r in p.rows())
+    merged = rows_to_frame(r for p in first for r in p.rows())
+    pd.testing.assert_frame_equal(one.drop(columns="value"), merged.drop(columns="value"))
+    np.testing.assert_allclose(merged["value"].to_numpy(), one["value"].to_numpy(), rtol=1e-6, atol=1e-7)
+    # state_dict / load_state_dict round trip restores the accumulators exactly
+    fresh = [PROBES[name](spec) for name in SINKS_PROBES]
+    for f, w in zip(fresh, whole):
+        f.load_state_dict(w.state_dict())
+    again = rows_to_frame(r for p in fresh for r in p.rows())
+    pd.testing.assert_frame_equal(again, one)

@@ -89,6 +89,9 @@ def sinks(
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots.")] = True,
     progress: ProgressOpt = True,
     attention: Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")] = "fused",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
+    device_map: Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")] = None,
+    checkpoint_seconds: Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")] = 30.0,
 ) -> None:
     """Measure position-0 mass, sink rate, phantom mass, value-norm ratio and massive activations.
 
@@ -101,6 +104,10 @@ def sinks(
         sinkscope sinks EleutherAI/pythia-1b --seq-len 1024 --n-seqs 64
 
         sinkscope sinks model.gguf --text-file book.txt --bos add --out runs/book
+
+        sinkscope sinks openai/gpt-oss-20b --device-map auto --dtype bfloat16
+
+        torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
     """
     from sinkscope.sinks import SinksOptions, measure_sinks
 
@@ -108,10 +115,12 @@ def sinks(
         model=model, out=out, text_file=text_file, dataset=dataset, seq_len=seq_len, n_seqs=n_seqs,
         batch_size=batch_size, seed=seed, bos=bos, device=device, dtype=dtype, revision=revision,
         trust_remote_code=trust_remote_code, sink_epsilon=sink_epsilon, sink_layer_start=sink_layer_start,
-        overwrite=overwrite, figures=figures, progress=progress, attention=attention,
+        overwrite=overwrite, figures=figures, progress=progress, attention=attention, resume=resume,
+        device_map=device_map, checkpoint_seconds=checkpoint_seconds,
     )
     run_dir = measure_sinks(options)
-    typer.echo(str(run_dir))
+    if run_dir is not None:  # None on data-parallel processes other than 0
+        typer.echo(str(run_dir))
 
 
 @app.command()

@@ -7,6 +7,9 @@ model, tokenise and window the corpus, run the probes, and write the folder atom
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import re
 import sys
 import time
@@ -17,8 +20,10 @@ from pathlib import Path
 import torch
 
 from sinkscope import corpus as corpus_mod
+from sinkscope import distributed
 from sinkscope.capture.families import ModelSpec
 from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import atomic_write_bytes
 from sinkscope.probes import SINKS_PROBES, get_probe
 from sinkscope.probes.sink_rate import SinkRate
 from sinkscope.results import base_manifest, check_run_dir, rows_to_frame, staged_run_dir, write_tables
@@ -46,6 +51,12 @@ class SinksOptions:
         figures: draw the heatmaps and per-layer plots and write report.html.
         attention: ``fused`` (a fused kernel's log-sum-exp; memory linear in seq-len) or
             ``explicit`` (the model's eager weights; the reference). Same numbers (1e-5).
+        resume: continue a killed or interrupted run into the same ``out`` from its last
+            checkpoint of the accumulators (same options required); the table equals an
+            uninterrupted run's.
+        checkpoint_seconds: how often the accumulators are saved for ``resume`` (0: every batch).
+        device_map: shard a large model over devices through accelerate (``auto``,
+            ``balanced``, ``sequential``); probes run on each layer's device.
     """
 
     model: str | None = None
@@ -67,6 +78,9 @@ class SinksOptions:
     figures: bool = True
     progress: bool = True
     attention: str = "fused"
+    resume: bool = False
+    checkpoint_seconds: float = 30.0
+    device_map: str | None = None
 
 
 def _slug(text: str) -> str:
@@ -87,6 +101,8 @@ def _validate(options: SinksOptions) -> None:
         raise SinkscopeError(f"--batch-size must be at least 1 (got {options.batch_size}).")
     if options.bos not in corpus_mod.BOS_POLICIES:
         raise SinkscopeError(f"unknown --bos {options.bos!r}; use one of {', '.join(corpus_mod.BOS_POLICIES)}.")
+    if options.resume and not options.out:
+        raise SinkscopeError("--resume needs the --out folder of the run to continue.")
     if options.attention not in ("fused", "explicit"):
         raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
     if not 0.0 < options.sink_epsilon < 1.0:
@@ -101,18 +117,54 @@ def _check_context(model: torch.nn.Module, seq_len: int) -> None:
         raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
 
 
-def measure_sinks(options: SinksOptions, log=None) -> Path:
-    """Run the sink probes and write the run folder; returns its path."""
+def _progress_path(out_dir: Path) -> Path:
+    """Where a run keeps its accumulator checkpoint for ``--resume`` (beside the run folder)."""
+    return out_dir.parent / f".{out_dir.name}.progress.pt"
+
+
+def _fingerprint(options: SinksOptions, tokens_sha256: str, source) -> str:
+    """What must match for a resume: everything that changes a number (not batch size etc.)."""
+    keep = {k: v for k, v in asdict(options).items()
+            if k not in ("batch_size", "progress", "overwrite", "resume", "figures", "checkpoint_seconds", "out")}
+    blob = json.dumps({"options": keep, "tokens": tokens_sha256, "source": source.to_dict()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _make_probes(spec: ModelSpec, options: SinksOptions) -> list:
+    probes = []
+    for name in SINKS_PROBES:
+        cls = get_probe(name)
+        if cls is SinkRate:
+            probes.append(cls(spec, epsilon=options.sink_epsilon, layer_start=options.sink_layer_start))
+        else:
+            probes.append(cls(spec))
+    return probes
+
+
+def measure_sinks(options: SinksOptions, log=None) -> Path | None:
+    """Run the sink probes and write the run folder; returns its path (None on processes > 0)."""
     log = log or (lambda message: print(message, file=sys.stderr))
     _validate(options)
+    rank, world_size = distributed.world()
+    if world_size > 1:
+        if options.resume:
+            raise SinkscopeError("--resume is not supported in a data-parallel (torchrun) run; run it in one process.")
+        distributed.init()
+        if rank != 0:
+            log = lambda message: None  # noqa: E731 - only process 0 talks
     source = resolve_source(options.model, options.revision)
     out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location)
-    check_run_dir(out_dir, options.overwrite)
+    progress_file = _progress_path(out_dir)
+    if not options.resume:
+        check_run_dir(out_dir, options.overwrite)
+    elif not progress_file.is_file():
+        raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
     corpus = corpus_mod.load_corpus(options.text_file, options.dataset)
 
     started = time.perf_counter()
     log(f"Loading {source.label or source.location} ...")
-    loaded = load_model(source, device=options.device, dtype=options.dtype,
+    device = distributed.local_device(options.device) if world_size > 1 else options.device
+    loaded = load_model(source, device=device, dtype=options.dtype, device_map=options.device_map,
                         trust_remote_code=options.trust_remote_code, log=log)
     load_s = time.perf_counter() - started
     spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
@@ -123,21 +175,54 @@ def measure_sinks(options: SinksOptions, log=None) -> Path:
     doc_ids = corpus_mod.tokenize_documents(loaded.tokenizer, corpus.documents)
     windows = corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs,
                                       seed=options.seed, bos_id=bos_id)
+    probes = _make_probes(spec, options)
+    fingerprint = _fingerprint(options, windows.sha256, source)
 
-    probes = []
-    for name in SINKS_PROBES:
-        cls = get_probe(name)
-        if cls is SinkRate:
-            probes.append(cls(spec, epsilon=options.sink_epsilon, layer_start=options.sink_layer_start))
-        else:
-            probes.append(cls(spec))
+    first, stop = distributed.share(len(windows.tokens), rank, world_size)
+    if options.resume:
+        state = torch.load(progress_file, weights_only=False)
+        if state.get("fingerprint") != fingerprint:
+            raise SinkscopeError(
+                f"the interrupted run at {out_dir} was started with other options, model or tokens; "
+                "rerun it with the same options, or without --resume.")
+        for probe, probe_state in zip(probes, state["probes"]):
+            probe.load_state_dict(probe_state)
+        first = state["next"]
+        log(f"Resuming at window {first} of {stop}.")
+
+    last_save = [time.monotonic()]
+
+    def checkpoint(next_window: int) -> None:
+        if world_size > 1 or next_window >= stop:
+            return
+        if time.monotonic() - last_save[0] < options.checkpoint_seconds:
+            return
+        payload = {"fingerprint": fingerprint, "next": next_window, "probes": [p.state_dict() for p in probes]}
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        progress_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(progress_file, buffer.getvalue())
+        last_save[0] = time.monotonic()
 
     log(f"Running {spec.family} ({spec.n_layers} layers x {spec.n_heads} heads) over "
-        f"{options.n_seqs} windows of {options.seq_len} tokens on {loaded.device} in {str(loaded.dtype)[6:]} ...")
+        f"{options.n_seqs} windows of {options.seq_len} tokens on {loaded.device} in {str(loaded.dtype)[6:]}"
+        + (f", {world_size} processes" if world_size > 1 else "") + " ...")
     run_started = time.perf_counter()
-    run_probes(loaded.model, windows.tokens, probes, batch_size=options.batch_size, device=loaded.device,
-               progress=options.progress, attention=options.attention)
+    try:
+        run_probes(loaded.model, windows.tokens[:stop], probes, batch_size=options.batch_size,
+                   device=None if options.device_map else loaded.device, progress=options.progress and rank == 0,
+                   attention=options.attention, start=first, on_batch_done=checkpoint, log=log)
+    except KeyboardInterrupt:
+        if progress_file.is_file():
+            raise SinkscopeError(f"interrupted; rerun the same command with --resume to continue from {out_dir}'s "
+                                 "last checkpoint.") from None
+        raise
     run_s = time.perf_counter() - run_started
+    if world_size > 1:
+        is_writer = distributed.merge_into_rank0(probes, lambda: _make_probes(spec, options))
+        if not is_writer:
+            distributed.finish()
+            return None
 
     frame = rows_to_frame(row for probe in probes for row in probe.rows())
     manifest = base_manifest("sinks", asdict(options))
@@ -149,9 +234,11 @@ def measure_sinks(options: SinksOptions, log=None) -> Path:
             "spec": asdict(spec),
             "n_parameters": sum(p.numel() for p in loaded.model.parameters()),
             "config": model_config_summary(loaded.model),
+            "device_map": getattr(loaded.model, "hf_device_map", None),
         },
         dtype=str(loaded.dtype).removeprefix("torch."),
         device=str(loaded.device),
+        processes=world_size,
         corpus={**corpus.info, "name": corpus.name, "sha256": corpus.sha256, "n_documents": len(corpus.documents),
                 "n_tokens": windows.n_corpus_tokens},
         windows={
@@ -172,5 +259,8 @@ def measure_sinks(options: SinksOptions, log=None) -> Path:
             from sinkscope.report import build_report
 
             build_report([stage], out=stage, labels=[out_dir.name])
+    progress_file.unlink(missing_ok=True)
+    if world_size > 1:
+        distributed.finish()
     log(f"Wrote {out_dir}")
     return out_dir

@@ -132,14 +132,15 @@ def _quiet_transformers():
     hf_logging.disable_progress_bar()
 
 
-def _load_gguf(path: Path, log) -> tuple[torch.nn.Module, object, Path]:
+def _load_gguf(path: Path, log, device_map: str | None = None) -> tuple[torch.nn.Module, object, Path]:
     """Load a GGUF file, from the float32 cache when present; returns (model, tokenizer, cache)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache = gguf_cache_dir(path)
     if (cache / "config.json").is_file() and (cache / "SINKSCOPE_COMPLETE").is_file():
         try:
-            model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager")
+            model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager",
+                                                         device_map=device_map)
             tokenizer = AutoTokenizer.from_pretrained(cache)
             return model, tokenizer, cache
         except Exception:  # a damaged cache is rebuilt from the GGUF below
@@ -161,6 +162,9 @@ def _load_gguf(path: Path, log) -> tuple[torch.nn.Module, object, Path]:
         except AttributeError:
             pass
     _write_cache(model, tokenizer, cache)
+    if device_map is not None and (cache / "config.json").is_file():  # shard from the float32 cache
+        model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager",
+                                                     device_map=device_map)
     return model, tokenizer, cache
 
 
@@ -189,27 +193,28 @@ def _short(error: Exception) -> str:
     return text[:300].rstrip(".")
 
 
-def _load_pretrained(name: str, *, revision: str | None, trust_remote_code: bool, local_only: bool):
+def _load_pretrained(name: str, *, revision: str | None, trust_remote_code: bool, local_only: bool,
+                     device_map: str | None = None, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only)
     tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(
-        name, dtype=torch.float32, attn_implementation="eager", **kwargs
+        name, dtype=dtype, attn_implementation="eager", device_map=device_map, **kwargs
     )
     return model, tokenizer
 
 
-def _load_hub(source: Source, trust_remote_code: bool):
+def _load_hub(source: Source, trust_remote_code: bool, **load):
     try:
         return _load_pretrained(source.location, revision=source.revision, trust_remote_code=trust_remote_code,
-                                local_only=True)
+                                local_only=True, **load)
     except OSError as error:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
         if not offline:
             try:
                 return _load_pretrained(source.location, revision=source.revision,
-                                        trust_remote_code=trust_remote_code, local_only=False)
+                                        trust_remote_code=trust_remote_code, local_only=False, **load)
             except OSError:
                 pass
         raise SinkscopeError(
@@ -267,19 +272,24 @@ def load_model(
     device: str = "auto",
     dtype: str = "auto",
     trust_remote_code: bool = False,
+    device_map: str | dict | None = None,
     log=print,
 ) -> LoadedModel:
     """Load the model and tokenizer of ``source`` in eval mode on ``device`` in ``dtype``.
 
-    Code from a model repository runs only with ``trust_remote_code=True``.
+    Code from a model repository runs only with ``trust_remote_code=True``. ``device_map``
+    (``"auto"``, ``"balanced"``, a dict) shards the model through accelerate instead of
+    placing it on ``device``; probes then run on each layer's own device.
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    if device_map is not None and source.kind == "checkpoint":
+        raise SinkscopeError("--device-map is for transformers models; a trainer checkpoint runs on one --device.")
     _quiet_transformers()
     cache_path = None
     try:
         if source.kind == "gguf":
-            model, tokenizer, cache = _load_gguf(Path(source.path), log)
+            model, tokenizer, cache = _load_gguf(Path(source.path), log, device_map)
             cache_path = str(cache)
         elif source.kind == "checkpoint":
             from sinkscope.train.checkpoint import load_checkpoint
@@ -287,20 +297,23 @@ def load_model(
             model, tokenizer, _, _ = load_checkpoint(source.path)
         elif source.kind == "folder":
             try:
-                model, tokenizer = _load_pretrained(source.path, revision=None,
-                                                    trust_remote_code=trust_remote_code, local_only=True)
+                model, tokenizer = _load_pretrained(source.path, revision=None, trust_remote_code=trust_remote_code,
+                                                    local_only=True, device_map=device_map)
             except OSError as error:
                 raise SinkscopeError(f"could not load the model folder {source.location} ({_short(error)}).") from error
         else:
-            model, tokenizer = _load_hub(source, trust_remote_code)
+            model, tokenizer = _load_hub(source, trust_remote_code, device_map=device_map)
     except (ValueError, KeyError) as error:
         if "trust_remote_code" in str(error):
             raise SinkscopeError(
                 f"{source.location} needs code from its repository; rerun with --trust-remote-code if you trust it."
             ) from error
         raise _architecture_error(error) from error
-    model = model.to(device=torch_device, dtype=torch_dtype).eval()
-    return LoadedModel(model, tokenizer, source, torch_dtype, torch_device, cache_path)
+    if device_map is None:
+        model = model.to(device=torch_device, dtype=torch_dtype)
+    elif torch_dtype != torch.float32:
+        model = model.to(dtype=torch_dtype)  # weights stay on their shards' devices
+    return LoadedModel(model.eval(), tokenizer, source, torch_dtype, torch_device, cache_path)
 
 
 def model_config_summary(model: torch.nn.Module) -> dict:

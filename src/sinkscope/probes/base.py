@@ -102,10 +102,24 @@ class HeadMeans:
         return out
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {"sums": self.sums, "counts": self.counts, "seen": self.seen}
+        return {"sums": self.sums.clone(), "counts": self.counts.clone(), "seen": self.seen.clone()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        self.sums, self.counts, self.seen = state["sums"], state["counts"], state["seen"]
+        self.sums, self.counts, self.seen = state["sums"].clone(), state["counts"].clone(), state["seen"].clone()
+
+    def merge(self, other: "HeadMeans") -> None:
+        """Add another accumulator of the same shape (another process's share of the windows).
+
+        Layers recorded with :meth:`set` (one value, n = 1) are taken, not added.
+        """
+        for layer in range(self.sums.shape[0]):
+            if not other.seen[layer]:
+                continue
+            if self.seen[layer] and (self.counts[layer] == 1).all() and (other.counts[layer] == 1).all():
+                continue  # a set() value (a parameter): identical in every share
+            self.sums[layer] += other.sums[layer]
+            self.counts[layer] += other.counts[layer]
+            self.seen[layer] = True
 
 
 class Probe:
@@ -133,3 +147,29 @@ class Probe:
     def options(self) -> dict:
         """The probe's parameters, recorded in the manifest."""
         return {}
+
+    # ---- accumulator state: checkpoints (resume), retries (OOM), merging (data parallel) ----
+    def _accumulators(self) -> dict[str, "HeadMeans | Tensor"]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, (HeadMeans, Tensor))}
+
+    def state_dict(self) -> dict:
+        """A copy of every accumulator (small: per layer and head)."""
+        return {k: v.state_dict() if isinstance(v, HeadMeans) else v.clone()
+                for k, v in self._accumulators().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in self._accumulators().items():
+            if isinstance(value, HeadMeans):
+                value.load_state_dict(state[key])
+            else:
+                setattr(self, key, state[key].clone())
+
+    def merge(self, other: "Probe") -> None:
+        """Fold in another probe's accumulators (same class, same spec), as if it had seen its
+        windows after this one's. Probes with non-additive state override this."""
+        for key, value in self._accumulators().items():
+            theirs = getattr(other, key)
+            if isinstance(value, HeadMeans):
+                value.merge(theirs)
+            else:
+                setattr(self, key, value + theirs)

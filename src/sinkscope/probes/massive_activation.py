@@ -67,6 +67,15 @@ class MassiveActivation(Probe):
             self.position[layer] = int(seq_arg[best]) // C
             self.channel[layer] = int(seq_arg[best]) % C
 
+    def merge(self, other: "MassiveActivation") -> None:
+        """Sum the medians and counts; keep the larger top (ties: this share, the earlier windows)."""
+        better = other.top > self.top  # (L,)
+        self.top = torch.where(better, other.top, self.top)
+        self.channel = torch.where(better, other.channel, self.channel)
+        self.position = torch.where(better, other.position, self.position)
+        self.median_sum = self.median_sum + other.median_sum
+        self.n_seqs = self.n_seqs + other.n_seqs
+
     def rows(self) -> list[Row]:
         rows: list[Row] = []
         seen = [l for l in range(self.spec.n_layers) if self.n_seqs[l] > 0]
