@@ -63,6 +63,11 @@ def _friendly_errors(func):
         except KeyboardInterrupt:
             typer.echo("error: interrupted; no run folder was written.", err=True)
             raise typer.Exit(130) from None
+        except OSError as error:  # a full disk, a read-only or blocked output path, ...
+            where = f" {error.filename}" if error.filename else ""
+            typer.echo(f"error: could not write or read{where} ({error.strerror or error}); "
+                       "results already written are unchanged.", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 

@@ -19,6 +19,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from sinkscope.capture import AttentionRecord, capture
+from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import Probe
 
 
@@ -30,6 +31,11 @@ class ProbeTap:
         self.residual_probes = [p for p in self.probes if p.needs_residual]
 
     def on_attention(self, record: AttentionRecord) -> None:
+        if not bool(torch.isfinite(record.query).all()):
+            raise SinkscopeError(
+                f"the model produced non-finite (NaN or inf) attention inputs at layer {record.layer}; its weights "
+                "may be damaged, or --dtype too narrow (try --dtype float32)."
+            )
         for probe in self.probes:
             probe.observe_attention(record)
 

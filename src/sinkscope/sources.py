@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.paths import cache_root
@@ -299,7 +300,7 @@ def load_model(
             try:
                 model, tokenizer = _load_pretrained(source.path, revision=None, trust_remote_code=trust_remote_code,
                                                     local_only=True, device_map=device_map)
-            except OSError as error:
+            except (OSError, SafetensorError, EOFError, RuntimeError) as error:  # damaged or missing files
                 raise SinkscopeError(f"could not load the model folder {source.location} ({_short(error)}).") from error
         else:
             model, tokenizer = _load_hub(source, trust_remote_code, device_map=device_map)
