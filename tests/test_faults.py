@@ -86,3 +86,28 @@ def test_unwritable_output_is_one_sentence(tiny_llama_dir, text_file, tmp_path):
     blocker.write_text("not a folder")
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(blocker / "run")))
     assert "could not write" in line or "not a folder" in line
+
+
+def test_same_command_gives_byte_identical_tables(tiny_llama_dir, text_file, tmp_path):
+    args = [str(tiny_llama_dir), "--text-file", str(text_file), "--seed", "7"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _sinks(*args, "--out", str(a)).exit_code == 0
+    assert _sinks(*args, "--out", str(b)).exit_code == 0
+    assert (a / "results.csv").read_bytes() == (b / "results.csv").read_bytes()
+    assert (a / "tokens.npy").read_bytes() == (b / "tokens.npy").read_bytes()
+
+
+def test_remote_code_is_refused_without_the_flag(tmp_path, text_file):
+    """A folder whose config asks for custom code is not executed unless --trust-remote-code."""
+    import json
+
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {
+        "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}))
+    (folder / "evil.py").write_text("raise SystemExit('remote code ran')\n")
+    make_tokenizer().save_pretrained(folder)
+    result = _sinks(str(folder), "--text-file", str(text_file), "--out", str(tmp_path / "o"))
+    line = _error_line(result)
+    assert "remote code ran" not in result.output
+    assert "trust-remote-code" in line or "cannot build" in line or "could not load" in line
