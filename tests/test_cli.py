@@ -143,3 +143,27 @@ def test_bundled_recipes_parse():
     for path in sorted((Path(__file__).parents[1] / "probes").glob("*.toml")):
         command, options = load_recipe(str(path))
         assert command == "sinks" and options.seq_len == 512
+
+
+def test_train_then_probe_the_checkpoint(text_file, tmp_path):
+    """`sinkscope train` writes a checkpoint that `sinkscope sinks` reads; --resume continues it."""
+    ckpt = tmp_path / "ckpt"
+    common = ["train", "--variant", "sinklogit", "--text-file", str(text_file), "--tokenizer", "bpe300",
+              "--set", "n_layer=2", "--set", "n_head=2", "--set", "n_embd=32", "--set", "block_size=32",
+              "--steps", "6", "--batch-size", "4", "--out", str(ckpt), "--no-progress"]
+    result = runner.invoke(app, common + ["--stop-at", "3"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((ckpt / "config.json").read_text())["step"] == 3
+    result = runner.invoke(app, common + ["--resume"])
+    assert result.exit_code == 0, result.output
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["step"] == 6 and config["variant"] == "sinklogit"
+    log = pd.read_csv(ckpt / "log.csv")
+    assert {"step", "train_loss", "val_loss"} <= set(log.columns)
+    out = tmp_path / "probe"
+    result = _sinks(str(ckpt), "--text-file", str(text_file), "--seq-len", "16", "--n-seqs", "3", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "results.csv")
+    assert table[(table.metric == "phantom_mass") & table.layer.isna()]["value"].iloc[0] > 0
+    bad = runner.invoke(app, ["train", "--variant", "sinklogits", "--out", str(tmp_path / "x"), "--no-progress"])
+    assert bad.exit_code == 1 and "sinklogit" in bad.output

@@ -150,6 +150,65 @@ def report(
     typer.echo(str(build_report(run_dirs, out=out, labels=label)))
 
 
+@app.command()
+@_friendly_errors
+def train(
+    variant: Annotated[Optional[str], typer.Option("--variant", help="baseline | offbyone | sinklogit | sinktoken | normgate | projgate | sink+norm | sink+proj | routing-norm | outgate.")] = None,
+    tier: Annotated[Optional[str], typer.Option("--tier", help="tiny (CPU, minutes) | 10M | 50M | 124M | 350M.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants).")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="Checkpoint folder.")] = "ckpt",
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per step over all processes.")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
+    min_lr: Annotated[Optional[float], typer.Option("--min-lr", help="Floor of the cosine (default lr/10).")] = None,
+    warmup_steps: Annotated[Optional[int], typer.Option("--warmup-steps", help="Linear warmup steps (tier default).")] = None,
+    grad_accum: Annotated[Optional[int], typer.Option("--grad-accum", help="Micro-batches per step (batches unchanged).")] = None,
+    eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Validation loss every N steps.")] = None,
+    checkpoint_every: Annotated[Optional[int], typer.Option("--checkpoint-every", help="Checkpoint every N steps.")] = None,
+    stop_at: Annotated[Optional[int], typer.Option("--stop-at", help="Stop (checkpointed) after this step; continue with --resume.")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="bpe4096 (default, trained on the corpus) | gpt2 | a tokenizer folder.")] = None,
+    tnlm: Annotated[bool, typer.Option("--tnlm", help="TNLM loss: no cross-entropy term at position 0 (seed 003).")] = False,
+    lb_lambda: Annotated[float, typer.Option("--lb-lambda", help="Sink-aware load-balancing loss weight (seed 004; 1e-4 there).")] = 0.0,
+    force_sink_k: Annotated[Optional[int], typer.Option("--force-sink-k", help="Force-sink masking with k channels (seed 003; 16 there).")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a model field: key=value (repeatable), e.g. n_layer=2.")] = None,
+    device: DeviceOpt = "auto",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the checkpoint in --out.")] = False,
+    overwrite: OverwriteOpt = False,
+    progress: ProgressOpt = True,
+) -> None:
+    """Train a small GPT-2-style model with one of the attention variants of SPEC.md.
+
+    The checkpoint folder is a MODEL for every probe command (e.g. `sinkscope sinks ckpt/`).
+
+    Examples:
+
+        sinkscope train --variant sink+proj --tier tiny --seed 0 --out ckpt/sink-proj
+
+        sinkscope train --variant baseline --tier tiny --set n_layer=2 --steps 100 --out ckpt/quick
+
+        torchrun --nproc-per-node 8 -m sinkscope train --variant sinklogit --tier 124M --out ckpt/124m
+    """
+    from sinkscope.train.loop import TrainOptions, train as train_model
+
+    options = TrainOptions(
+        variant=variant, tier=tier, seed=seed, out=out, steps=steps, batch_size=batch_size, lr=lr,
+        min_lr=min_lr, warmup_steps=warmup_steps, grad_accum=grad_accum, eval_every=eval_every,
+        checkpoint_every=checkpoint_every, stop_at=stop_at, text_file=text_file, dataset=dataset, tokenizer=tokenizer, tnlm=tnlm, lb_lambda=lb_lambda,
+        force_sink_k=force_sink_k, overrides=list(set_ or []), device=device, resume=resume,
+        overwrite=overwrite, progress=progress,
+    )
+    try:
+        folder = train_model(options)
+    except KeyboardInterrupt:
+        typer.echo(f"error: interrupted; {out} keeps its last checkpoint, if one was written (continue with --resume).",
+                   err=True)
+        raise typer.Exit(130) from None
+    if folder is not None:
+        typer.echo(str(folder))
+
+
 @app.command("run")
 @_friendly_errors
 def run_recipe_command(

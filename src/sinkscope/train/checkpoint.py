@@ -82,8 +82,11 @@ def _dedup_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, s
 
 
 def _fsync_tree(folder: Path) -> None:
+    """Flush every file to disk and give it ordinary permissions (some writers create 0600)."""
+    mode = 0o666 & ~_umask()
     for path in folder.iterdir():
         if path.is_file():
+            os.chmod(path, mode)
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
 

@@ -8,8 +8,9 @@ fp32 on CPU.
 
 Per-tier defaults (``TIER_TRAINING``) are seed 000's Table 4 for the published tiers. The
 ``tiny`` tier is research/tiny-tier-cpu.md's CPU tier: 4 layers x 4 heads x 128, context 128,
-BPE-4096, batch 16, 600 steps, peak lr 3e-3 (the "X" run's settings; a 1.3M-parameter model
-wants a larger rate than GPT-2's 6e-4), about three minutes on two CPU cores.
+BPE-4096, batch 32, 600 steps (2.5M tokens), peak lr 2e-3 -> 2e-4, warmup 30 (its "S" run, whose
+val loss 4.57 and phantom-mass curves are recorded there; a 1.3M-parameter model wants a larger
+rate than GPT-2's 6e-4), about three minutes on two CPU cores.
 
 Reproducibility: the seed sets the initialisation (``torch.manual_seed(seed)`` right before the
 model is built) and, through a separate generator, the batch order (``data.TrainBatches``), so
@@ -54,7 +55,7 @@ LOG_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "lr", "tokens_per_s",
 #: optimizer step = micro-batch x accumulation), peak lr 6e-4 -> 6e-5. ``warmup_steps`` scales
 #: with ``steps`` when those are changed (same warmup fraction).
 TIER_TRAINING: dict[str, dict] = {
-    "tiny": dict(steps=600, batch_size=16, grad_accum=1, lr=3e-3, min_lr=3e-4, warmup_steps=30,
+    "tiny": dict(steps=600, batch_size=32, grad_accum=1, lr=2e-3, min_lr=2e-4, warmup_steps=30,
                  eval_every=50, checkpoint_every=200),
     "10M": dict(steps=6000, batch_size=64, grad_accum=1, lr=6e-4, min_lr=6e-5, warmup_steps=200,
                 eval_every=250, checkpoint_every=1000),
@@ -367,9 +368,9 @@ def _check_out(out: Path, overwrite: bool) -> None:
         raise SinkscopeError(f"{out} exists and is not a folder; choose another --out.")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
+            hint = "pass --resume to continue it, --overwrite to replace it" if is_checkpoint(out) else "pass --overwrite"
             raise SinkscopeError(
-                f"the checkpoint folder {out} already exists and is not empty; pass --resume to continue it, "
-                "--overwrite to replace it, or choose another --out."
+                f"the checkpoint folder {out} already exists and is not empty; {hint}, or choose another --out."
             )
         leftovers = {p.name for p in out.iterdir()} - {"log.csv"}
         if leftovers and not is_checkpoint(out):
@@ -404,7 +405,7 @@ def train(options: TrainOptions, log: Callable[[str], None] | None = None) -> Pa
 
 def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Path:
     from sinkscope.corpus import load_corpus
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.train.model import GPT, TIERS, GPTConfig
 
     out = Path(options.out).expanduser()
     device = _resolve_device(options.device, env.local_rank)
@@ -434,8 +435,11 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
     corpus = load_corpus(opts.text_file, opts.dataset)
     if not options.resume:
         tokenizer = _main_first(env, lambda: load_tokenizer(opts.tokenizer, corpus))
-        base = GPTConfig.from_tier(opts.tier, vocab_size=len(tokenizer), variant=opts.variant,
-                                   **({} if opts.force_sink_k is None else {"force_sink_k": opts.force_sink_k}))
+        try:
+            base = GPTConfig(**{**TIERS[opts.tier], "vocab_size": len(tokenizer), "variant": opts.variant,
+                                **({} if opts.force_sink_k is None else {"force_sink_k": opts.force_sink_k})})
+        except (TypeError, ValueError) as error:
+            raise SinkscopeError(f"invalid model settings: {error}.") from error
         config = apply_overrides(base, opts.overrides)
         if config.vocab_size < len(tokenizer):
             raise SinkscopeError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} entries.")
@@ -487,7 +491,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
                 shutil.rmtree(out)
             out.mkdir(parents=True, exist_ok=True)
             _write_log(out, [])
-        n_params = model.num_parameters()
+        n_params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
         log(f"{'resuming' if options.resume else 'training'} {config.variant} ({opts.tier}, "
             f"{config.n_layer}L x {config.n_head}H x {config.n_embd}, ctx {config.block_size}, {n_params:,} parameters) "
             f"seed {opts.seed} on {data.info['corpus']}: {data.info['train_tokens']:,} training and "
@@ -507,8 +511,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
         nonlocal val_loss, val_step
         if not env.is_main:
             return None
-        val_loss = evaluate(model, val_x, val_y, chunk=max(1, opts.batch_size // opts.grad_accum), device=device,
-                            autocast=autocast)
+        val_loss = evaluate(model, val_x, val_y, chunk=micro, device=device, autocast=autocast)
         val_step = step
         return val_loss
 
@@ -525,8 +528,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
     if not options.resume and env.is_main:
         v = do_eval(0)
         _append_log(out, {"step": 0, "tokens": 0, "train_loss": "", "val_loss": _fmt(v, ".6f"),
-                          "lr": _fmt(lr_at(0, lr=opts.lr, min_lr=opts.min_lr, warmup_steps=opts.warmup_steps,
-                                           steps=opts.steps), ".6g"),
+                          "lr": "",
                           "tokens_per_s": "", "elapsed_s": _fmt(elapsed(), ".2f")})
 
     from tqdm import tqdm
