@@ -208,3 +208,27 @@ def test_report_opens_in_a_headless_browser(llama_run, tmp_path):
     assert not failures
     assert all(u.startswith(("file://", "data:")) for u in requests), requests
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def test_report_draws_loss_curves_of_trainer_checkpoints(tmp_path, llama_run, text_file):
+    from sinkscope.cli import app as cli
+
+    ckpts = []
+    for variant in ("baseline", "sinklogit"):
+        ckpt = tmp_path / f"ckpt-{variant}"
+        result = CliRunner().invoke(cli, [
+            "train", "--variant", variant, "--text-file", str(text_file), "--tokenizer", "bpe300", "--set", "n_layer=1",
+            "--set", "n_head=2", "--set", "n_embd=32", "--set", "block_size=32", "--steps", "4", "--batch-size", "4",
+            "--out", str(ckpt), "--no-progress"])
+        assert result.exit_code == 0, result.output
+        ckpts.append(ckpt)
+    out = tmp_path / "training-report"
+    page = build_report([*ckpts, llama_run], out=out)
+    html = parse(page)
+    training = next(rows for attrs, rows in html.tables if attrs.get("class") == "training")
+    assert [r[0] for r in training[1:]] == ["ckpt-baseline", "ckpt-sinklogit"]
+    assert [r[1] for r in training[1:]] == ["baseline", "sinklogit"]
+    log = pd.read_csv(ckpts[1] / "log.csv").dropna(subset=["val_loss"])
+    assert float(training[2][-1]) == pytest.approx(log.sort_values("step")["val_loss"].iloc[-1], rel=1e-5)
+    assert (out / "figures" / "training_loss.png").is_file()
+    assert html.sections == list(SINKS_PROBES)  # the probe run is still reported beside the training

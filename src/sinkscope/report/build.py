@@ -6,6 +6,10 @@ it never loads a model, so it can be rebuilt, restyled or combined at any time:
     build_report([run])                  -> run/report.html, run/figures/*
     build_report([run_a, run_b], out=d)  -> d/report.html comparing the runs, d/figures/*
 
+A trainer checkpoint folder (``sinkscope train --out ckpt``) may be given too: its ``log.csv``
+becomes a "Training" section with the loss curves of every checkpoint on one plot and a table
+of the final losses.
+
 With several runs every shared metric gets an overlay of its per-layer line (one line per run),
 heatmaps on one shared colour scale, and a side-by-side per-layer table; metrics that not every
 run has are listed in a note and left out of the comparison.
@@ -30,6 +34,48 @@ from sinkscope.results import RUN_FORMAT_VERSION, read_results
 
 #: Per-layer tables longer than this start collapsed.
 COLLAPSE_ROWS = 16
+
+
+@dataclass
+class TrainingLog:
+    """A trainer checkpoint's loss log."""
+
+    path: Path
+    label: str
+    config: dict
+    log: pd.DataFrame
+
+
+def is_training_folder(path: str | Path) -> bool:
+    from sinkscope.train.checkpoint import is_checkpoint
+
+    return is_checkpoint(Path(path)) and (Path(path) / "log.csv").is_file()
+
+
+def read_training(path: str | Path, label: str | None = None) -> TrainingLog:
+    folder = Path(path)
+    log = pd.read_csv(folder / "log.csv")
+    missing = {"step", "train_loss", "val_loss"} - set(log.columns)
+    if missing:
+        raise SinkscopeError(f"the log.csv of {path} lacks the columns {sorted(missing)}.")
+    config = json.loads((folder / "config.json").read_text())
+    return TrainingLog(folder, label or folder.resolve().name, config, log)
+
+
+def _training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
+    from sinkscope.report import figures
+
+    fig = figures.loss_curves({t.label: t.log for t in logs})
+    png, svg = figures.save_figure(fig, fig_dir / "training_loss")
+    rows = []
+    for t in logs:
+        val = t.log.dropna(subset=["val_loss"]).sort_values("step")
+        rows.append([t.label, str(t.config.get("variant", "—")), str(t.config.get("tier", "—")),
+                     str(t.config.get("seed", "—")), str(int(t.log["step"].max())),
+                     fmt(val["val_loss"].iloc[0]) if len(val) else "—", fmt(val["val_loss"].iloc[-1]) if len(val) else "—"])
+    return {"figure": {"title": "loss curves", "src": _embed_png(png), "files": [png.name, svg.name], "kind": "line"},
+            "table": {"columns": ["checkpoint", "variant", "tier", "seed", "steps", "first val loss", "last val loss"],
+                      "rows": rows}}
 
 
 @dataclass
@@ -239,7 +285,8 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     if not run_dirs:
         raise SinkscopeError("give at least one run folder to build a report from.")
     labels = labels or [None] * len(run_dirs)
-    runs = [read_run(path, label) for path, label in zip(run_dirs, labels)]
+    trainings = [read_training(p, l) for p, l in zip(run_dirs, labels) if is_training_folder(p)]
+    runs = [read_run(p, l) for p, l in zip(run_dirs, labels) if not is_training_folder(p)]
     seen: dict[str, int] = {}
     for run in runs:  # distinct labels for the legend
         if run.label in seen:
@@ -248,13 +295,17 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         else:
             seen[run.label] = 1
     if out is None:
-        out = runs[0].path if len(runs) == 1 else Path("reports") / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+        if len(runs) == 1 and not trainings:
+            out = runs[0].path
+        else:
+            out = Path("reports") / f"{'compare' if runs else 'training'}-{datetime.now():%Y%m%d-%H%M%S}"
     out = Path(out)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
 
+    training = _training_section(trainings, fig_dir) if trainings else None
     docs = _metric_docs(runs)
-    probes, not_shared = _ordered_metrics(runs)
+    probes, not_shared = _ordered_metrics(runs) if runs else ([], [])
     sections = []
     summary = []
     for probe, metrics in probes:
@@ -279,9 +330,15 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     from jinja2 import Environment, PackageLoader, select_autoescape
 
     env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=select_autoescape(["html"]))
+    if len(runs) == 1:
+        title = "sinkscope report: " + runs[0].label
+    elif runs:
+        title = f"sinkscope comparison of {len(runs)} runs"
+    else:
+        title = "sinkscope training report: " + ", ".join(t.label for t in trainings)
     html = env.get_template("report.html.j2").render(
-        title=("sinkscope report: " + runs[0].label) if len(runs) == 1 else f"sinkscope comparison of {len(runs)} runs",
-        runs=runs, run_info=_run_info(runs), summary=summary, sections=sections, notes=notes,
+        title=title, runs=runs, trainings=trainings, training=training,
+        run_info=_run_info(runs) if runs else None, summary=summary, sections=sections, notes=notes,
         generated=datetime.now().isoformat(timespec="seconds"), version=__version__,
     )
     page = out / "report.html"

@@ -499,3 +499,33 @@ def write_run_figures(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     for m in line_metrics:
         written += save_figure(per_layer_line(df, m), fig_dir / f"layers_{_file_stem(m)}")
     return written
+
+
+def loss_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
+    """Training curves of one or more checkpoints: validation loss (solid, markers) and
+    training loss (thin, same colour) against optimizer step, one colour per checkpoint.
+
+    Args:
+        logs: ``label -> log.csv`` table with columns ``step``, ``train_loss``, ``val_loss``
+            (empty cells where a row has no evaluation).
+
+    Returns:
+        The figure.
+    """
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_title("Training curves")
+        for label, log in logs.items():
+            log = log.sort_values("step")
+            val = log.dropna(subset=["val_loss"])
+            (line,) = ax.plot(val["step"], val["val_loss"], marker="o", markersize=3, linewidth=1.4,
+                              label=f"{label}: validation", zorder=3)
+            train = log.dropna(subset=["train_loss"])
+            ax.plot(train["step"], train["train_loss"], linewidth=0.8, alpha=0.6, color=line.get_color(),
+                    linestyle="--", label=f"{label}: training", zorder=2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("cross-entropy (nats / token)")
+        ax.grid(True, linewidth=0.4, alpha=0.4)
+        ax.legend(loc="upper right")
+    return fig
