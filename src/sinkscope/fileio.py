@@ -45,6 +45,26 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def replace_folder(stage: Path, folder: Path) -> None:
+    """Put the complete folder ``stage`` in place of ``folder`` (which may not exist).
+
+    Two renames: ``folder`` moves aside to ``.NAME.old-PID``, ``stage`` takes its name, the old
+    copy is removed. A reader sees the old folder or the new one; a crash between the renames
+    leaves the old one beside the new name, never a half-written folder.
+    """
+    import shutil
+
+    folder, stage = Path(folder), Path(stage)
+    old = None
+    if folder.exists():
+        old = folder.parent / f".{folder.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(folder, old)
+    os.replace(stage, folder)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write UTF-8 ``text`` to ``path`` atomically."""
     atomic_write_bytes(path, text.encode("utf-8"))

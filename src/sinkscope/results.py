@@ -15,7 +15,6 @@ renamed into place at the end, so a crash leaves either no folder or a complete 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import replace_folder
 from sinkscope.probes.base import Row
 
 COLUMNS = ["probe", "metric", "layer", "head", "value", "n"]
@@ -129,13 +129,7 @@ def staged_run_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
         yield stage
-        old = None
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-            os.replace(out_dir, old)
-        os.replace(stage, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_folder(stage, out_dir)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

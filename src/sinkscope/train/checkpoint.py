@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import replace_folder
 
 #: config.json's marker and format version.
 TRAINER_FORMAT = 1
@@ -131,14 +132,7 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
         (stage / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
         _fsync_tree(stage)
         os.chmod(stage, 0o777 & ~_umask())
-        old = None
-        if folder.exists():
-            old = folder.parent / f".{folder.name}.old-{os.getpid()}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(folder, old)
-        os.replace(stage, folder)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        replace_folder(stage, folder)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

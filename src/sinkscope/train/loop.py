@@ -263,17 +263,12 @@ class _Dist:
 
 
 def _resolve_device(name: str, local_rank: int) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
+    """The device of this process: ``auto``/``cuda`` become ``cuda:LOCAL_RANK`` when GPUs exist."""
+    from sinkscope.sources import resolve_device
+
+    if name in ("auto", "cuda") and torch.cuda.is_available():
         name = f"cuda:{local_rank}"
-    try:
-        device = torch.device(name)
-    except RuntimeError as error:
-        raise SinkscopeError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:N.") from error
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SinkscopeError(f"--device {name} was asked for but CUDA is not available; use --device cpu.")
-    return device
+    return resolve_device(name)
 
 
 def _init_dist(device_name: str) -> _Dist:
