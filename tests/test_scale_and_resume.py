@@ -169,3 +169,59 @@ def test_sharded_device_map_gives_the_same_table(tiny_llama_dir, text_file, tmp_
                                  "--n-seqs", "5", "--device-map", "auto", "--no-figures", "--no-progress",
                                  "--out", str(out)])
     assert result.exit_code == 0, result.output
+
+
+def test_ctrl_c_keeps_progress_and_says_how_to_resume(slow_model_dir, long_text, tmp_path):
+    args = [str(slow_model_dir), "--text-file", str(long_text), "--seq-len", "128", "--n-seqs", "300",
+            "--batch-size", "1", "--no-figures", "--no-progress", "--checkpoint-seconds", "0"]
+    out = tmp_path / "interrupted"
+    progress = tmp_path / ".interrupted.progress.pt"
+    proc = subprocess.Popen([sys.executable, "-m", "sinkscope", "sinks", *args, "--out", str(out)],
+                            env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not progress.is_file():
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--resume" in errors[0], stderr
+    assert "Traceback" not in stderr
+    assert progress.is_file() and not out.exists()
+
+
+def test_training_killed_and_resumed_equals_uninterrupted(text_file, tmp_path):
+    from safetensors.torch import load_file
+
+    args = ["train", "--variant", "sinklogit", "--text-file", str(text_file), "--tokenizer", "bpe300",
+            "--set", "n_layer=2", "--set", "n_head=2", "--set", "n_embd=32", "--set", "block_size=32",
+            "--steps", "300", "--batch-size", "4", "--checkpoint-every", "5", "--no-progress"]
+    straight = tmp_path / "straight"
+    assert runner.invoke(app, [*args, "--out", str(straight)]).exit_code == 0
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "sinkscope", *args, "--out", str(killed)],
+                            env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    import json
+
+    deadline, step = time.time() + 120, 0
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            step = json.loads((killed / "config.json").read_text())["step"]
+        except (OSError, ValueError, KeyError):
+            step = 0
+        if step >= 20:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "training finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    result = runner.invoke(app, [*args, "--out", str(killed), "--resume"])
+    assert result.exit_code == 0, result.output
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
