@@ -111,3 +111,20 @@ def test_remote_code_is_refused_without_the_flag(tmp_path, text_file):
     line = _error_line(result)
     assert "remote code ran" not in result.output
     assert "trust-remote-code" in line or "cannot build" in line or "could not load" in line
+
+
+def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, monkeypatch):
+    """A too-short text or an impossible --seq-len fails before any weights are read."""
+    import sinkscope.sinks
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(sinkscope.sinks, "load_model", no_loading)
+    short = tmp_path / "short.txt"
+    short.write_text("three words only", encoding="utf-8")
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(short), "--out", str(tmp_path / "a")))
+    assert "enough for 0 windows" in line
+    line = runner.invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(short), "--seq-len", "9999",
+                               "--out", str(tmp_path / "b")])
+    assert "exceeds the model's context of 512 tokens" in _error_line(line)

@@ -28,7 +28,15 @@ from sinkscope.probes import SINKS_PROBES, get_probe
 from sinkscope.probes.sink_rate import SinkRate
 from sinkscope.results import base_manifest, check_run_dir, rows_to_frame, staged_run_dir, write_tables
 from sinkscope.runner import run_probes
-from sinkscope.sources import load_model, model_config_summary, resolve_source
+from sinkscope.sources import (
+    context_length,
+    load_model,
+    load_tokenizer,
+    model_config_summary,
+    resolve_device,
+    resolve_dtype,
+    resolve_source,
+)
 
 
 @dataclass
@@ -130,6 +138,14 @@ def _fingerprint(options: SinksOptions, tokens_sha256: str, source) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _windows(corpus, tokenizer, options: SinksOptions, log) -> corpus_mod.Windows:
+    log(f"Tokenising the corpus {corpus.name!r} ({len(corpus.documents)} documents) ...")
+    bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
+    doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
+    return corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed,
+                                   bos_id=bos_id)
+
+
 def _make_probes(spec: ModelSpec, options: SinksOptions) -> list:
     probes = []
     for name in SINKS_PROBES:
@@ -160,21 +176,27 @@ def measure_sinks(options: SinksOptions, log=None) -> Path | None:
     elif not progress_file.is_file():
         raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
     corpus = corpus_mod.load_corpus(options.text_file, options.dataset)
+    device = distributed.local_device(options.device) if world_size > 1 else options.device
+    resolve_dtype(options.dtype, resolve_device(device))  # a bad --device/--dtype fails here, in a second
+    limit = context_length(source)
+    if limit is not None and options.seq_len > limit:
+        raise SinkscopeError(f"--seq-len {options.seq_len} exceeds the model's context of {limit} tokens.")
+
+    # The tokenizer first: a corpus too short for the windows costs seconds, not a model load.
+    tokenizer = load_tokenizer(source, trust_remote_code=options.trust_remote_code)
+    windows = None
+    if tokenizer is not None:
+        windows = _windows(corpus, tokenizer, options, log)
 
     started = time.perf_counter()
     log(f"Loading {source.label or source.location} ...")
-    device = distributed.local_device(options.device) if world_size > 1 else options.device
     loaded = load_model(source, device=device, dtype=options.dtype, device_map=options.device_map,
-                        trust_remote_code=options.trust_remote_code, log=log)
+                        trust_remote_code=options.trust_remote_code, tokenizer=tokenizer, log=log)
     load_s = time.perf_counter() - started
     spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
     _check_context(loaded.model, options.seq_len)
-
-    log(f"Tokenising the corpus {corpus.name!r} ({len(corpus.documents)} documents) ...")
-    bos_id = corpus_mod.resolve_bos(options.bos, loaded.tokenizer)
-    doc_ids = corpus_mod.tokenize_documents(loaded.tokenizer, corpus.documents)
-    windows = corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs,
-                                      seed=options.seed, bos_id=bos_id)
+    if windows is None:
+        windows = _windows(corpus, loaded.tokenizer, options, log)
     probes = _make_probes(spec, options)
     fingerprint = _fingerprint(options, windows.sha256, source)
 

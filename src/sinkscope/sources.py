@@ -133,22 +133,25 @@ def _quiet_transformers():
     hf_logging.disable_progress_bar()
 
 
-def _load_gguf(path: Path, log, device_map: str | None = None) -> tuple[torch.nn.Module, object, Path]:
+def _gguf_cached(cache: Path) -> bool:
+    return (cache / "config.json").is_file() and (cache / "SINKSCOPE_COMPLETE").is_file()
+
+
+def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None) -> tuple[torch.nn.Module, object, Path]:
     """Load a GGUF file, from the float32 cache when present; returns (model, tokenizer, cache)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache = gguf_cache_dir(path)
-    if (cache / "config.json").is_file() and (cache / "SINKSCOPE_COMPLETE").is_file():
+    if _gguf_cached(cache):
         try:
             model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager",
                                                          device_map=device_map)
-            tokenizer = AutoTokenizer.from_pretrained(cache)
-            return model, tokenizer, cache
+            return model, tokenizer or AutoTokenizer.from_pretrained(cache), cache
         except Exception:  # a damaged cache is rebuilt from the GGUF below
             shutil.rmtree(cache, ignore_errors=True)
     log(f"Dequantising {path.name} (once; cached in {cache}) ...")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(
             path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
         )
@@ -233,6 +236,51 @@ def _architecture_error(error: Exception) -> SinkscopeError:
     )
 
 
+def load_tokenizer(source: Source, *, trust_remote_code: bool = False):
+    """The tokenizer of ``source`` alone (seconds), so inputs can be checked before the model loads."""
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    try:
+        if source.kind == "gguf":
+            cache = gguf_cache_dir(Path(source.path))
+            if _gguf_cached(cache):
+                return AutoTokenizer.from_pretrained(cache)
+            return AutoTokenizer.from_pretrained(Path(source.path).parent, gguf_file=Path(source.path).name)
+        if source.kind in ("folder", "checkpoint"):
+            return AutoTokenizer.from_pretrained(source.path, local_files_only=True, trust_remote_code=trust_remote_code)
+        return AutoTokenizer.from_pretrained(source.location, revision=source.revision, local_files_only=True,
+                                             trust_remote_code=trust_remote_code)
+    except Exception as error:  # noqa: BLE001 - the model load that follows gives the precise sentence
+        return None if source.kind == "hub" else _tokenizer_error(source, error)
+
+
+def _tokenizer_error(source: Source, error: Exception):
+    if "trust_remote_code" in str(error):
+        return None  # load_model explains
+    if source.kind == "gguf":
+        raise SinkscopeError(f"could not read the GGUF file {source.path} ({_short(error)}).") from error
+    raise SinkscopeError(f"could not load the tokenizer of {source.location} ({_short(error)}).") from error
+
+
+def context_length(source: Source) -> int | None:
+    """The model's context length from its config file, without loading weights (None if unknown)."""
+    config_file = None
+    if source.kind in ("folder", "checkpoint"):
+        config_file = Path(source.path) / "config.json"
+    elif source.kind == "gguf":
+        config_file = gguf_cache_dir(Path(source.path)) / "config.json"
+    if config_file is None or not config_file.is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if source.kind == "checkpoint":
+        return config.get("model", {}).get("block_size")
+    return config.get("max_position_embeddings") or config.get("n_positions")
+
+
 @dataclass
 class LoadedModel:
     """A model ready for probing, its tokenizer and where it came from."""
@@ -274,13 +322,15 @@ def load_model(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     device_map: str | dict | None = None,
+    tokenizer=None,
     log=print,
 ) -> LoadedModel:
     """Load the model and tokenizer of ``source`` in eval mode on ``device`` in ``dtype``.
 
     Code from a model repository runs only with ``trust_remote_code=True``. ``device_map``
     (``"auto"``, ``"balanced"``, a dict) shards the model through accelerate instead of
-    placing it on ``device``; probes then run on each layer's own device.
+    placing it on ``device``; probes then run on each layer's own device. A ``tokenizer``
+    already loaded (``load_tokenizer``) is reused.
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
@@ -290,20 +340,24 @@ def load_model(
     cache_path = None
     try:
         if source.kind == "gguf":
-            model, tokenizer, cache = _load_gguf(Path(source.path), log, device_map)
+            model, tokenizer, cache = _load_gguf(Path(source.path), log, device_map, tokenizer)
             cache_path = str(cache)
         elif source.kind == "checkpoint":
             from sinkscope.train.checkpoint import load_checkpoint
 
-            model, tokenizer, _, _ = load_checkpoint(source.path)
+            model, checkpoint_tokenizer, _, _ = load_checkpoint(source.path)
+            tokenizer = tokenizer or checkpoint_tokenizer
         elif source.kind == "folder":
             try:
-                model, tokenizer = _load_pretrained(source.path, revision=None, trust_remote_code=trust_remote_code,
-                                                    local_only=True, device_map=device_map)
+                model, folder_tokenizer = _load_pretrained(source.path, revision=None,
+                                                           trust_remote_code=trust_remote_code, local_only=True,
+                                                           device_map=device_map)
+                tokenizer = tokenizer or folder_tokenizer
             except (OSError, SafetensorError, EOFError, RuntimeError) as error:  # damaged or missing files
                 raise SinkscopeError(f"could not load the model folder {source.location} ({_short(error)}).") from error
         else:
-            model, tokenizer = _load_hub(source, trust_remote_code, device_map=device_map)
+            model, hub_tokenizer = _load_hub(source, trust_remote_code, device_map=device_map)
+            tokenizer = tokenizer or hub_tokenizer
     except (ValueError, KeyError) as error:
         if "trust_remote_code" in str(error):
             raise SinkscopeError(
