@@ -173,6 +173,8 @@ def measure_sinks(options: SinksOptions, log=None) -> Path | None:
     progress_file = _progress_path(out_dir)
     if not options.resume:
         check_run_dir(out_dir, options.overwrite)
+        if rank == 0:
+            progress_file.unlink(missing_ok=True)  # a stale checkpoint of an abandoned run
     elif not progress_file.is_file():
         raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
     corpus = corpus_mod.load_corpus(options.text_file, options.dataset)
