@@ -128,3 +128,21 @@ def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, mon
     line = runner.invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(short), "--seq-len", "9999",
                                "--out", str(tmp_path / "b")])
     assert "exceeds the model's context of 512 tokens" in _error_line(line)
+
+
+def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_file, existing_run, monkeypatch):
+    import errno
+
+    import sinkscope.sinks
+
+    def disk_full(stage, *args, **kwargs):
+        (Path(stage) / "results.csv").write_text("half a tab")  # a partial write inside the stage ...
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(stage) / "results.parquet"))
+
+    monkeypatch.setattr(sinkscope.sinks, "write_tables", disk_full)
+    before = _snapshot(existing_run)
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(existing_run),
+                              "--overwrite"))
+    assert "No space left on device" in line and "unchanged" in line
+    assert _snapshot(existing_run) == before  # ... never reaches the run folder
+    assert not list(existing_run.parent.glob(".existing.partial-*"))
