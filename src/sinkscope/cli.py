@@ -32,7 +32,7 @@ ModelArg = Annotated[
 OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder (default reports/<run-id>).")]
 TextFileOpt = Annotated[Optional[str], typer.Option("--text-file", help="UTF-8 text to use instead of the bundled corpus.")]
 DatasetOpt = Annotated[Optional[str], typer.Option("--dataset", help="A datasets corpus NAME[:CONFIG][:SPLIT].")]
-SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per window (BOS included).")]
+SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per window, BOS included [default: 512, or the model's context if shorter].")]
 NSeqsOpt = Annotated[int, typer.Option("--n-seqs", help="Number of windows.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Windows per forward pass (numbers do not change).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the window draw.")]
@@ -79,7 +79,7 @@ def sinks(
     out: OutOpt = None,
     text_file: TextFileOpt = None,
     dataset: DatasetOpt = None,
-    seq_len: SeqLenOpt = 512,
+    seq_len: SeqLenOpt = None,
     n_seqs: NSeqsOpt = 16,
     batch_size: BatchOpt = 4,
     seed: SeedOpt = 0,

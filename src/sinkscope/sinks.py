@@ -13,7 +13,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -39,6 +39,9 @@ from sinkscope.sources import (
 )
 
 
+DEFAULT_SEQ_LEN = 512
+
+
 @dataclass
 class SinksOptions:
     """Everything that defines a ``sinks`` run (recorded verbatim in the manifest).
@@ -48,7 +51,8 @@ class SinksOptions:
         out: run folder; None for ``reports/<run-id>``.
         text_file: a UTF-8 text file to use instead of the bundled corpus.
         dataset: a ``datasets`` name ``NAME[:CONFIG][:SPLIT]`` instead of the bundled corpus.
-        seq_len: tokens per window, BOS included (512 keeps a SmolLM2 run near a minute on 2 cores).
+        seq_len: tokens per window, BOS included; None = 512 (a SmolLM2 run near a minute on 2
+            cores), or the model's context if shorter (trainer checkpoints: 128 for ``tiny``).
         n_seqs: number of windows.
         batch_size: windows per forward pass (does not change the numbers).
         seed: seeds the window draw.
@@ -71,7 +75,7 @@ class SinksOptions:
     out: str | None = None
     text_file: str | None = None
     dataset: str | None = None
-    seq_len: int = 512
+    seq_len: int | None = None
     n_seqs: int = 16
     batch_size: int = 4
     seed: int = 0
@@ -101,7 +105,7 @@ def default_run_dir(label: str) -> Path:
 
 
 def _validate(options: SinksOptions) -> None:
-    if options.seq_len < 2:
+    if options.seq_len is not None and options.seq_len < 2:
         raise SinkscopeError(f"--seq-len must be at least 2 (got {options.seq_len}).")
     if options.n_seqs < 1:
         raise SinkscopeError(f"--n-seqs must be at least 1 (got {options.n_seqs}).")
@@ -181,6 +185,8 @@ def measure_sinks(options: SinksOptions, log=None) -> Path | None:
     device = distributed.local_device(options.device) if world_size > 1 else options.device
     resolve_dtype(options.dtype, resolve_device(device))  # a bad --device/--dtype fails here, in a second
     limit = context_length(source)
+    if options.seq_len is None:
+        options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
     if limit is not None and options.seq_len > limit:
         raise SinkscopeError(f"--seq-len {options.seq_len} exceeds the model's context of {limit} tokens.")
 
