@@ -21,7 +21,6 @@ from safetensors.torch import load_file
 from sinkscope.errors import SinkscopeError
 from sinkscope.train import checkpoint as ckpt
 from sinkscope.train import data as tdata
-from sinkscope.train import loop
 from sinkscope.train.loop import LOG_COLUMNS, TrainOptions, apply_overrides, lr_at, read_log, resolve_options, train
 from sinkscope.train.model import GPT, TIERS, GPTConfig
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import bz2
 import gzip
-import hashlib
 import json
 import lzma
 import os
