@@ -85,9 +85,14 @@ def long_text(tmp_path_factory) -> Path:
     return path
 
 
-def test_kill_and_resume_equals_an_uninterrupted_run(slow_model_dir, long_text, tmp_path):
-    args = [str(slow_model_dir), "--text-file", str(long_text), "--seq-len", "128", "--n-seqs", "300",
+def _slow_run_args(model_dir: Path, text: Path) -> list[str]:
+    """A probe run long enough to interrupt, checkpointing after every window."""
+    return [str(model_dir), "--text-file", str(text), "--seq-len", "128", "--n-seqs", "300",
             "--batch-size", "1", "--no-figures", "--no-progress", "--checkpoint-seconds", "0"]
+
+
+def test_kill_and_resume_equals_an_uninterrupted_run(slow_model_dir, long_text, tmp_path):
+    args = _slow_run_args(slow_model_dir, long_text)
     straight = tmp_path / "straight"
     assert runner.invoke(app, ["sinks", *args, "--out", str(straight)]).exit_code == 0
 
@@ -172,8 +177,7 @@ def test_sharded_device_map_gives_the_same_table(tiny_llama_dir, text_file, tmp_
 
 
 def test_ctrl_c_keeps_progress_and_says_how_to_resume(slow_model_dir, long_text, tmp_path):
-    args = [str(slow_model_dir), "--text-file", str(long_text), "--seq-len", "128", "--n-seqs", "300",
-            "--batch-size", "1", "--no-figures", "--no-progress", "--checkpoint-seconds", "0"]
+    args = _slow_run_args(slow_model_dir, long_text)
     out = tmp_path / "interrupted"
     progress = tmp_path / ".interrupted.progress.pt"
     proc = subprocess.Popen([sys.executable, "-m", "sinkscope", "sinks", *args, "--out", str(out)],

@@ -121,12 +121,16 @@ def _validate(options: SinksOptions) -> None:
         raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
 
 
-def _check_context(model: torch.nn.Module, seq_len: int) -> None:
-    config = model.config
-    limit = (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-             or getattr(config, "block_size", None))
+def _require_context(seq_len: int, limit: int | None) -> None:
     if limit is not None and seq_len > limit:
         raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
+
+
+def _check_context(model: torch.nn.Module, seq_len: int) -> None:
+    """The same check on the loaded model's config (hub models have no config file to read first)."""
+    config = model.config
+    _require_context(seq_len, getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+                     or getattr(config, "block_size", None))
 
 
 def _progress_path(out_dir: Path) -> Path:
@@ -187,8 +191,7 @@ def measure_sinks(options: SinksOptions, log=None) -> Path | None:
     limit = context_length(source)
     if options.seq_len is None:
         options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
-    if limit is not None and options.seq_len > limit:
-        raise SinkscopeError(f"--seq-len {options.seq_len} exceeds the model's context of {limit} tokens.")
+    _require_context(options.seq_len, limit)
 
     # The tokenizer first: a corpus too short for the windows costs seconds, not a model load.
     tokenizer = load_tokenizer(source, trust_remote_code=options.trust_remote_code)
