@@ -5,21 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sinkscope.capture import AttentionRecord, ModelSpec, capture
+from collect import Collect
+from sinkscope.capture import ModelSpec, capture
 from sinkscope.errors import SinkscopeError
 from tiny_models import FAMILY_NAMES, build, random_ids
-
-
-class Collect:
-    def __init__(self):
-        self.records: list[AttentionRecord] = []
-        self.residual: dict[int, torch.Tensor] = {}
-
-    def on_attention(self, record):
-        self.records.append(record)
-
-    def on_residual(self, layer, hidden):
-        self.residual[layer] = hidden
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -29,7 +18,7 @@ def test_capture_leaves_logits_unchanged(family):
     with torch.no_grad():
         reference = model(ids).logits
         collect = Collect()
-        with capture(model, collect, residual=True) as spec:
+        with capture(model, collect, mode="explicit") as spec:
             captured = model(ids).logits
         after = model(ids).logits
     torch.testing.assert_close(captured, reference, atol=1e-6, rtol=0)
@@ -47,7 +36,7 @@ def test_records_match_eager_attention_weights(family):
     with torch.no_grad():
         eager = model(ids, output_attentions=True).attentions
         collect = Collect()
-        with capture(model, collect) as spec:
+        with capture(model, collect, mode="explicit") as spec:
             model(ids)
     assert len(eager) == len(collect.records)
     for weights, record in zip(eager, collect.records):
@@ -70,7 +59,7 @@ def test_gpt_oss_phantom_mass_is_sigmoid_of_sink_minus_lse():
     model = build("gpt_oss")
     ids = random_ids(3, 24)
     collect = Collect()
-    with torch.no_grad(), capture(model, collect):
+    with torch.no_grad(), capture(model, collect, mode="explicit"):
         model(ids)
     for record in collect.records:
         phi = record.phantom_mass()  # sigmoid(b_h - LSE_i)
@@ -93,7 +82,7 @@ def test_qwen3_next_output_gate_is_read_not_reimplemented():
     layer = model.model.layers[1].self_attn
     handle = layer.o_proj.register_forward_pre_hook(lambda m, args: seen.__setitem__("o_in", args[0]))
     collect = Collect()
-    with torch.no_grad(), capture(model, collect):
+    with torch.no_grad(), capture(model, collect, mode="explicit"):
         model(ids)
     handle.remove()
     (record,) = collect.records

@@ -115,12 +115,12 @@ def test_remote_code_is_refused_without_the_flag(tmp_path, text_file):
 
 def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, monkeypatch):
     """A too-short text or an impossible --seq-len fails before any weights are read."""
-    import sinkscope.sinks
+    import sinkscope.pipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(sinkscope.sinks, "load_model", no_loading)
+    monkeypatch.setattr(sinkscope.pipeline, "load_model", no_loading)
     short = tmp_path / "short.txt"
     short.write_text("three words only", encoding="utf-8")
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(short), "--out", str(tmp_path / "a")))
@@ -133,13 +133,13 @@ def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, mon
 def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_file, existing_run, monkeypatch):
     import errno
 
-    import sinkscope.sinks
+    import sinkscope.pipeline
 
     def disk_full(stage, *args, **kwargs):
         (Path(stage) / "results.csv").write_text("half a tab")  # a partial write inside the stage ...
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(stage) / "results.parquet"))
 
-    monkeypatch.setattr(sinkscope.sinks, "write_tables", disk_full)
+    monkeypatch.setattr(sinkscope.pipeline, "write_tables", disk_full)
     before = _snapshot(existing_run)
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(existing_run),
                               "--overwrite"))

@@ -14,7 +14,7 @@ import torch
 
 from sinkscope.capture import ModelSpec
 from sinkscope.capture.families import FAMILIES, get_submodule
-from sinkscope.probes import PROBES, SINKS_PROBES
+from sinkscope.commands.sinks import SINKS_PROBES, sinks_probes
 from sinkscope.results import rows_to_frame
 from sinkscope.runner import run_probes
 from tiny_models import FAMILY_NAMES, build, random_ids
@@ -111,7 +111,7 @@ def reference_tables(model, ids: torch.Tensor, family: str) -> dict[str, dict]:
 
 def sinkscope_table(model, ids: torch.Tensor, batch_size: int) -> pd.DataFrame:
     spec = ModelSpec.from_model(model)
-    probes = [PROBES[name](spec) for name in SINKS_PROBES]
+    probes = sinks_probes(spec)
     run_probes(model, ids.numpy(), probes, batch_size=batch_size, progress=False)
     return rows_to_frame(r for p in probes for r in p.rows())
 
@@ -174,7 +174,7 @@ def test_fused_capture_gives_the_explicit_tables(family):
     spec = ModelSpec.from_model(model)
     tables = {}
     for mode in ("explicit", "fused"):
-        probes = [PROBES[name](spec) for name in SINKS_PROBES]
+        probes = sinks_probes(spec)
         run_probes(model, ids.numpy(), probes, batch_size=2, progress=False, attention=mode)
         tables[mode] = rows_to_frame(r for p in probes for r in p.rows())
     explicit, fused = tables["explicit"], tables["fused"]
@@ -184,20 +184,14 @@ def test_fused_capture_gives_the_explicit_tables(family):
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
 def test_fused_capture_leaves_logits_unchanged(family):
+    from collect import Collect
     from sinkscope.capture import capture
-
-    class Nothing:
-        def on_attention(self, record):
-            pass
-
-        def on_residual(self, layer, hidden):
-            pass
 
     model = build(family)
     ids = random_ids(2, 24)
     with torch.no_grad():
         reference = model(ids).logits
-        with capture(model, Nothing(), mode="fused"):
+        with capture(model, Collect(), mode="fused"):
             fused = model(ids).logits
     torch.testing.assert_close(fused, reference, atol=1e-6, rtol=0)
 
@@ -221,7 +215,7 @@ def test_merging_shares_equals_one_pass(family):
     spec = ModelSpec.from_model(model)
 
     def probes_over(part):
-        probes = [PROBES[name](spec) for name in SINKS_PROBES]
+        probes = sinks_probes(spec)
         run_probes(model, part, probes, batch_size=2, progress=False)
         return probes
 
@@ -234,7 +228,7 @@ def test_merging_shares_equals_one_pass(family):
     pd.testing.assert_frame_equal(one.drop(columns="value"), merged.drop(columns="value"))
     np.testing.assert_allclose(merged["value"].to_numpy(), one["value"].to_numpy(), rtol=1e-6, atol=1e-7)
     # state_dict / load_state_dict round trip restores the accumulators exactly
-    fresh = [PROBES[name](spec) for name in SINKS_PROBES]
+    fresh = sinks_probes(spec)
     for f, w in zip(fresh, whole):
         f.load_state_dict(w.state_dict())
     again = rows_to_frame(r for p in fresh for r in p.rows())

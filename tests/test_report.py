@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes import SINKS_PROBES
+from sinkscope.commands.sinks import SINKS_PROBES
 from sinkscope.report import build_report
 from sinkscope.results import read_results, rows_to_frame
 from sinkscope.probes.base import Row

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from conftest import SAMPLE_TEXT, make_tokenizer
 from sinkscope.capture import ModelSpec
 from sinkscope.cli import app
-from sinkscope.probes import PROBES, SINKS_PROBES
+from sinkscope.commands.sinks import SINKS_PROBES, sinks_probes
 from sinkscope.results import rows_to_frame
 from sinkscope.runner import run_probes
 from tiny_models import build, random_ids
@@ -42,7 +42,7 @@ def test_out_of_memory_halves_the_batch_and_rolls_back(capsys):
     spec = ModelSpec.from_model(model)
 
     def table(batch_size, fail_above=None):
-        probes = [PROBES[n](spec) for n in SINKS_PROBES]
+        probes = sinks_probes(spec)
         handle = None
         if fail_above is not None:  # layer 1 fails on big batches, after layer 0 already fed the probes
             def hook(_m, args, kwargs):
@@ -164,7 +164,7 @@ def test_sharded_device_map_gives_the_same_table(tiny_llama_dir, text_file, tmp_
     tables = []
     for loaded in (plain, sharded):
         spec = ModelSpec.from_model(loaded.model)
-        probes = [PROBES[n](spec) for n in SINKS_PROBES]
+        probes = sinks_probes(spec)
         run_probes(loaded.model, tokens, probes, batch_size=2, progress=False)
         tables.append(rows_to_frame(r for p in probes for r in p.rows()))
     _assert_same(*tables)

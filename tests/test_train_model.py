@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from sinkscope.capture.families import ModelSpec
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes import PROBES
+from sinkscope.capture import hooks
+from sinkscope.probes import discover
+from sinkscope.runner import Dispatcher
 from sinkscope.train.model import GPT, TIERS, VARIANTS, GPTConfig, load_balance_loss
 
 VOCAB, T, B = 64, 16, 4
@@ -413,13 +415,12 @@ def test_records_feed_the_probes(variant, mode):
         assert torch.allclose(real, 1 - r.phantom_mass(), atol=1e-6)
         if variant != "routing-norm":  # a_ij = (1 - phi_i) softmax_j(s_ij)
             assert torch.allclose(r.weights, real.unsqueeze(-1) * torch.softmax(r.logits(), -1), atol=1e-6)
-    probes = [cls(spec) for cls in PROBES.values()]
-    for probe in probes:
-        for r in tap.records:
-            probe.observe_attention(r)
-        if probe.needs_residual:
-            for layer, hidden in tap.residuals.items():
-                probe.observe_residual(layer, hidden)
+    probes = [cls(spec) for cls in discover().values()]
+    dispatcher = Dispatcher(probes)
+    for r in tap.records:
+        dispatcher.emit(hooks.ATTN, r.layer, r)
+    for layer, hidden in tap.residuals.items():
+        dispatcher.emit(hooks.RESID_POST, layer, hidden)
     rows = [row for probe in probes for row in probe.rows()]
     model_rows = {row.metric: row.value for row in rows if row.layer is None and row.head is None}
     assert {"p0_mass", "sink_rate", "phantom_mass", "value_norm_ratio", "massive_activation"} <= set(model_rows)

@@ -2,16 +2,25 @@
 
 The data flow (see DESIGN.md)::
 
-    source -> model+tokenizer -> windows -> forward loop (+capture) -> records -> probes
+    source -> model+tokenizer -> windows -> forward loop (+hook points) -> probes
            -> accumulators -> results table + manifest + tokens -> figures -> report.html
 
-Where things live: ``capture/`` is how a model family hands over its attention,
-``probes/`` is what we measure, ``runner.py`` is the only forward loop, ``results.py``
-is the table format, ``report/`` turns tables into figures.
+Where things live: ``pipeline.py`` runs every measuring command (``commands/``) once;
+``capture/`` names the hook points and attaches them to a model; ``probes/`` is what we
+measure; ``runner.py`` is the only forward loop; ``results.py`` is the table format;
+``report/`` turns tables into figures. ``sinkscope.measure(...)`` is the Python API.
 """
 
 __version__ = "0.1.0"
 
 from sinkscope.errors import SinkscopeError
 
-__all__ = ["SinkscopeError", "__version__"]
+
+def measure(*args, **kwargs):
+    """Run a measuring command or named probes on a model (see :func:`sinkscope.api.measure`)."""
+    from sinkscope.api import measure as _measure
+
+    return _measure(*args, **kwargs)
+
+
+__all__ = ["SinkscopeError", "__version__", "measure"]

@@ -89,7 +89,7 @@ def sinks(
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
-    sink_layer_start: Annotated[int, typer.Option("--sink-layer-start", help="First layer of sink_rate[s:].")] = 2,
+    sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:] [default: 2 on models with more than 2 layers, else no such row].")] = None,
     overwrite: OverwriteOpt = False,
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots.")] = True,
     progress: ProgressOpt = True,
@@ -114,18 +114,72 @@ def sinks(
 
         torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
     """
-    from sinkscope.sinks import SinksOptions, measure_sinks
+    from sinkscope.commands.sinks import SINKS, SinksOptions
 
-    options = SinksOptions(
+    _run(SINKS, SinksOptions(
         model=model, out=out, text_file=text_file, dataset=dataset, seq_len=seq_len, n_seqs=n_seqs,
         batch_size=batch_size, seed=seed, bos=bos, device=device, dtype=dtype, revision=revision,
         trust_remote_code=trust_remote_code, sink_epsilon=sink_epsilon, sink_layer_start=sink_layer_start,
         overwrite=overwrite, figures=figures, progress=progress, attention=attention, resume=resume,
         device_map=device_map, checkpoint_seconds=checkpoint_seconds,
-    )
-    run_dir = measure_sinks(options)
-    if run_dir is not None:  # None on data-parallel processes other than 0
-        typer.echo(str(run_dir))
+    ))
+
+
+def _run(command, options) -> None:
+    """Run a measuring command through the pipeline and print the run folder."""
+    from sinkscope.pipeline import execute
+
+    result = execute(command, options)
+    if result is not None:  # None on data-parallel processes other than 0
+        typer.echo(str(result.path))
+
+
+@app.command()
+@_friendly_errors
+def measure(
+    model: ModelArg = None,
+    probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006
+    param: Annotated[Optional[list[str]], typer.Option("--param", help="A probe parameter PROBE.NAME=VALUE (repeatable).")] = None,
+    plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A Python file that registers probes (repeatable).")] = None,
+    out: OutOpt = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    overwrite: OverwriteOpt = False,
+    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw the figures and write report.html.")] = True,
+    progress: ProgressOpt = True,
+    attention: Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")] = "fused",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
+    device_map: Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")] = None,
+    checkpoint_seconds: Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")] = 30.0,
+) -> None:
+    """Run any registered probes by name (a plugin file's included) and write a run folder.
+
+    Examples:
+
+        sinkscope measure --probe p0_mass --probe value_norm_ratio
+
+        sinkscope measure ckpt/sinklogit --probe sink_rate --param sink_rate.epsilon=0.5
+
+        sinkscope measure model.gguf --plugin my_probes.py --probe my_probe
+    """
+    from sinkscope.commands.measure import MEASURE, MeasureOptions
+
+    _run(MEASURE, MeasureOptions(
+        model=model, probes=tuple(probe), params=tuple(param or ()), plugins=tuple(plugin or ()), out=out,
+        text_file=text_file, dataset=dataset, seq_len=seq_len, n_seqs=n_seqs, batch_size=batch_size, seed=seed,
+        bos=bos, device=device, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
+        overwrite=overwrite, figures=figures, progress=progress, attention=attention, resume=resume,
+        device_map=device_map, checkpoint_seconds=checkpoint_seconds,
+    ))
 
 
 @app.command()
@@ -228,33 +282,58 @@ def run_recipe_command(
     typer.echo(str(run_recipe(recipe, set_ or [])))
 
 
+LISTINGS = ("probes", "hooks", "families", "commands")
+
+
 @app.command("ls")
 @_friendly_errors
 def list_things(
-    what: Annotated[str, typer.Argument(help="probes | families")] = "probes",
+    what: Annotated[str, typer.Argument(help="probes | hooks | families | commands")] = "probes",
+    plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A Python file that registers probes (repeatable).")] = None,
 ) -> None:
-    """List the probes (with their metrics) or the supported model families.
+    """List the probes (metrics, hook points, parameters), the hook points, the families or the commands.
 
     Examples:
 
         sinkscope ls probes
 
+        sinkscope ls hooks
+
         sinkscope ls families
     """
     if what == "probes":
-        from sinkscope.probes import PROBES
+        from sinkscope.probes import discover, load_plugin
 
-        for name, cls in PROBES.items():
-            typer.echo(name)
+        probes = discover()
+        for path in plugin or ():
+            load_plugin(path)
+        for name, cls in sorted(probes.items()):
+            typer.echo(f"{name}: {cls.summary}")
+            typer.echo(f"  hook points: {', '.join(cls.hooks)}")
+            for param in cls.params:
+                typer.echo(f"  parameter {param.name} ({param.type.__name__}, default {param.default!r}): {param.help}")
             for metric, info in cls.metrics.items():
-                typer.echo(f"  {metric:30s} {info.label} [{info.unit}] ({info.source})")
+                typer.echo(f"  metric {metric:28s} {info.label} [{info.unit}] ({info.source})")
+    elif what == "hooks":
+        from sinkscope.capture.hooks import HOOK_POINTS, INTERVENABLE
+
+        for name, point in HOOK_POINTS.items():
+            mark = " (intervenable)" if name in INTERVENABLE else ""
+            typer.echo(f"{name:34s} {point.shape:18s} {point.what}{mark}")
     elif what == "families":
         from sinkscope.capture.families import FAMILIES
 
         for model_type, family in FAMILIES.items():
             typer.echo(f"{model_type:14s} {family.label}")
+    elif what == "commands":
+        from sinkscope.commands import discover as commands
+
+        for name, command in sorted(commands().items()):
+            typer.echo(f"{name:10s} {command.summary}")
     else:
-        raise SinkscopeError(f"unknown listing {what!r}; use probes or families.")
+        from sinkscope.errors import suggest
+
+        raise SinkscopeError(f"unknown listing {what!r}{suggest(what, LISTINGS)}; use {', '.join(LISTINGS)}.")
 
 
 def main() -> None:  # pragma: no cover - console entry for python -m

@@ -19,10 +19,8 @@ import tomllib
 from pathlib import Path
 from typing import get_type_hints
 
+from sinkscope.commands import discover, get_command
 from sinkscope.errors import SinkscopeError
-from sinkscope.sinks import SinksOptions, measure_sinks
-
-COMMANDS = {"sinks": (SinksOptions, measure_sinks)}
 
 
 def _parse_value(text: str):
@@ -33,6 +31,10 @@ def _parse_value(text: str):
 
 
 def _check_type(key: str, value, hint) -> None:
+    if str(hint).startswith("tuple"):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise SinkscopeError(f"option {key!r} must be a list of strings, not {value!r}.")
+        return
     allowed = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
     names = [t for t in allowed if t.__name__ in str(hint)]
     if value is None and "None" in str(hint):
@@ -52,9 +54,9 @@ def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
     except tomllib.TOMLDecodeError as error:
         raise SinkscopeError(f"the recipe {path} is not valid TOML ({error}).") from error
     command = recipe.get("command")
-    if command not in COMMANDS:
-        raise SinkscopeError(f"the recipe {path} names the command {command!r}; known: {', '.join(COMMANDS)}.")
-    options_cls, _ = COMMANDS[command]
+    if command not in discover():
+        raise SinkscopeError(f"the recipe {path} names the command {command!r}; known: {', '.join(sorted(discover()))}.")
+    options_cls = get_command(command).options
     options = dict(recipe.get("options", {}))
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -67,10 +69,15 @@ def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
         if key not in fields:
             raise SinkscopeError(f"unknown option {key!r} for {command}; known: {', '.join(sorted(fields))}.")
         _check_type(key, value, hints[key])
+        if isinstance(value, list):
+            options[key] = tuple(value)
     return command, options_cls(**options)
 
 
 def run_recipe(path: str, overrides: list[str] = (), log=None):
-    """Load and run a recipe; returns what the command returns (the run folder)."""
+    """Load and run a recipe; returns the run folder (None on data-parallel processes other than 0)."""
+    from sinkscope.pipeline import execute
+
     command, options = load_recipe(path, overrides)
-    return COMMANDS[command][1](options, log=log)
+    result = execute(get_command(command), options, log=log)
+    return None if result is None else result.path

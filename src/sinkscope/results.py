@@ -8,8 +8,14 @@ A run folder holds:
     figures/                        heatmap_<metric>.{png,svg}, layers_<metric>.{png,svg}
 
 ``layer`` and ``head`` are nullable integers: an empty ``head`` marks a layer aggregate, empty
-``layer`` and ``head`` a model aggregate. The whole folder is written into a hidden sibling and
+``layer`` and ``head`` a model aggregate. Condition columns follow ``n`` where a run has them:
+those a probe adds to its rows (e.g. ``junk``, ``cutoff``, ``dose``) and those of the run
+itself (``variant``, ``seed``, ``step``, ``tier`` for a trainer checkpoint); a plain ``sinks``
+run of a Hugging Face model has none. The whole folder is written into a hidden sibling and
 renamed into place at the end, so a crash leaves either no folder or a complete one.
+
+This module is the table schema (``Row``, ``MetricInfo``) and imports neither torch nor any
+probe, so the report can read runs without them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import shutil
 import subprocess
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -29,27 +36,83 @@ import pandas as pd
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import replace_folder
-from sinkscope.probes.base import Row
 
 COLUMNS = ["probe", "metric", "layer", "head", "value", "n"]
 #: bumped when the folder layout or table schema changes incompatibly (the report checks it).
 RUN_FORMAT_VERSION = 1
 
 
-def rows_to_frame(rows: Iterable[Row]) -> pd.DataFrame:
-    """The tidy table with the schema's dtypes (nullable Int64 for layer and head)."""
-    records = [(r.probe, r.metric, r.layer, r.head, r.value, r.n) for r in rows]
-    frame = pd.DataFrame.from_records(records, columns=COLUMNS)
-    return frame.astype({"probe": "string", "metric": "string", "layer": "Int64", "head": "Int64",
-                         "value": "float64", "n": "int64"})
+@dataclass(frozen=True)
+class MetricInfo:
+    """What a metric means, for ``sinkscope ls``, the manifest and the report.
+
+    Attributes:
+        label: short human name (figure titles, table headers).
+        unit: unit of the value (axis labels).
+        formula: the definition in words and symbols (SPEC.md notation).
+        source: where the definition comes from (SPEC.md section, paper).
+        direction: how to read the value, e.g. "higher = more mass parked on position 0", or "".
+        per: granularity of the finest rows: "layer x head", "layer x KV head", "layer" or "model".
+    """
+
+    label: str
+    unit: str
+    formula: str
+    source: str
+    direction: str = ""
+    per: str = "layer x head"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One number of the tidy results table; ``None`` layer/head marks an aggregate.
+
+    ``conditions`` are extra columns of this row, as ``((column, value), ...)`` (e.g.
+    ``(("junk", "gaussian"), ("dose", 0.4))``); rows without them leave those columns empty.
+    """
+
+    probe: str
+    metric: str
+    layer: int | None
+    head: int | None
+    value: float
+    n: int
+    conditions: tuple[tuple[str, object], ...] = ()
+
+
+def rows_to_frame(rows: Iterable[Row], run_conditions: dict | None = None) -> pd.DataFrame:
+    """The tidy table with the schema's dtypes (nullable Int64 for layer and head).
+
+    Columns: ``COLUMNS``, then the rows' condition columns in order of first appearance, then
+    ``run_conditions`` (one value for every row, e.g. a checkpoint's variant and seed).
+    """
+    rows = list(rows)
+    extra: list[str] = []
+    for row in rows:
+        extra += [key for key, _ in row.conditions if key not in extra]
+    records = [(r.probe, r.metric, r.layer, r.head, r.value, r.n, *[dict(r.conditions).get(k) for k in extra])
+               for r in rows]
+    frame = pd.DataFrame.from_records(records, columns=COLUMNS + extra)
+    frame = frame.astype({"probe": "string", "metric": "string", "layer": "Int64", "head": "Int64",
+                          "value": "float64", "n": "int64"})
+    for key, value in (run_conditions or {}).items():
+        if key in frame.columns:
+            raise SinkscopeError(f"the run condition {key!r} clashes with a column of the table.")
+        frame[key] = pd.Series([value] * len(frame), dtype="string" if isinstance(value, str) else None)
+    return frame
+
+
+def condition_columns(frame: pd.DataFrame) -> list[str]:
+    """The table's columns beyond ``COLUMNS`` (probe and run conditions), in order."""
+    return [c for c in frame.columns if c not in COLUMNS]
 
 
 def validate(frame: pd.DataFrame) -> None:
-    """Check the columns and that every (probe, metric, layer, head) appears once."""
+    """Check the columns and that every (probe, metric, layer, head, conditions...) appears once."""
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise SinkscopeError(f"results table lacks the columns {missing}.")
-    keys = frame[["probe", "metric", "layer", "head"]].astype("string").fillna("")
+    keys = frame[["probe", "metric", "layer", "head", *condition_columns(frame)]].astype("string").fillna("")
     if keys.duplicated().any():
         raise SinkscopeError("results table has duplicate (probe, metric, layer, head) rows.")
 
@@ -106,6 +169,18 @@ def base_manifest(command: str, options: dict) -> dict:
 
 
 # ---- the run folder -----------------------------------------------------------------------------
+
+
+def _slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
+
+
+def default_run_dir(label: str, seed: int = 0) -> Path:
+    """``reports/<YYYYmmdd-HHMMSS>-<model>`` under the current directory."""
+    return Path("reports") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{_slug(label)}"
+
 
 
 def check_run_dir(out_dir: Path, overwrite: bool) -> None:

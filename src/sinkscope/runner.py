@@ -1,9 +1,16 @@
 """The only forward loop: windows in, probe accumulators filled.
 
-A transformers model runs under :func:`sinkscope.capture.capture`; the bundled trainer's model
-emits its records natively (``model(ids, tap=...)``, no hooks). Either way each attention layer
-hands its record to every probe the moment it exists, and nothing per-token outlives the layer. The logits of the
-LM head are not needed, so where the model supports it only the last position's are computed.
+A transformers model runs under :func:`sinkscope.capture.capture`, which installs the hook
+points the probes ask for; the bundled trainer's model emits the same points natively
+(``model(ids, hooks=...)``, no hooks installed). Either way each point's value goes to every
+probe that reads it the moment it exists, and nothing per-token outlives its layer. The LM
+head's logits are computed only where a probe reads ``loss``; otherwise, where the model
+supports it, only the last position's.
+
+Per batch, the loop runs one forward pass per *pass label* the probes ask for (None, the clean
+pass, unless a probe asks for others, e.g. one pass per injection condition); a probe sees only
+the passes it lists, and its interventions act only in those. Nothing moves to the host inside
+the layer loop: the non-finite check is accumulated on the device and read once per batch.
 """
 
 from __future__ import annotations
@@ -11,43 +18,93 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from sinkscope.capture import AttentionRecord, capture
+from sinkscope.capture import capture
+from sinkscope.capture import hooks as hp
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import Probe
 
 
-class ProbeTap:
-    """Dispatches captured tensors to probes (the capture's ``Tap``)."""
+@dataclass
+class Dispatcher:
+    """Routes hook points to the probes that read them, for one pass (the capture's sink)."""
 
-    def __init__(self, probes: Sequence[Probe]):
-        self.probes = list(probes)
-        self.residual_probes = [p for p in self.probes if p.needs_residual]
+    probes: list[Probe]
+    observed: frozenset[str] = field(init=False)
+    intervened: frozenset[str] = field(init=False)
 
-    def on_attention(self, record: AttentionRecord) -> None:
-        if not bool(torch.isfinite(record.query).all()):
-            raise SinkscopeError(
-                f"the model produced non-finite (NaN or inf) attention inputs at layer {record.layer}; its weights "
-                "may be damaged, or --dtype too narrow (try --dtype float32)."
-            )
+    def __post_init__(self):
+        self._observers: dict[str, list[Callable]] = {}
+        self._interveners: dict[str, list[Callable]] = {}
         for probe in self.probes:
-            probe.observe_attention(record)
+            for template, method in probe.observers.items():
+                self._observers.setdefault(template, []).append(getattr(probe, method))
+            for template, method in probe.interventions.items():
+                self._interveners.setdefault(template, []).append(getattr(probe, method))
+        self.observed = frozenset(self._observers)
+        self.intervened = frozenset(self._interveners)
+        self.finite: list[tuple[int, Tensor]] = []
 
-    def on_residual(self, layer: int, hidden: Tensor) -> None:
-        for probe in self.residual_probes:
-            probe.observe_residual(layer, hidden)
+    def emit(self, template: str, layer: int | None, value) -> None:
+        if template == hp.ATTN:  # checked on the device, read once per batch (check_finite)
+            self.finite.append((layer, torch.isfinite(value.query).all()))
+        for observe in self._observers.get(template, ()):
+            observe(layer, value)
+
+    def replace(self, template: str, layer: int, value: Tensor) -> Tensor:
+        for intervene in self._interveners.get(template, ()):
+            replaced = intervene(layer, value)
+            if replaced is not None:
+                value = replaced
+        return value
+
+    def check_finite(self) -> None:
+        """One host read per batch: the first layer whose attention inputs were not finite."""
+        if not self.finite:
+            return
+        flags = torch.stack([flag.to("cpu") for _, flag in self.finite]).tolist()
+        layers = [layer for layer, _ in self.finite]
+        self.finite = []
+        for layer, ok in zip(layers, flags):
+            if not ok:
+                raise SinkscopeError(
+                    f"the model produced non-finite (NaN or inf) attention inputs at layer {layer}; its weights "
+                    "may be damaged, or --dtype too narrow (try --dtype float32).")
 
 
-def _forward_kwargs(model: torch.nn.Module) -> dict:
-    """``use_cache=False`` and, where accepted, ``logits_to_keep=1`` (skip the full LM head)."""
+class _PassSwitch:
+    """One capture for every pass: forwards each point to the current pass's dispatcher."""
+
+    def __init__(self, dispatchers: Sequence[Dispatcher]):
+        self.observed = frozenset().union(*(d.observed for d in dispatchers))
+        self.intervened = frozenset().union(*(d.intervened for d in dispatchers))
+        self.current = dispatchers[0]
+
+    def emit(self, template: str, layer: int | None, value) -> None:
+        if template in self.current.observed:
+            self.current.emit(template, layer, value)
+
+    def replace(self, template: str, layer: int, value: Tensor) -> Tensor:
+        return self.current.replace(template, layer, value) if template in self.current.intervened else value
+
+
+def hook_points(probes: Sequence[Probe]) -> frozenset[str]:
+    """Every hook template the probes read or intervene on."""
+    return frozenset(t for p in probes for t in (*p.observers, *p.interventions))
+
+
+def _forward_kwargs(model: torch.nn.Module, need_logits: bool) -> dict:
+    """``use_cache=False`` and, unless logits are needed, ``logits_to_keep=1`` where accepted."""
     kwargs = {"use_cache": False}
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+    if not need_logits and "logits_to_keep" in inspect.signature(model.forward).parameters:
         kwargs["logits_to_keep"] = 1
     return kwargs
 
@@ -58,6 +115,26 @@ def _input_device(model: torch.nn.Module) -> torch.device:
     if embeddings is not None and hasattr(embeddings, "weight"):
         return embeddings.weight.device
     return next(model.parameters()).device
+
+
+def next_token_loss(logits: Tensor, ids: Tensor) -> Tensor:
+    """Cross-entropy of predicting ``ids[:, i + 1]`` at position i, float32 (B, T-1)."""
+    B, T = ids.shape
+    targets = ids[:, 1:].to(logits.device)  # (B, T-1)
+    flat = logits[:, :-1].float().reshape(B * (T - 1), -1)  # (B*(T-1), V)
+    return F.cross_entropy(flat, targets.reshape(-1), reduction="none").view(B, T - 1)  # (B, T-1)
+
+
+def is_native(model: torch.nn.Module) -> bool:
+    """The bundled trainer's model: it emits hook points itself."""
+    return hasattr(model, "model_spec")
+
+
+def _passes(probes: Sequence[Probe]) -> list[str | None]:
+    labels: list[str | None] = []
+    for probe in probes:
+        labels += [p for p in probe.passes() if p not in labels]
+    return sorted(labels, key=lambda p: (p is not None, "" if p is None else str(p)))
 
 
 def run_probes(
@@ -80,37 +157,41 @@ def run_probes(
     or ``"explicit"`` (the model's eager weights; the reference). After each batch
     ``on_batch_done(next_window)`` is called (the caller checkpoints there).
 
-    Out of memory: the batch's partial contributions are rolled back (probes are snapshot
-    before each batch), the batch size is halved once and the batch retried, saying so; the
-    numbers do not change. A second out-of-memory error is raised.
+    Out of memory: the batch's partial contributions are rolled back (probes are snapshot on
+    their device before each batch), the batch size is halved once and the batch retried,
+    saying so; the numbers do not change. A second out-of-memory error is raised.
 
     Returns:
         The batch size finally used.
     """
     device = torch.device(device) if device is not None else _input_device(model)
     log = log or (lambda message: print(message, file=sys.stderr))
-    tap = ProbeTap(probes)
-    native = hasattr(model, "model_spec")  # sinkscope's trainer: records without hooks
-    kwargs = {} if native else _forward_kwargs(model)
+    native = is_native(model)
+    passes = [(label, Dispatcher([p for p in probes if label in p.passes()])) for label in _passes(probes)]
     n = tokens.shape[0]
     bar = tqdm(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
                dynamic_ncols=True)
-    attached = contextlib.nullcontext() if native else capture(
-        model, tap, residual=bool(tap.residual_probes), mode=attention)
+    switch = _PassSwitch([d for _, d in passes])
+    kwargs = {} if native else _forward_kwargs(model, need_logits=hp.LOSS in switch.observed)
+    attached = contextlib.nullcontext() if native else capture(model, switch, mode=attention)
     retried = False
     index = start
     with attached, torch.inference_mode():
         while index < n:
-            snapshot = [p.state_dict() for p in probes]
+            snapshot = [p.snapshot() for p in probes]
             ids = torch.from_numpy(np.ascontiguousarray(tokens[index:index + batch_size])).to(device)  # (B, T)
             try:
-                if native:
-                    model(ids, tap=tap)
-                else:
-                    model(input_ids=ids, **kwargs)
+                for label, dispatcher in passes:
+                    for probe in dispatcher.probes:
+                        probe.pass_label = label
+                    switch.current = dispatcher
+                    _forward(model, ids, dispatcher, native=native, attention=attention, kwargs=kwargs)
+                    dispatcher.check_finite()
+                for probe in probes:
+                    probe.end_batch()
             except torch.OutOfMemoryError:
                 for probe, state in zip(probes, snapshot):
-                    probe.load_state_dict(state)
+                    probe.restore(state)
                 del ids
                 if retried or batch_size == 1:
                     raise
@@ -124,6 +205,43 @@ def run_probes(
                 on_batch_done(index)
     bar.close()
     return batch_size
+
+
+def _forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, *, native: bool, attention: str,
+             kwargs: dict) -> None:
+    """One forward pass of ``ids`` (B, T); the capture (or the native model) feeds ``dispatcher``."""
+    if hp.TOKENS in dispatcher.observed:
+        dispatcher.emit(hp.TOKENS, None, ids)
+    if native:
+        logits = _native_forward(model, ids, dispatcher, attention)  # (B, T, V)
+    else:
+        logits = model(input_ids=ids, **kwargs).logits  # (B, T|1, V)
+    if hp.LOSS in dispatcher.observed:
+        dispatcher.emit(hp.LOSS, None, next_token_loss(logits, ids))  # (B, T-1)
+
+
+class _TapAdapter:
+    """The trainer's record tap (on_attention / on_residual) as hook points."""
+
+    SUPPORTED = frozenset({hp.ATTN, hp.RESID_POST, hp.TOKENS, hp.LOSS})
+
+    def __init__(self, dispatcher: Dispatcher):
+        unsupported = (dispatcher.observed - self.SUPPORTED) | dispatcher.intervened
+        if unsupported:
+            raise SinkscopeError(f"trainer checkpoints do not emit {', '.join(sorted(unsupported))} yet.")
+        self.dispatcher = dispatcher
+
+    def on_attention(self, record) -> None:
+        self.dispatcher.emit(hp.ATTN, record.layer, record)
+
+    def on_residual(self, layer: int, hidden: Tensor) -> None:
+        self.dispatcher.emit(hp.RESID_POST, layer, hidden)
+
+
+def _native_forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, attention: str) -> Tensor:
+    if "hooks" in inspect.signature(model.forward).parameters:
+        return model(ids, hooks=dispatcher, attention=attention)[0]
+    return model(ids, tap=_TapAdapter(dispatcher), attention=attention)[0]
 
 
 def _free_cache(device: torch.device) -> None:

@@ -1,21 +1,31 @@
-"""How a model family hands over its attention: one uniform record per layer.
+"""How a model hands over its internals: named hook points, attention records, interventions.
 
-``capture(model, tap)`` is the only entry point; ``AttentionRecord`` is what probes see.
+``capture(model, sink)`` attaches the hook points a sink asks for (``hooks.py`` names them);
+``AttentionRecord`` is what attention probes see. Imports are lazy so that the hook-point table
+(``sinkscope ls hooks``) is read without loading torch or transformers.
 """
 
-from sinkscope.capture.attention import IMPLEMENTATION, Tap, capture, register_interfaces
-from sinkscope.capture.families import FAMILIES, Family, ModelSpec, family_of, supported_families
-from sinkscope.capture.record import AttentionRecord
+from __future__ import annotations
 
-__all__ = [
-    "FAMILIES",
-    "IMPLEMENTATION",
-    "AttentionRecord",
-    "Family",
-    "ModelSpec",
-    "Tap",
-    "capture",
-    "family_of",
-    "register_interfaces",
-    "supported_families",
-]
+import importlib
+
+_EXPORTS = {
+    "IMPLEMENTATION": "attention",
+    "HookSink": "attention",
+    "capture": "attention",
+    "register_interfaces": "attention",
+    "FAMILIES": "families",
+    "Family": "families",
+    "ModelSpec": "families",
+    "family_of": "families",
+    "supported_families": "families",
+    "AttentionRecord": "record",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,23 +1,27 @@
-"""Observe a transformers model's attention through its own attention interface.
+"""Attach the named hook points (``hooks.py``) to a transformers model, for one scope.
 
-We register one function, ``"sinkscope"``, in transformers' ``AttentionInterface`` *and* its
-``AttentionMaskInterface`` (without the mask registration ``masking_utils`` builds no mask for
-an unknown implementation name and the model silently runs unmasked). The function calls the
-family's own ``eager_attention_forward`` (so GQA, gpt-oss sinks, GPT-2's scaling, sliding
-windows are all exactly the model's), returns its result unchanged, and hands an
-:class:`~sinkscope.capture.record.AttentionRecord` to the active :class:`Tap`.
+Attention itself is observed through transformers' own attention interface: we register one
+function, ``"sinkscope"``, in ``AttentionInterface`` *and* ``AttentionMaskInterface`` (without
+the mask registration ``masking_utils`` builds no mask for an unknown implementation name and
+the model silently runs unmasked). The function calls the family's own
+``eager_attention_forward`` (so GQA, gpt-oss sinks, GPT-2's scaling, sliding windows and
+soft-capping are all exactly the model's), returns its result unchanged, and hands an
+:class:`~sinkscope.capture.record.AttentionRecord` to the active sink.
 
 Two implementations are registered. ``"sinkscope"`` (explicit, the reference) runs the
 family's eager attention and hands over its weights. ``"sinkscope_fused"`` (the default for
 runs) computes the same attention with a fused kernel that also returns each row's log-sum-exp
 (``kernels.py``), so nothing quadratic in the sequence length is kept; its mask comes from
 transformers' ``sdpa_mask`` (None for plain causal layers). Both give the probes the same
-numbers (tests: 1e-5 on every family).
+numbers (tests: 1e-5 on every family). Either also applies a replacement of the value vectors
+(``blocks.{l}.attn.hook_v``) before the attention mixes them.
 
-Use them only through :func:`capture`, a context manager that switches the model to the
-chosen implementation, installs the few forward hooks a family needs (output gates,
-residual stream), and restores everything on exit. Outside the context the registered function
-is inert: with no active tap it is the family's eager attention.
+Everything outside the attention function (residual stream, norms, the output projection's
+input and per-head results, the MLP's first projection, Qwen3-Next's output gate) is read by
+forward hooks on the modules each family declares (``families.py``). :func:`capture` installs
+only the hooks the sink asks for, and removes them, and restores the model's attention
+implementation, on exit. Outside the context the registered functions are inert: with no
+active capture they are the family's eager attention.
 """
 
 from __future__ import annotations
@@ -32,35 +36,60 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-from sinkscope.capture.families import Family, ModelSpec, family_of, get_submodule
+from sinkscope.capture import hooks as hp
+from sinkscope.capture.families import Family, ModelSpec, family_of, find_submodule, get_submodule
 from sinkscope.capture.kernels import attention_with_lse
 from sinkscope.capture.record import AttentionRecord
+from sinkscope.errors import SinkscopeError
 
 IMPLEMENTATION = "sinkscope"
 FUSED_IMPLEMENTATION = "sinkscope_fused"
 MODES = {"explicit": IMPLEMENTATION, "fused": FUSED_IMPLEMENTATION}
 
 
-class Tap(Protocol):
-    """What receives the captured tensors (the runner's probe dispatcher)."""
+class HookSink(Protocol):
+    """What receives the hook points (the runner's dispatcher).
 
-    def on_attention(self, record: AttentionRecord) -> None: ...
+    ``observed`` and ``intervened`` are the hook-point templates (``hooks.py``) asked for;
+    ``emit`` receives an observed point's value, ``replace`` returns the value to use in place
+    of an intervened one (the same object when nothing changes).
+    """
 
-    def on_residual(self, layer: int, hidden: Tensor) -> None: ...
+    observed: frozenset[str]
+    intervened: frozenset[str]
+
+    def emit(self, template: str, layer: int | None, value) -> None: ...
+
+    def replace(self, template: str, layer: int, value: Tensor) -> Tensor: ...
 
 
-_ACTIVE_TAP: contextvars.ContextVar["_ActiveCapture | None"] = contextvars.ContextVar(
+_ACTIVE: contextvars.ContextVar["_ActiveCapture | None"] = contextvars.ContextVar(
     "sinkscope_active_capture", default=None
 )
 
 
 class _ActiveCapture:
-    """Per-``capture`` state: the tap and output gates waiting for their layer's attention."""
+    """Per-``capture`` state: the sink, and values waiting for a later hook of their layer."""
 
-    def __init__(self, tap: Tap, spec: ModelSpec):
-        self.tap = tap
+    def __init__(self, sink: HookSink, spec: ModelSpec):
+        self.sink = sink
         self.spec = spec
+        self.observe_attention = hp.ATTN in sink.observed
+        self.replace_values = hp.ATTN_V in sink.intervened
+        self.observe_values = hp.ATTN_V in sink.observed
         self.pending_gates: dict[int, Tensor] = {}
+        self.resid_pre: dict[int, Tensor] = {}
+
+    def values(self, layer: int, value: Tensor) -> Tensor:
+        """Apply and report ``hook_v`` on (B, Hkv, S, D) values; the probes see (B, S, Hkv, D)."""
+        if self.replace_values:
+            replaced = self.sink.replace(hp.ATTN_V, layer, value.transpose(1, 2))  # (B, S, Hkv, D)
+            if tuple(replaced.shape) != (value.shape[0], value.shape[2], value.shape[1], value.shape[3]):
+                raise ValueError(f"a hook_v replacement must keep the shape {tuple(value.transpose(1, 2).shape)}")
+            value = replaced.transpose(1, 2).to(value.dtype)  # (B, Hkv, S, D)
+        if self.observe_values:
+            self.sink.emit(hp.ATTN_V, layer, value.transpose(1, 2))  # (B, S, Hkv, D)
+        return value
 
 
 def _family_eager(module: nn.Module) -> Callable:
@@ -69,6 +98,15 @@ def _family_eager(module: nn.Module) -> Callable:
     if eager is None:
         raise RuntimeError(f"{type(module).__name__} has no eager_attention_forward to observe")
     return eager
+
+
+def _sliding_window(module: nn.Module, kwargs: dict) -> int | None:
+    return kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+
+
+def _sink_logits(module: nn.Module) -> Tensor | None:
+    sinks = getattr(module, "sinks", None)
+    return sinks.detach() if isinstance(sinks, Tensor) else None
 
 
 def sinkscope_attention(
@@ -84,12 +122,13 @@ def sinkscope_attention(
     Shapes: query (B, H, T, D), key/value (B, Hkv, S, D), mask (B, 1, T, S);
     returns the eager function's (out (B, T, H, D), weights (B, H, T, S)) unchanged.
     """
-    out, weights = _family_eager(module)(module, query, key, value, attention_mask, **kwargs)
-    active = _ACTIVE_TAP.get()
+    active = _ACTIVE.get()
     if active is not None:
+        value = active.values(module.layer_idx, value)  # (B, Hkv, S, D)
+    out, weights = _family_eager(module)(module, query, key, value, attention_mask, **kwargs)
+    if active is not None and active.observe_attention:
         layer = module.layer_idx
         mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
-        sinks = getattr(module, "sinks", None)
         record = AttentionRecord(
             layer=layer,
             query=query,
@@ -98,17 +137,25 @@ def sinkscope_attention(
             scale=_scale(query, kwargs),
             mask=mask,
             weights=weights.float(),
-            sliding_window=kwargs.get("sliding_window") or getattr(module, "sliding_window", None),
-            sink_logits=sinks.detach() if isinstance(sinks, Tensor) else None,
+            sliding_window=_sliding_window(module, kwargs),
+            sink_logits=_sink_logits(module),
             output_gate=active.pending_gates.pop(layer, None),
+            softcap=kwargs.get("softcap"),
         )
-        active.tap.on_attention(record)
+        active.sink.emit(hp.ATTN, layer, record)
     return out, weights
 
 
 def _scale(query: Tensor, kwargs: dict) -> float:
     scale = kwargs.get("scaling")
     return float(query.shape[-1] ** -0.5 if scale is None else scale)  # GPT-2 / Gemma eager default
+
+
+def causal_additive_mask(T: int, S: int, dtype: torch.dtype, device) -> Tensor:
+    """0 where key j <= i + S - T (query i may see it), the dtype's minimum elsewhere; (1, 1, T, S)."""
+    rows = torch.arange(T, device=device).unsqueeze(-1) + (S - T)  # (T, 1)
+    hidden = torch.arange(S, device=device).unsqueeze(0) > rows  # (T, S)
+    return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min).view(1, 1, T, S)
 
 
 def sinkscope_fused_attention(
@@ -125,11 +172,19 @@ def sinkscope_fused_attention(
     1 - phi_i with phi_i = sigmoid(b_h - LSE_i), which is what a softmax over [s_i., b_h]
     followed by dropping the sink column computes. Shapes as for the explicit function;
     the weights returned are None (nothing quadratic is kept). Families with logit
-    soft-capping fall back to the explicit function.
+    soft-capping fall back to the explicit function, with the causal mask built here when
+    ``sdpa_mask`` left it implicit (None).
     """
     if kwargs.get("softcap") is not None:
-        mask = None if attention_mask is None else _additive(attention_mask, query.dtype)
+        S = key.shape[-2]
+        if attention_mask is None:  # sdpa_mask returns None when the mask is plain causal
+            mask = causal_additive_mask(query.shape[-2], S, query.dtype, query.device)  # (1, 1, T, S)
+        else:
+            mask = _additive(attention_mask[:, :, :, :S], query.dtype)  # (B, 1, T, S)
         return sinkscope_attention(module, query, key, value, mask, **kwargs)
+    active = _ACTIVE.get()
+    if active is not None:
+        value = active.values(module.layer_idx, value)  # (B, Hkv, S, D)
     groups = query.shape[1] // key.shape[1]
     k = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # (B, H, S, D)
     v = value.repeat_interleave(groups, dim=1) if groups > 1 else value  # (B, H, S, D)
@@ -141,13 +196,11 @@ def sinkscope_fused_attention(
     if isinstance(sinks, Tensor):
         phi = torch.sigmoid(sinks.float().view(1, -1, 1) - lse)  # (B, H, T)
         out = out * (1 - phi).unsqueeze(-1).to(out.dtype)  # drop the phantom's share
-    active = _ACTIVE_TAP.get()
-    if active is not None:
+    if active is not None and active.observe_attention:
         layer = module.layer_idx
-        active.tap.on_attention(AttentionRecord(
+        active.sink.emit(hp.ATTN, layer, AttentionRecord(
             layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
-            kernel_lse=lse, sliding_window=kwargs.get("sliding_window") or getattr(module, "sliding_window", None),
-            sink_logits=sinks.detach() if isinstance(sinks, Tensor) else None,
+            kernel_lse=lse, sliding_window=_sliding_window(module, kwargs), sink_logits=_sink_logits(module),
             output_gate=active.pending_gates.pop(layer, None),
         ))
     return out.transpose(1, 2).contiguous(), None  # (B, T, H, D)
@@ -177,42 +230,129 @@ def register_interfaces() -> None:
         _registered = True
 
 
+# ---- hooks outside the attention function ---------------------------------------------------------
+
+
 def _output_of(out) -> Tensor:
-    """Decoder layers return a tensor or a tuple whose first item is the hidden state."""
+    """Modules return a tensor or a tuple whose first item is the hidden state."""
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def _install_hooks(
-    model: nn.Module, family: Family, spec: ModelSpec, active: _ActiveCapture, residual: bool
-) -> list:
-    handles = []
-    layers = get_submodule(model, family.layers)
-    for index, layer_module in enumerate(layers):
-        if family.gate_module is not None and index in spec.attention_layers:
-            source = get_submodule(layer_module, family.gate_module)
+def _input_of(args: tuple, kwargs: dict) -> Tensor:
+    """The hidden state a module is called with: first positional argument or ``hidden_states``."""
+    return args[0] if args else kwargs["hidden_states"]
 
+
+def head_results(z: Tensor, out_proj: nn.Module, conv1d: bool) -> Tensor:
+    """Per-head contributions z_h W_O[h], (B, T, H, C), from z (B, T, H, D) and W_O.
+
+    ``nn.Linear`` keeps W_O as (C, H*D), GPT-2's ``Conv1D`` as (H*D, C). The sum over heads
+    plus the projection's bias is the projection's output.
+    """
+    B, T, H, D = z.shape
+    weight = out_proj.weight
+    if conv1d:
+        return torch.einsum("bthd,hdc->bthc", z, weight.view(H, D, -1).to(z.dtype))  # (B, T, H, C)
+    return torch.einsum("bthd,chd->bthc", z, weight.view(-1, H, D).to(z.dtype))  # (B, T, H, C)
+
+
+def _install_hooks(model: nn.Module, family: Family, spec: ModelSpec, active: _ActiveCapture) -> list:
+    """Forward hooks for every requested point outside the attention function; returns the handles."""
+    sink, observed, intervened = active.sink, active.sink.observed, active.sink.intervened
+    handles: list = []
+    found: dict[str, bool] = {}
+    layers = get_submodule(model, family.layers)
+    parallel = bool(family.parallel_residual and getattr(model.config, family.parallel_residual, False))
+    want_pre_store = hp.RESID_MID in observed and parallel
+
+    def on(template: str, module: nn.Module | None, hook, pre: bool = False) -> None:
+        found[template] = found.get(template, False) or module is not None
+        if module is not None:
+            handles.append(module.register_forward_pre_hook(hook, with_kwargs=True) if pre
+                           else module.register_forward_hook(hook))
+
+    for index, layer_module in enumerate(layers):
+        is_attention = index in spec.attention_layers
+        if hp.RESID_PRE in observed or want_pre_store:
+            def resid_pre(_m, args, kwargs, index=index):
+                hidden = _input_of(args, kwargs)  # (B, T, C)
+                if want_pre_store:
+                    active.resid_pre[index] = hidden
+                if hp.RESID_PRE in observed:
+                    sink.emit(hp.RESID_PRE, index, hidden)
+            on(hp.RESID_PRE, layer_module, resid_pre, pre=True)
+        if hp.RESID_POST in observed:
+            on(hp.RESID_POST, layer_module,
+               lambda _m, _i, out, index=index: sink.emit(hp.RESID_POST, index, _output_of(out)))
+        if hp.LN1_NORMALIZED in observed:
+            on(hp.LN1_NORMALIZED, find_submodule(layer_module, family.ln1),
+               lambda _m, _i, out, index=index: sink.emit(hp.LN1_NORMALIZED, index, _output_of(out)))
+        if hp.RESID_MID in observed and not parallel:
+            on(hp.RESID_MID, find_submodule(layer_module, family.ln2),
+               lambda _m, args, kwargs, index=index: sink.emit(hp.RESID_MID, index, _input_of(args, kwargs)), pre=True)
+        if (hp.ATTN_OUT in observed or (hp.RESID_MID in observed and parallel)) and is_attention:
+            def attn_out(_m, _i, out, index=index):
+                added = _output_of(out)  # (B, T, C)
+                if hp.ATTN_OUT in observed:
+                    sink.emit(hp.ATTN_OUT, index, added)
+                if hp.RESID_MID in observed and parallel:
+                    sink.emit(hp.RESID_MID, index, active.resid_pre.pop(index) + added)
+            on(hp.ATTN_OUT, find_submodule(layer_module, family.attn_out), attn_out)
+            if hp.RESID_MID in observed and parallel:
+                found[hp.RESID_MID] = True
+        wants_z = {hp.ATTN_Z, hp.ATTN_RESULT} & observed or hp.ATTN_Z in intervened
+        if wants_z and is_attention:
+            out_proj = find_submodule(layer_module, family.out_proj)
+
+            def z_hook(module, args, kwargs, index=index):
+                flat = _input_of(args, kwargs)  # (B, T, H*D)
+                z = flat.view(*flat.shape[:-1], spec.n_heads, spec.head_dim)  # (B, T, H, D)
+                changed = False
+                if hp.ATTN_Z in intervened:
+                    replaced = sink.replace(hp.ATTN_Z, index, z)
+                    changed = replaced is not z
+                    z = replaced.to(flat.dtype)
+                if hp.ATTN_Z in observed:
+                    sink.emit(hp.ATTN_Z, index, z)
+                if hp.ATTN_RESULT in observed:
+                    sink.emit(hp.ATTN_RESULT, index, head_results(z, module, family.out_proj_conv1d))
+                if changed:
+                    flat = z.reshape(flat.shape)  # (B, T, H*D)
+                    return ((flat, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": flat})
+                return None
+
+            for template in (hp.ATTN_Z, hp.ATTN_RESULT):
+                found[template] = found.get(template, False) or out_proj is not None
+            if out_proj is not None:
+                handles.append(out_proj.register_forward_pre_hook(z_hook, with_kwargs=True))
+        if hp.MLP_PRE in observed:
+            on(hp.MLP_PRE, find_submodule(layer_module, family.mlp_pre),
+               lambda _m, _i, out, index=index: sink.emit(hp.MLP_PRE, index, _output_of(out)))
+        if hp.MLP_PRE_LINEAR in observed:
+            on(hp.MLP_PRE_LINEAR, find_submodule(layer_module, family.mlp_pre_linear),
+               lambda _m, _i, out, index=index: sink.emit(hp.MLP_PRE_LINEAR, index, _output_of(out)))
+        if family.gate_module is not None and is_attention and active.observe_attention:
             def read_gate(_mod, _inp, out, index=index):
                 active.pending_gates[index] = family.gate_reader(out, spec.n_heads, spec.head_dim)
+            handles.append(get_submodule(layer_module, family.gate_module).register_forward_hook(read_gate))
 
-            handles.append(source.register_forward_hook(read_gate))
-        if residual:
-
-            def read_residual(_mod, _inp, out, index=index):
-                active.tap.on_residual(index, _output_of(out))
-
-            handles.append(layer_module.register_forward_hook(read_residual))
+    missing = [name for name, ok in found.items() if not ok]
+    if missing:
+        for handle in handles:
+            handle.remove()
+        raise SinkscopeError(f"{family.label} models have no {', '.join(missing)} (see `sinkscope ls hooks`); "
+                             "choose probes that do not need it.")
     return handles
 
 
 @contextlib.contextmanager
-def capture(model: nn.Module, tap: Tap, *, residual: bool = False, mode: str = "explicit") -> Iterator[ModelSpec]:
-    """Attach the capture to ``model`` for the duration of the block.
+def capture(model: nn.Module, sink: HookSink, *, mode: str = "fused") -> Iterator[ModelSpec]:
+    """Attach the hook points ``sink`` asks for to ``model`` for the duration of the block.
 
-    Args:
-        model: a transformers causal LM of a supported family.
-        tap: receives one record per attention layer per forward (and residual states).
-        residual: also hand each decoder layer's output hidden state (B, T, C) to the tap.
-        mode: ``"explicit"`` (eager weights, the reference) or ``"fused"`` (kernel LSE, linear memory).
+    The attention implementation is switched to sinkscope's (``mode``: ``"fused"``, kernel
+    LSE and linear memory, or ``"explicit"``, the family's eager weights) only when an
+    attention record is observed or the values are intervened on; otherwise the model keeps
+    its own implementation and only forward hooks are added.
 
     Yields:
         The model's :class:`ModelSpec`.
@@ -221,16 +361,19 @@ def capture(model: nn.Module, tap: Tap, *, residual: bool = False, mode: str = "
     spec = ModelSpec.from_model(model)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
-    register_interfaces()
+    active = _ActiveCapture(sink, spec)
+    switch = bool({hp.ATTN, hp.ATTN_V} & (sink.observed | sink.intervened))
     previous = model.config._attn_implementation
-    active = _ActiveCapture(tap, spec)
-    model.set_attn_implementation(MODES[mode])
-    handles = _install_hooks(model, family, spec, active, residual)
-    token = _ACTIVE_TAP.set(active)
+    handles = _install_hooks(model, family, spec, active)
+    if switch:
+        register_interfaces()
+        model.set_attn_implementation(MODES[mode])
+    token = _ACTIVE.set(active)
     try:
         yield spec
     finally:
-        _ACTIVE_TAP.reset(token)
+        _ACTIVE.reset(token)
         for handle in handles:
             handle.remove()
-        model.set_attn_implementation(previous)
+        if switch:
+            model.set_attn_implementation(previous)

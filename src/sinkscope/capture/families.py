@@ -2,10 +2,12 @@
 
 Attention itself is observed through transformers' attention interface (``attention.py``),
 the one seam every family below shares. What lives *outside* the attention function is
-declared here per family: where the decoder layers are (for residual-stream probes), which
-layers have softmax attention at all, and where an output gate is computed (Qwen3-Next packs
-it into ``q_proj``). To add a family: add a row to ``FAMILIES`` and a tiny config to
-``tests/tiny_models.py``; the conformance tests then cover it.
+declared here per family: the module paths behind the named hook points (``hooks.py``: the
+residual stream, the norms, the output projection, the MLP's first projection), which layers
+have softmax attention at all, and where an output gate is computed (Qwen3-Next packs it into
+``q_proj``). To add a family: add a row to ``FAMILIES`` and a tiny config to
+``tests/tiny_models.py``; the conformance tests (tests/test_hooks.py and the probe references)
+then cover it.
 """
 
 from __future__ import annotations
@@ -33,21 +35,45 @@ def _qwen3_next_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
 
 @dataclass(frozen=True)
 class Family:
-    """How to find a family's parts that live outside the attention function.
+    """Where a family keeps the parts the named hook points read (``capture/hooks.py``).
+
+    Paths are dotted attribute paths. ``layers`` is relative to the CausalLM; the others are
+    relative to one decoder layer. A path that a layer lacks (a linear-attention layer's
+    ``self_attn``, a mixture-of-experts MLP's ``gate_proj``) means the point does not exist there.
 
     Attributes:
         model_type: ``config.model_type`` this row describes.
         label: human name used in messages.
-        layers: dotted path from the CausalLM to the ``ModuleList`` of decoder layers.
+        layers: the ``ModuleList`` of decoder layers.
+        ln1: the attention's input norm (``ln1.hook_normalized`` is its output).
+        attention: the attention module (its output, item 0, is the attention output).
+        out_proj: the output projection W_O; its input is ``hook_z``, (B, T, H*D).
+        attn_out: the module whose output is what the block adds to the residual stream
+            (the attention module, or a post-attention norm/dropout after it).
+        ln2: the MLP's input norm; its input is ``hook_resid_mid`` for sequential blocks.
+        parallel_residual: config attribute that, when true, makes attention and MLP read the
+            same ``resid_pre`` (GPT-NeoX ``use_parallel_residual``).
+        mlp_pre: the module whose output is ``mlp.hook_pre`` (the activation's input).
+        mlp_pre_linear: gated MLPs: the up projection (``mlp.hook_pre_linear``).
+        out_proj_conv1d: W_O is a GPT-2 ``Conv1D`` (weight (in, out)) rather than ``nn.Linear``.
         attention_layer_type: if set, only layers whose ``config.layer_types[i]`` equals it
             have softmax attention (the others, e.g. Qwen3-Next's linear attention, emit no record).
-        gate_module: path, relative to a decoder layer, of the module whose output holds the
-            output gate; ``gate_reader`` turns that output into (B, T, H, D) gate values in (0, 1).
+        gate_module: path of the module whose output holds the output gate; ``gate_reader``
+            turns that output into (B, T, H, D) gate values in (0, 1).
     """
 
     model_type: str
     label: str
     layers: str
+    ln1: str = "input_layernorm"
+    attention: str = "self_attn"
+    out_proj: str = "self_attn.o_proj"
+    attn_out: str = "self_attn"
+    ln2: str = "post_attention_layernorm"
+    parallel_residual: str | None = None
+    mlp_pre: str | None = "mlp.gate_proj"
+    mlp_pre_linear: str | None = "mlp.up_proj"
+    out_proj_conv1d: bool = False
     attention_layer_type: str | None = None
     gate_module: str | None = None
     gate_reader: Callable[[Tensor, int, int], Tensor] | None = None
@@ -60,10 +86,14 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", "Mistral", "model.layers"),
         Family("qwen2", "Qwen2", "model.layers"),
         Family("qwen3", "Qwen3", "model.layers"),
-        Family("gemma3_text", "Gemma 3", "model.layers"),
-        Family("gpt_neox", "GPT-NeoX (Pythia)", "gpt_neox.layers"),
-        Family("gpt2", "GPT-2", "transformer.h"),
-        Family("gpt_oss", "gpt-oss (learned sinks)", "model.layers"),
+        Family("gemma3_text", "Gemma 3", "model.layers", attn_out="post_attention_layernorm",
+               ln2="pre_feedforward_layernorm"),
+        Family("gpt_neox", "GPT-NeoX (Pythia)", "gpt_neox.layers", attention="attention", out_proj="attention.dense",
+               attn_out="post_attention_dropout", parallel_residual="use_parallel_residual",
+               mlp_pre="mlp.dense_h_to_4h", mlp_pre_linear=None),
+        Family("gpt2", "GPT-2", "transformer.h", ln1="ln_1", attention="attn", out_proj="attn.c_proj",
+               attn_out="attn", ln2="ln_2", mlp_pre="mlp.c_fc", mlp_pre_linear=None, out_proj_conv1d=True),
+        Family("gpt_oss", "gpt-oss (learned sinks)", "model.layers", mlp_pre=None, mlp_pre_linear=None),
         Family(
             "qwen3_next",
             "Qwen3-Next (output gate)",
@@ -97,6 +127,18 @@ def get_submodule(root: nn.Module, dotted: str) -> nn.Module:
     module = root
     for part in dotted.split("."):
         module = getattr(module, part)
+    return module
+
+
+def find_submodule(root: nn.Module, dotted: str | None) -> nn.Module | None:
+    """``root.a.b.c``, or None when ``dotted`` is None or any part is missing."""
+    if dotted is None:
+        return None
+    module = root
+    for part in dotted.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
     return module
 
 

@@ -51,6 +51,8 @@ class AttentionRecord:
         value_gate: (B, Hkv, S) value gate g_j in (0, 1) of the bundled trainer's gated variants
             (``normgate``, ``projgate``, ``sink+*``: the read is g_j v_j; ``routing-norm``: the
             logits carry + log g_j instead), or None.
+        softcap: logit soft-capping c (Gemma): the logit is c * tanh(scale * q . k / c) before
+            the mask, or None.
     """
 
     layer: int
@@ -65,6 +67,7 @@ class AttentionRecord:
     output_gate: Tensor | None = None
     value_gate: Tensor | None = None
     kernel_lse: Tensor | None = None
+    softcap: float | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ---- shapes ---------------------------------------------------------------------------
@@ -90,13 +93,17 @@ class AttentionRecord:
         rows = torch.arange(T, device=s.device).unsqueeze(-1) + (S - T)  # (T, 1)
         return s.masked_fill(keys.to(s.device).unsqueeze(0) > rows, float("-inf"))
 
+    def _capped(self, s: Tensor) -> Tensor:
+        """c * tanh(s / c) under soft-capping, else ``s`` unchanged."""
+        return s if self.softcap is None else self.softcap * torch.tanh(s / self.softcap)
+
     # ---- row reductions ---------------------------------------------------------------------
     def logits(self) -> Tensor:
         """s_ij = scale * q_i . k_j + mask_ij, float32, (B, H, T, S); GQA keys repeated per group."""
         if "logits" not in self._cache:
             groups = self.n_heads // self.n_kv_heads
             k = self.key.float().repeat_interleave(groups, dim=1)  # (B, H, S, D)
-            s = torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale  # (B, H, T, S)
+            s = self._capped(torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale)  # (B, H, T, S)
             if self.mask is not None:
                 s = s + self.mask.float()  # (B, 1, T, S) broadcast over heads
             else:
@@ -108,7 +115,7 @@ class AttentionRecord:
         """s_ij for the listed key positions only, float32, (B, H, T, len(keys)): linear memory."""
         groups = self.n_heads // self.n_kv_heads
         k = self.key[:, :, keys].float().repeat_interleave(groups, dim=1)  # (B, H, K, D)
-        s = torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale  # (B, H, T, K)
+        s = self._capped(torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale)  # (B, H, T, K)
         if self.mask is not None:
             return s + self.mask[..., keys].float()  # (B, 1, T, K) broadcast over heads
         return self._causal_fill(s, keys)

@@ -1,8 +1,34 @@
-"""What every probe is: a streaming reduction from records to rows of the results table.
+"""What every probe is: a streaming reduction from named hook points to rows of the results table.
 
-A probe keeps accumulators of sums and counts shaped by (layer, head). ``observe_*`` adds one
-batch; ``rows()`` finalises. Because accumulators only add, the numbers do not depend on the
-batch size, and a run can later be checkpointed or merged across processes (``state_dict``).
+A probe is one class in one module, registered by a decorator that names it, documents its
+metrics and declares its parameters; the hook points it reads are the ones its methods are
+marked with, so nothing is listed twice::
+
+    @register_probe("p0_mass", metrics={"p0_mass": MetricInfo(...)})
+    class P0Mass(Probe):
+        def setup(self):
+            self.acc = HeadMeans(self.spec.n_layers, self.spec.n_heads)
+
+        @observes(hooks.ATTN)
+        def attention(self, layer, record):
+            self.acc.add(layer, record.key_mass(0)[:, :, 1:], item_dims=(0, 2))
+
+        def rows(self):
+            return self.acc.rows(self.name, "p0_mass")
+
+``@observes(template, ...)`` methods receive ``(layer, value)`` for each hook point
+(``capture/hooks.py``; layer is None for ``tokens`` and ``loss``). ``@intervenes(template)``
+methods receive ``(layer, value)`` and return a replacement (or None to leave it), applied
+inside the same forward pass. A probe that needs forward passes under conditions other than
+the clean one (an injection sweep) lists them in ``passes()``; the runner runs each batch once
+per pass and tells the probe which pass it is in (``self.pass_label``).
+
+A probe keeps accumulators of sums and counts shaped by (layer, head), on the device of the
+tensors it reduces (float64 where the device has it), and finalises them in ``rows()``. Because
+accumulators only add, the numbers do not depend on the batch size, a run can be checkpointed
+(``state_dict``, on the CPU) and rolled back (``snapshot``, on the device), and shares of the
+windows merge across processes (``merge``). Nothing here moves a tensor to the host while the
+forward pass runs.
 
 Pooling convention (SPEC.md "Averages"): a per-head value is the mean over items (query
 positions i >= 1 and sequences, unless the metric says otherwise); a per-layer value is the
@@ -12,64 +38,172 @@ behind a number (summed over heads and layers for the aggregates).
 
 from __future__ import annotations
 
+import copy
+import inspect
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
 
+from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec
-from sinkscope.capture.record import AttentionRecord
+from sinkscope.errors import SinkscopeError, suggest
+from sinkscope.results import MetricInfo, Row
+
+__all__ = ["HeadMeans", "MetricInfo", "Param", "Probe", "Row", "intervenes", "observes", "register_probe"]
+
+
+# ---- parameters ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class MetricInfo:
-    """What a metric means, for ``sinkscope ls``, the manifest and the report.
+class Param:
+    """A probe parameter: name, type, default, help, and optional allowed values or check.
 
-    Attributes:
-        label: short human name (figure titles, table headers).
-        unit: unit of the value (axis labels).
-        formula: the definition in words and symbols (SPEC.md notation).
-        source: where the definition comes from (SPEC.md section, paper).
-        direction: how to read the value, e.g. "higher = more mass parked on position 0", or "".
-        per: granularity of the finest rows: "layer x head", "layer x KV head", "layer" or "model".
+    ``check(value)`` returns an error phrase (e.g. "must lie in (0, 1)") or None; ``optional``
+    parameters also take None.
     """
 
-    label: str
-    unit: str
-    formula: str
-    source: str
-    direction: str = ""
-    per: str = "layer x head"
+    name: str
+    type: type
+    default: Any
+    help: str = ""
+    choices: tuple | None = None
+    check: Callable[[Any], str | None] | None = None
+    optional: bool = False
+
+    def coerce(self, probe: str, value: Any) -> Any:
+        """``value`` as this parameter's type, or a one-sentence error."""
+        if value is None and self.optional:
+            return None
+        if self.type is bool:
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+                value = value.lower() in ("true", "1", "yes")
+            ok = isinstance(value, bool)
+        elif self.type in (int, float):
+            if isinstance(value, str):
+                try:
+                    value = self.type(value)
+                except ValueError:
+                    pass
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                self.type is float or float(value).is_integer())
+            value = self.type(value) if ok else value
+        elif self.type is tuple:
+            if isinstance(value, str):
+                value = tuple(v.strip() for v in value.split(",") if v.strip())
+            ok = isinstance(value, (list, tuple))
+            value = tuple(value) if ok else value
+        else:
+            ok = isinstance(value, self.type)
+        if not ok:
+            raise SinkscopeError(f"the {probe} parameter {self.name} must be {self.type.__name__}, not {value!r}.")
+        if self.choices is not None:
+            bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in self.choices]
+            if bad:
+                raise SinkscopeError(f"the {probe} parameter {self.name} takes {', '.join(map(str, self.choices))}, "
+                                     f"not {bad[0]!r}.")
+        problem = self.check(value) if self.check is not None else None
+        if problem:
+            raise SinkscopeError(f"the {probe} parameter {self.name} {problem} (got {value!r}).")
+        return value
 
 
-@dataclass(frozen=True)
-class Row:
-    """One number of the tidy results table; ``None`` layer/head marks an aggregate."""
+# ---- registry ----------------------------------------------------------------------------------------
 
-    probe: str
-    metric: str
-    layer: int | None
-    head: int | None
-    value: float
-    n: int
+#: every registered probe class, by name (filled by ``register_probe`` as probe modules are imported).
+PROBES: dict[str, type["Probe"]] = {}
+
+
+def observes(*templates: str):
+    """Mark a method ``(self, layer, value)`` as the reader of these hook points."""
+    for template in templates:
+        hp.parse(template)  # an unknown name fails at import, with a suggestion
+
+    def mark(method):
+        method._observes = tuple(templates)
+        return method
+    return mark
+
+
+def intervenes(template: str):
+    """Mark a method ``(self, layer, value) -> replacement | None`` as an intervention."""
+    if template not in hp.INTERVENABLE:
+        raise ValueError(f"{template!r} cannot be intervened on; intervenable points: {sorted(hp.INTERVENABLE)}")
+
+    def mark(method):
+        method._intervenes = template
+        return method
+    return mark
+
+
+def register_probe(name: str, *, metrics: dict[str, MetricInfo], params: tuple[Param, ...] | list[Param] = (),
+                   summary: str = ""):
+    """Class decorator: name the probe, document its metrics, declare its parameters, register it.
+
+    The hook points it needs are read from its ``@observes``/``@intervenes`` methods.
+    """
+    def wrap(cls: type[Probe]) -> type[Probe]:
+        if not issubclass(cls, Probe):
+            raise TypeError(f"{cls.__name__} must subclass Probe")
+        observers: dict[str, str] = {}
+        interventions: dict[str, str] = {}
+        for attr, member in inspect.getmembers(cls, inspect.isfunction):
+            for template in getattr(member, "_observes", ()):
+                observers[template] = attr
+            if getattr(member, "_intervenes", None):
+                interventions[member._intervenes] = attr
+        if not observers and not interventions:
+            raise TypeError(f"probe {name!r} reads no hook point; mark a method with @observes(...)")
+        cls.name = name
+        cls.metrics = dict(metrics)
+        cls.params = tuple(params)
+        cls.summary = summary or (inspect.getdoc(cls) or "").split("\n")[0]
+        cls.observers = observers
+        cls.interventions = interventions
+        cls.hooks = tuple(sorted(set(observers) | set(interventions)))
+        previous = PROBES.get(name)
+        if previous is not None and previous.__qualname__ != cls.__qualname__:
+            raise ValueError(f"two probes are registered as {name!r}: {previous.__qualname__} and {cls.__qualname__}")
+        PROBES[name] = cls
+        return cls
+    return wrap
+
+
+# ---- accumulators ------------------------------------------------------------------------------------
+
+
+def _accumulate_dtype(device: torch.device) -> torch.dtype:
+    """float64 where the device has it (MPS does not)."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 class HeadMeans:
-    """Float64 sums and counts per (layer, head), finalised into per-head means and aggregates."""
+    """Sums and counts per (layer, head), finalised into per-head means and aggregates.
+
+    Sums stay on the device of the values added (per layer, so a model sharded over devices
+    needs no transfer); counts come from shapes and live on the CPU. A layer is either
+    *accumulated* (``add``: a mean over items) or *fixed* (``set``: one value per head, e.g. a
+    learned parameter, identical in every share of a data-parallel run, so merging keeps it).
+    """
 
     def __init__(self, n_layers: int, n_heads: int):
-        self.sums = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.sums: dict[int, Tensor] = {}  # layer -> (H,) on its device
         self.counts = torch.zeros(n_layers, n_heads, dtype=torch.int64)
         self.seen = torch.zeros(n_layers, dtype=torch.bool)
+        self.fixed = torch.zeros(n_layers, dtype=torch.bool)
 
     def add(self, layer: int, per_item: Tensor, item_dims: tuple[int, ...]) -> None:
         """Add items of ``per_item`` (head axis 1) summed over ``item_dims``.
 
         Example: ``per_item`` (B, H, T) with ``item_dims=(0, 2)`` adds B*T items per head.
         """
-        x = per_item.detach().to("cpu", torch.float64)
-        self.sums[layer] += x.sum(dim=item_dims)  # (H,)
+        x = per_item.detach()
+        summed = x.to(_accumulate_dtype(x.device)).sum(dim=item_dims)  # (H,)
+        previous = self.sums.get(layer)
+        self.sums[layer] = summed if previous is None else previous.to(summed.device) + summed
         count = 1
         for d in item_dims:
             count *= x.shape[d]
@@ -78,19 +212,27 @@ class HeadMeans:
 
     def set(self, layer: int, values: Tensor) -> None:
         """Record one value per head (e.g. a learned parameter), n = 1."""
-        self.sums[layer] = values.detach().to("cpu", torch.float64)
+        self.sums[layer] = values.detach().to(_accumulate_dtype(values.device))
         self.counts[layer] = 1
         self.seen[layer] = True
+        self.fixed[layer] = True
+
+    def means(self) -> Tensor:
+        """(L, H) float64 on the CPU: per-head means (0 where nothing was seen)."""
+        out = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
+        for layer, sums in self.sums.items():
+            out[layer] = sums.to("cpu", torch.float64) / self.counts[layer].clamp(min=1)
+        return out
 
     def rows(self, probe: str, metric: str, *, layers: list[int] | None = None) -> list[Row]:
         """Per-head rows, per-layer means over heads, one model mean over the layers seen."""
         out: list[Row] = []
         layer_values: list[float] = []
         total_n = 0
-        for layer in range(self.sums.shape[0]):
+        for layer in range(self.n_layers):
             if not self.seen[layer] or (layers is not None and layer not in layers):
                 continue
-            means = self.sums[layer] / self.counts[layer].clamp(min=1)  # (H,)
+            means = self.sums[layer].to("cpu", torch.float64) / self.counts[layer].clamp(min=1)  # (H,)
             for head, value in enumerate(means.tolist()):
                 out.append(Row(probe, metric, layer, head, value, int(self.counts[layer, head])))
             layer_n = int(self.counts[layer].sum())
@@ -102,43 +244,83 @@ class HeadMeans:
         return out
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {"sums": self.sums.clone(), "counts": self.counts.clone(), "seen": self.seen.clone()}
+        """Everything, on the CPU (for a checkpoint file or a process gather)."""
+        sums = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
+        for layer, values in self.sums.items():
+            sums[layer] = values.to("cpu", torch.float64)
+        return {"sums": sums, "counts": self.counts.clone(), "seen": self.seen.clone(), "fixed": self.fixed.clone()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        self.sums, self.counts, self.seen = state["sums"].clone(), state["counts"].clone(), state["seen"].clone()
+        self.counts, self.seen = state["counts"].clone(), state["seen"].clone()
+        self.fixed = state.get("fixed", torch.zeros_like(self.seen)).clone()
+        self.sums = {layer: state["sums"][layer].clone() for layer in range(self.n_layers) if self.seen[layer]}
 
     def merge(self, other: "HeadMeans") -> None:
-        """Add another accumulator of the same shape (another process's share of the windows).
+        """Add another share's accumulator (another process's windows, seen after these).
 
-        Layers recorded with :meth:`set` (one value, n = 1) are taken, not added.
+        Fixed layers (``set``) are taken from whichever share has them, not added.
         """
-        for layer in range(self.sums.shape[0]):
+        for layer in range(self.n_layers):
             if not other.seen[layer]:
                 continue
-            if self.seen[layer] and (self.counts[layer] == 1).all() and (other.counts[layer] == 1).all():
-                continue  # a set() value (a parameter): identical in every share
-            self.sums[layer] += other.sums[layer]
+            theirs = other.sums[layer]
+            if other.fixed[layer]:
+                if not self.seen[layer]:
+                    self.sums[layer], self.counts[layer] = theirs.clone(), other.counts[layer]
+                    self.seen[layer] = self.fixed[layer] = True
+                continue
+            mine = self.sums.get(layer)
+            self.sums[layer] = theirs.clone() if mine is None else mine + theirs.to(mine.device)
             self.counts[layer] += other.counts[layer]
             self.seen[layer] = True
 
 
+# ---- the probe ------------------------------------------------------------------------------------
+
+
 class Probe:
-    """Base class: declare ``name``, ``metrics``, ``needs_residual``; override the hooks."""
+    """Base class of every probe (see the module docstring); subclasses are registered by decorator."""
 
     name: ClassVar[str]
     #: the metrics this probe writes, documented (shown by ``sinkscope ls``, kept in the manifest).
     metrics: ClassVar[dict[str, MetricInfo]]
-    #: whether the probe reads each decoder layer's output hidden state.
-    needs_residual: ClassVar[bool] = False
+    #: declared parameters (types, defaults), set as attributes of the instance.
+    params: ClassVar[tuple[Param, ...]] = ()
+    summary: ClassVar[str] = ""
+    #: hook template -> method name, filled by ``register_probe``.
+    observers: ClassVar[dict[str, str]] = {}
+    interventions: ClassVar[dict[str, str]] = {}
+    hooks: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, **params):
         self.spec = spec
+        for key, value in self.resolve_params(params).items():
+            setattr(self, key, value)
+        self.pass_label: str | None = None
+        self.setup()
 
-    def observe_attention(self, record: AttentionRecord) -> None:
-        """Reduce one layer's record of one batch into the accumulators."""
+    @classmethod
+    def resolve_params(cls, params: dict) -> dict:
+        """Every declared parameter's value: given ones typed and checked, the rest defaults.
 
-    def observe_residual(self, layer: int, hidden: Tensor) -> None:
-        """Reduce one layer's output hidden state (B, T, C) into the accumulators."""
+        Unknown names and bad values are one-sentence errors (checked before any model loads).
+        """
+        known = {p.name: p for p in cls.params}
+        for key in params:
+            if key not in known:
+                raise SinkscopeError(f"the probe {cls.name} has no parameter {key!r}"
+                                     f"{suggest(key, known)}; its parameters: {', '.join(known) or 'none'}.")
+        return {p.name: p.coerce(cls.name, params[p.name]) if p.name in params else p.default for p in cls.params}
+
+    def setup(self) -> None:
+        """Create the accumulators (the parameters and ``self.spec`` are set)."""
+
+    def passes(self) -> tuple[str | None, ...]:
+        """The forward passes this probe takes part in per batch: None is the clean pass."""
+        return (None,)
+
+    def end_batch(self) -> None:
+        """Called after every pass of a batch has run (for probes that combine passes)."""
 
     def rows(self) -> list[Row]:
         """Finalise the accumulators into rows."""
@@ -146,15 +328,15 @@ class Probe:
 
     def options(self) -> dict:
         """The probe's parameters, recorded in the manifest."""
-        return {}
+        return {p.name: getattr(self, p.name) for p in self.params}
 
     # ---- accumulator state: checkpoints (resume), retries (OOM), merging (data parallel) ----
     def _accumulators(self) -> dict[str, "HeadMeans | Tensor"]:
         return {k: v for k, v in vars(self).items() if isinstance(v, (HeadMeans, Tensor))}
 
     def state_dict(self) -> dict:
-        """A copy of every accumulator (small: per layer and head)."""
-        return {k: v.state_dict() if isinstance(v, HeadMeans) else v.clone()
+        """A CPU copy of every accumulator (small: per layer and head)."""
+        return {k: v.state_dict() if isinstance(v, HeadMeans) else v.detach().cpu().clone()
                 for k, v in self._accumulators().items()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -162,7 +344,15 @@ class Probe:
             if isinstance(value, HeadMeans):
                 value.load_state_dict(state[key])
             else:
-                setattr(self, key, state[key].clone())
+                setattr(self, key, state[key].clone().to(value.device))
+
+    def snapshot(self) -> dict:
+        """A copy of every accumulator where it lives (no host transfer): for rolling back a batch."""
+        return {k: copy.deepcopy(v) if isinstance(v, HeadMeans) else v.clone() for k, v in self._accumulators().items()}
+
+    def restore(self, snapshot: dict) -> None:
+        for key, value in snapshot.items():
+            setattr(self, key, value)
 
     def merge(self, other: "Probe") -> None:
         """Fold in another probe's accumulators (same class, same spec), as if it had seen its
@@ -172,4 +362,4 @@ class Probe:
             if isinstance(value, HeadMeans):
                 value.merge(theirs)
             else:
-                setattr(self, key, value + theirs)
+                setattr(self, key, value + theirs.to(value.device))

@@ -19,14 +19,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from sinkscope.probes.base import MetricInfo, Probe, Row
+from sinkscope.capture import hooks
+from sinkscope.probes.base import MetricInfo, Probe, Row, observes, register_probe
 from sinkscope.probes.stats import median
 
 
-class MassiveActivation(Probe):
-    name = "massive_activation"
-    needs_residual = True
-    metrics = {
+@register_probe(
+    "massive_activation",
+    metrics={
         "massive_activation": MetricInfo(
             "Largest residual activation", "max |h|",
             "max |h| over every position and channel of the layer's output residual stream; model row = "
@@ -43,18 +43,21 @@ class MassiveActivation(Probe):
         "massive_activation_position": MetricInfo(
             "Position of the largest activation", "token position",
             "the position in the window holding max |h|", "SPEC.md 'Massive activations'", per="layer"),
-    }
+    },
+)
+class MassiveActivation(Probe):
+    """The largest residual-stream activation of each layer and its ratio to the median."""
 
-    def __init__(self, spec):
-        super().__init__(spec)
-        L = spec.n_layers
+    def setup(self) -> None:
+        L = self.spec.n_layers
         self.top = torch.full((L,), -1.0, dtype=torch.float64)
         self.channel = torch.zeros(L, dtype=torch.int64)
         self.position = torch.zeros(L, dtype=torch.int64)
         self.median_sum = torch.zeros(L, dtype=torch.float64)
         self.n_seqs = torch.zeros(L, dtype=torch.int64)
 
-    def observe_residual(self, layer: int, hidden: Tensor) -> None:
+    @observes(hooks.RESID_POST)
+    def residual(self, layer: int, hidden: Tensor) -> None:
         magnitude = hidden.detach().float().abs()  # (B, T, C)
         B, T, C = magnitude.shape
         flat = magnitude.reshape(B, T * C)  # (B, T*C)

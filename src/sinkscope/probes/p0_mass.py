@@ -9,26 +9,27 @@ sliding-window layer key 0 is invisible to queries i >= W, which then contribute
 
 from __future__ import annotations
 
+from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
 
 
+@register_probe("p0_mass", metrics={"p0_mass": MetricInfo(
+    "Position-0 mass", "share of real-key mass",
+    "p0 = w_i0 = a_i0 / sum_j a_ij: the share of query i's attention on real keys that lands on "
+    "key 0, averaged over queries i >= 1 and windows",
+    "SPEC.md 'Position-0 mass'; seed 000 Table 15",
+    "higher = more attention parked on the first token")})
 class P0Mass(Probe):
-    name = "p0_mass"
-    metrics = {"p0_mass": MetricInfo(
-        "Position-0 mass", "share of real-key mass",
-        "p0 = w_i0 = a_i0 / sum_j a_ij: the share of query i's attention on real keys that lands on "
-        "key 0, averaged over queries i >= 1 and windows",
-        "SPEC.md 'Position-0 mass'; seed 000 Table 15",
-        "higher = more attention parked on the first token")}
+    """Share of each head's real-key attention on position 0."""
 
-    def __init__(self, spec):
-        super().__init__(spec)
-        self.acc = HeadMeans(spec.n_layers, spec.n_heads)
+    def setup(self) -> None:
+        self.acc = HeadMeans(self.spec.n_layers, self.spec.n_heads)
 
-    def observe_attention(self, record: AttentionRecord) -> None:
+    @observes(hooks.ATTN)
+    def attention(self, layer: int, record: AttentionRecord) -> None:
         p0 = record.key_mass(0, over="real")  # (B, H, T)
-        self.acc.add(record.layer, p0[:, :, 1:], item_dims=(0, 2))
+        self.acc.add(layer, p0[:, :, 1:], item_dims=(0, 2))
 
     def rows(self) -> list[Row]:
         return self.acc.rows(self.name, "p0_mass")

@@ -10,13 +10,14 @@ model has none. For Hugging Face's gpt-oss eager attention phi_i also equals 1 -
 
 from __future__ import annotations
 
+from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
 
 
-class PhantomMass(Probe):
-    name = "phantom_mass"
-    metrics = {
+@register_probe(
+    "phantom_mass",
+    metrics={
         "phantom_mass": MetricInfo(
             "Phantom mass", "share of row mass",
             "phi_i = exp(b_h) / (exp(b_h) + sum_k exp(s_ik)) = sigmoid(b_h - LSE_i), the attention on the "
@@ -28,18 +29,21 @@ class PhantomMass(Probe):
             "b_h, the learned per-head logit of the phantom key (gpt-oss `sinks`)",
             "SPEC.md 'Phantom mass'; seed 002",
             "higher = the phantom absorbs more mass"),
-    }
+    },
+)
+class PhantomMass(Probe):
+    """Attention on a learned phantom key, and the phantom logits themselves."""
 
-    def __init__(self, spec):
-        super().__init__(spec)
-        self.mass = HeadMeans(spec.n_layers, spec.n_heads)
-        self.logit = HeadMeans(spec.n_layers, spec.n_heads)
+    def setup(self) -> None:
+        self.mass = HeadMeans(self.spec.n_layers, self.spec.n_heads)
+        self.logit = HeadMeans(self.spec.n_layers, self.spec.n_heads)
 
-    def observe_attention(self, record: AttentionRecord) -> None:
+    @observes(hooks.ATTN)
+    def attention(self, layer: int, record: AttentionRecord) -> None:
         phi = record.phantom_mass()  # (B, H, T)
-        self.mass.add(record.layer, phi[:, :, 1:], item_dims=(0, 2))
+        self.mass.add(layer, phi[:, :, 1:], item_dims=(0, 2))
         if record.has_phantom:
-            self.logit.set(record.layer, record.sink_logits.float())
+            self.logit.set(layer, record.sink_logits.float())
 
     def rows(self) -> list[Row]:
         return self.mass.rows(self.name, "phantom_mass") + self.logit.rows(self.name, "sink_logit")

@@ -15,13 +15,22 @@ itself, averaged over sequences. Defaults: k = 0, eps = 0.3.
 
 from __future__ import annotations
 
+from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
 
 
-class SinkRate(Probe):
-    name = "sink_rate"
-    metrics = {
+@register_probe(
+    "sink_rate",
+    params=(
+        Param("epsilon", float, 0.3, "Gu et al.'s threshold eps on alpha_k",
+              check=lambda v: None if 0.0 < v < 1.0 else "must lie in (0, 1)"),
+        Param("key", int, 0, "the key position k whose importance alpha_k is thresholded",
+              check=lambda v: None if v >= 0 else "must be at least 0"),
+        Param("layer_start", int, 2, "first layer of the sink_rate[s:] row (None: no such row)",
+              check=lambda v: None if v >= 0 else "must be at least 0", optional=True),
+    ),
+    metrics={
         "sink_rate": MetricInfo(
             "Sink rate", "fraction of heads",
             "Sink_k^eps: share of (layer, head) pairs whose importance alpha_k = mean over queries t >= k of "
@@ -39,28 +48,33 @@ class SinkRate(Probe):
             "alpha_0 = mean over queries t >= 0 of a_t0 (phantom, if any, in the normaliser), averaged over windows",
             "Gu et al. 2025 (importance score behind the sink rate)",
             "higher = key 0 receives more attention"),
-    }
+    },
+)
+class SinkRate(Probe):
+    """Gu et al.'s sink rate: the share of heads whose key-0 importance exceeds eps."""
 
-    def __init__(self, spec, *, epsilon: float = 0.3, key: int = 0, layer_start: int = 2):
-        super().__init__(spec)
-        self.epsilon, self.key, self.layer_start = epsilon, key, layer_start
-        self.hits = HeadMeans(spec.n_layers, spec.n_heads)
-        self.alpha = HeadMeans(spec.n_layers, spec.n_heads)
+    epsilon: float
+    key: int
+    layer_start: int | None
 
-    def observe_attention(self, record: AttentionRecord) -> None:
+    def setup(self) -> None:
+        self.hits = HeadMeans(self.spec.n_layers, self.spec.n_heads)
+        self.alpha = HeadMeans(self.spec.n_layers, self.spec.n_heads)
+
+    @observes(hooks.ATTN)
+    def attention(self, layer: int, record: AttentionRecord) -> None:
         k = self.key
         column = record.key_mass(k, over="all")[:, :, k:]  # (B, H, T - k): a_tk for t >= k
         alpha = column.mean(dim=-1)  # (B, H)
-        self.alpha.add(record.layer, alpha, item_dims=(0,))
-        self.hits.add(record.layer, (alpha > self.epsilon).float(), item_dims=(0,))
+        self.alpha.add(layer, alpha, item_dims=(0,))
+        self.hits.add(layer, (alpha > self.epsilon).float(), item_dims=(0,))
 
     def rows(self) -> list[Row]:
         rows = self.hits.rows(self.name, "sink_rate") + self.alpha.rows(self.name, "sink_alpha")
+        if self.layer_start is None:
+            return rows
         late = [r for r in self.hits.rows(self.name, "sink_rate",
                                            layers=[l for l in self.spec.attention_layers if l >= self.layer_start])
                 if r.layer is None]
         rows += [Row(self.name, f"sink_rate[{self.layer_start}:]", None, None, r.value, r.n) for r in late]
         return rows
-
-    def options(self) -> dict:
-        return {"epsilon": self.epsilon, "key": self.key, "layer_start": self.layer_start}

@@ -10,28 +10,29 @@ for an even count).
 
 from __future__ import annotations
 
+from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row
+from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
 from sinkscope.probes.stats import median
 
 
+@register_probe("value_norm_ratio", metrics={"value_norm_ratio": MetricInfo(
+    "Value-norm ratio", "ratio",
+    "r0 = ||v_0|| / median_{j >= 1} ||v_j|| per value (KV) head and window, averaged over windows; "
+    "v before any gate",
+    "SPEC.md 'Value-norm ratio'; seed 000 Tables 14-15",
+    "lower = a quieter (more no-op) sink value", per="layer x KV head")})
 class ValueNormRatio(Probe):
-    name = "value_norm_ratio"
-    metrics = {"value_norm_ratio": MetricInfo(
-        "Value-norm ratio", "ratio",
-        "r0 = ||v_0|| / median_{j >= 1} ||v_j|| per value (KV) head and window, averaged over windows; "
-        "v before any gate",
-        "SPEC.md 'Value-norm ratio'; seed 000 Tables 14-15",
-        "lower = a quieter (more no-op) sink value", per="layer x KV head")}
+    """How quiet the value read at position 0 is, relative to the other reads."""
 
-    def __init__(self, spec):
-        super().__init__(spec)
-        self.acc = HeadMeans(spec.n_layers, spec.n_kv_heads)
+    def setup(self) -> None:
+        self.acc = HeadMeans(self.spec.n_layers, self.spec.n_kv_heads)
 
-    def observe_attention(self, record: AttentionRecord) -> None:
+    @observes(hooks.ATTN)
+    def attention(self, layer: int, record: AttentionRecord) -> None:
         norms = record.value_norms()  # (B, Hkv, S)
         ratio = norms[..., 0] / median(norms[..., 1:], dim=-1)  # (B, Hkv)
-        self.acc.add(record.layer, ratio, item_dims=(0,))
+        self.acc.add(layer, ratio, item_dims=(0,))
 
     def rows(self) -> list[Row]:
         return self.acc.rows(self.name, "value_norm_ratio")

@@ -1,0 +1,83 @@
+"""The Python API: the CLI's pipeline for notebooks, without typer.
+
+    import sinkscope
+
+    result = sinkscope.measure("sinks", "path/to/model", seq_len=128, n_seqs=8)
+    result.table.query("metric == 'p0_mass' and head.isna()")   # per-layer rows
+    result.report("runs/p0")                                      # run folder + report.html
+
+``measure`` takes a command name (``"sinks"``, see ``sinkscope ls commands``) or one or more
+probe names; a model as a hub id, a folder, a ``.gguf`` file, a trainer checkpoint, an
+already-loaded transformers model (with its tokenizer), or a TransformerLens
+``TransformerBridge`` (measured through the Hugging Face model it wraps); and text as the
+bundled corpus (default), ``texts=[...]``, a ``text_file=``, or token ids ``windows=`` of
+shape (n_seqs, seq_len). Every other keyword is the command's option of the same name (the
+CLI's ``--seq-len`` is ``seq_len``). Nothing is written unless ``out=`` is given or the
+result is saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Sequence
+
+from sinkscope.errors import SinkscopeError, suggest
+
+
+def measure(
+    what: str | Sequence[str],
+    model=None,
+    tokenizer=None,
+    *,
+    texts: str | Sequence[str] | None = None,
+    windows=None,
+    params: dict[str, dict] | None = None,
+    log=None,
+    **options,
+):
+    """Run a measuring command (or the named probes) on a model; returns a :class:`~sinkscope.pipeline.Result`.
+
+    Args:
+        what: a command name such as ``"sinks"``, or a probe name, or a list of probe names.
+        model: hub id, folder, GGUF file, checkpoint folder, None (the bundled SmolLM2), or a
+            loaded ``torch.nn.Module`` (transformers model, trainer model, ``TransformerBridge``).
+        tokenizer: the tokenizer of a loaded model (needed with ``texts`` or the corpus).
+        texts: documents to cut into windows instead of the bundled corpus.
+        windows: token ids (n_seqs, seq_len) to evaluate as they are.
+        params: probe parameters when ``what`` names probes, ``{probe: {name: value}}``.
+        log: a function receiving progress messages (default: stderr).
+        **options: the command's options (``seq_len``, ``n_seqs``, ``seed``, ``bos``, ``device``,
+            ``dtype``, ``attention``, ``out``, ...).
+    """
+    import torch
+
+    from sinkscope.commands import discover, get_command
+    from sinkscope.pipeline import Inputs, execute
+    from sinkscope.probes import get_probe
+
+    commands = discover()
+    if isinstance(what, str) and what in commands:
+        command = get_command(what)
+        if params:
+            raise SinkscopeError(f"params= is for probes named directly; {what!r} takes options as keywords.")
+    else:
+        names = [what] if isinstance(what, str) else list(what)
+        for name in names:
+            if name not in commands:
+                get_probe(name)  # one sentence for an unknown name
+        command = get_command("measure")
+        settings = [f"{probe}.{key}={value}" for probe, values in (params or {}).items() for key, value in values.items()]
+        options = {**options, "probes": tuple(names), "params": tuple(settings)}
+    known = {f.name for f in fields(command.options)} - {"model"}
+    for key in options:
+        if key not in known:
+            raise SinkscopeError(f"{command.name} has no option {key!r}{suggest(key, known)}.")
+    inputs = Inputs(texts=[texts] if isinstance(texts, str) else (list(texts) if texts is not None else None),
+                    windows=windows)
+    if isinstance(model, torch.nn.Module):
+        inputs.model, inputs.tokenizer = model, tokenizer
+        model = None
+    elif tokenizer is not None:
+        raise SinkscopeError("tokenizer= goes with a loaded model; a model named by path or id brings its own.")
+    run_options = command.options(model=model, **{"progress": False, **options})
+    return execute(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))

@@ -1,0 +1,43 @@
+"""The measuring commands: each module declares one command (its options, probes and checks).
+
+A command is a :class:`~sinkscope.pipeline.Command` registered with :func:`register_command`;
+every module of this package is imported on first use, so a new command is one module here
+plus one thin function in ``cli.py``. The pipeline (``pipeline.py``) does the rest.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from sinkscope.errors import suggest
+from sinkscope.errors import SinkscopeError
+from sinkscope.pipeline import Command
+
+COMMANDS: dict[str, Command] = {}
+_discovered = False
+
+
+def register_command(command: Command) -> Command:
+    """Add ``command`` to the registry (by its name); returns it."""
+    COMMANDS[command.name] = command
+    return command
+
+
+def discover() -> dict[str, Command]:
+    """Import every module of this package once; returns the registry."""
+    global _discovered
+    if not _discovered:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{module.name}")
+        _discovered = True
+    return COMMANDS
+
+
+def get_command(name: str) -> Command:
+    """The command registered as ``name``, or a one-sentence error with a suggestion."""
+    commands = discover()
+    if name not in commands:
+        raise SinkscopeError(f"unknown command {name!r}{suggest(name, commands)}; "
+                             f"known: {', '.join(sorted(commands))}.")
+    return commands[name]

@@ -1,0 +1,499 @@
+"""One pipeline for every measuring command: plan -> load -> run -> write, once.
+
+    plan     validate every option a user can get wrong, resolve the model source, the output
+             folder and the corpus (seconds; nothing heavy is loaded)
+    load     the tokenizer first (a corpus too short for the windows costs seconds, not a model
+             load), the windows, then the model in the requested dtype
+    run      the command's probes over the windows (runner.py), with resume from accumulator
+             checkpoints, Ctrl-C, torchrun data parallelism and out-of-memory back-off
+    write    the tidy table, the manifest and the token ids into the run folder, atomically,
+             then the report
+
+A command (``commands/``) only declares its options, its probes and its checks; the CLI and the
+Python API (``api.py``) are two thin faces of :func:`execute`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from sinkscope import corpus as corpus_mod
+from sinkscope import distributed
+from sinkscope.capture.families import ModelSpec
+from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import atomic_write_bytes
+from sinkscope.probes import get_probe
+from sinkscope.probes.base import Probe
+from sinkscope.results import base_manifest, check_run_dir, default_run_dir, rows_to_frame, staged_run_dir, write_tables
+from sinkscope.runner import run_probes
+from sinkscope.sources import (
+    LoadedModel,
+    Source,
+    context_length,
+    load_model,
+    load_tokenizer,
+    model_config_summary,
+    resolve_device,
+    resolve_dtype,
+    resolve_source,
+)
+
+DEFAULT_SEQ_LEN = 512
+ATTENTION_MODES = ("fused", "explicit")
+#: options that change how a run is carried out, not any number (left out of the resume fingerprint).
+NOT_IN_FINGERPRINT = ("batch_size", "progress", "overwrite", "resume", "figures", "checkpoint_seconds", "out")
+
+
+@dataclass
+class RunOptions:
+    """What every measuring command shares (recorded verbatim in the manifest).
+
+    Attributes:
+        model: hub id, local folder, GGUF file or trainer checkpoint; None for the embedded SmolLM2.
+        out: run folder; None for ``reports/<run-id>``.
+        text_file: a UTF-8 text file to use instead of the bundled corpus.
+        dataset: a ``datasets`` name ``NAME[:CONFIG][:SPLIT]`` instead of the bundled corpus.
+        seq_len: tokens per window, BOS included; None = 512 (a SmolLM2 run near a minute on 2
+            cores), or the model's context if shorter (trainer checkpoints: 128 for ``tiny``).
+        n_seqs: number of windows.
+        batch_size: windows per forward pass (does not change the numbers).
+        seed: seeds the window draw.
+        bos: ``auto`` | ``add`` | ``none`` (see corpus.py).
+        device, dtype, revision, trust_remote_code: model loading (see sources.py).
+        overwrite: replace an existing run folder.
+        figures: draw the figures and write report.html.
+        attention: ``fused`` (a fused kernel's log-sum-exp; memory linear in seq-len) or
+            ``explicit`` (the model's eager weights; the reference). Same numbers (1e-5).
+        resume: continue a killed or interrupted run into the same ``out`` from its last
+            checkpoint of the accumulators (same options required); the table equals an
+            uninterrupted run's.
+        checkpoint_seconds: how often the accumulators are saved for ``resume`` (0: every batch).
+        device_map: shard a large model over devices through accelerate (``auto``,
+            ``balanced``, ``sequential``); probes run on each layer's device.
+    """
+
+    model: str | None = None
+    out: str | None = None
+    text_file: str | None = None
+    dataset: str | None = None
+    seq_len: int | None = None
+    n_seqs: int = 16
+    batch_size: int = 4
+    seed: int = 0
+    bos: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    overwrite: bool = False
+    figures: bool = True
+    progress: bool = True
+    attention: str = "fused"
+    resume: bool = False
+    checkpoint_seconds: float = 30.0
+    device_map: str | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A measuring command: its options, its probes and its checks (``commands/``).
+
+    Attributes:
+        name: the CLI command and the manifest's ``command``.
+        summary: one line for listings.
+        options: its options dataclass (a ``RunOptions`` subclass).
+        probes: ``(options, spec) -> [(probe name, parameters), ...]``.
+        check: cheap checks of the options, before anything is loaded.
+        check_model: checks needing the model's sizes, right after it loads.
+    """
+
+    name: str
+    summary: str
+    options: type[RunOptions]
+    probes: Callable[[Any, ModelSpec], list[tuple[str, dict]]]
+    check: Callable[[Any], None] = lambda options: None
+    check_model: Callable[[Any, ModelSpec], None] = lambda options, spec: None
+
+
+# ---- the result --------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """What a measurement produced: the tidy table, the manifest and the exact token ids.
+
+    ``save(path)`` writes a run folder (atomically); ``report(path)`` writes it with its
+    ``report.html`` and returns the page's path.
+    """
+
+    table: pd.DataFrame
+    manifest: dict
+    tokens: np.ndarray
+    path: Path | None = None
+
+    def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
+        """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report)."""
+        out_dir = Path(path)
+        with staged_run_dir(out_dir, overwrite) as stage:
+            write_tables(stage, self.table, self.manifest, self.tokens)
+            if figures:
+                from sinkscope.report import build_report
+
+                build_report([stage], out=stage, labels=[out_dir.name])
+        self.path = out_dir
+        return out_dir
+
+    def report(self, path: str | Path | None = None, *, overwrite: bool = False) -> Path:
+        """The run's ``report.html``: writes the run folder at ``path`` first unless already saved there."""
+        if path is not None and (self.path is None or Path(path) != self.path):
+            self.save(path, overwrite=overwrite)
+        if self.path is None:
+            raise SinkscopeError("give report() a folder to write the run into.")
+        page = self.path / "report.html"
+        if not page.is_file():
+            from sinkscope.report import build_report
+
+            build_report([self.path], out=self.path, labels=[self.path.name])
+        return page
+
+    def __repr__(self) -> str:
+        return (f"Result({self.manifest.get('command')!r}, {len(self.table)} rows, "
+                f"tokens {tuple(self.tokens.shape)}{f', at {self.path}' if self.path else ''})")
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Inputs:
+    """What a caller may hand over instead of names: a loaded model, texts, windows."""
+
+    model: torch.nn.Module | None = None
+    tokenizer: Any = None
+    texts: list[str] | None = None
+    windows: np.ndarray | None = None
+
+
+@dataclass
+class Plan:
+    """Everything resolved before the model loads."""
+
+    command: Command
+    options: RunOptions
+    source: Source
+    out_dir: Path | None
+    corpus: corpus_mod.Corpus | None
+    device: str
+    rank: int = 0
+    world_size: int = 1
+    inputs: Inputs = field(default_factory=Inputs)
+
+    @property
+    def progress_file(self) -> Path | None:
+        """Where a run keeps its accumulator checkpoint for ``--resume`` (beside the run folder)."""
+        return None if self.out_dir is None else self.out_dir.parent / f".{self.out_dir.name}.progress.pt"
+
+
+def check_options(options: RunOptions) -> None:
+    """The options every command shares, checked in a second, before anything loads."""
+    if options.seq_len is not None and options.seq_len < 2:
+        raise SinkscopeError(f"--seq-len must be at least 2 (got {options.seq_len}).")
+    if options.n_seqs < 1:
+        raise SinkscopeError(f"--n-seqs must be at least 1 (got {options.n_seqs}).")
+    if options.batch_size < 1:
+        raise SinkscopeError(f"--batch-size must be at least 1 (got {options.batch_size}).")
+    if options.bos not in corpus_mod.BOS_POLICIES:
+        raise SinkscopeError(f"unknown --bos {options.bos!r}; use one of {', '.join(corpus_mod.BOS_POLICIES)}.")
+    if options.resume and not options.out:
+        raise SinkscopeError("--resume needs the --out folder of the run to continue.")
+    if options.attention not in ATTENTION_MODES:
+        raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
+
+
+def _in_memory_source(model: torch.nn.Module) -> Source:
+    """A Source describing a model handed over as an object (nothing to reload)."""
+    config = getattr(model, "config", None)
+    name = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None) or type(model).__name__
+    return Source("object", f"<{type(model).__name__}>", None, label=Path(str(name)).name or type(model).__name__)
+
+
+def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *, write: bool = True) -> Plan:
+    """Validate and resolve everything that can fail cheaply (the order a user's mistakes are found in)."""
+    inputs = inputs or Inputs()
+    check_options(options)
+    command.check(options)
+    rank, world_size = distributed.world()
+    if world_size > 1 and options.resume:
+        raise SinkscopeError("--resume is not supported in a data-parallel (torchrun) run; run it in one process.")
+    source = _in_memory_source(inputs.model) if inputs.model is not None else resolve_source(options.model,
+                                                                                            options.revision)
+    out_dir = None
+    if write:
+        out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed)
+    corpus = None
+    if inputs.windows is None:
+        corpus = corpus_mod.Corpus("texts", list(inputs.texts), {"kind": "texts"}) if inputs.texts is not None \
+            else corpus_mod.load_corpus(options.text_file, options.dataset)
+    device = distributed.local_device(options.device) if world_size > 1 else options.device
+    resolve_dtype(options.dtype, resolve_device(device))  # a bad --device/--dtype fails here, in a second
+    result = Plan(command, options, source, out_dir, corpus, device, rank, world_size, inputs)
+    if out_dir is not None:
+        if not options.resume:
+            check_run_dir(out_dir, options.overwrite)
+        elif not result.progress_file.is_file():
+            raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
+    limit = context_length(source) if inputs.model is None else _model_context(inputs.model)
+    if options.seq_len is None and inputs.windows is None:
+        result.options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
+    elif inputs.windows is not None:
+        result.options = replace(options, seq_len=int(inputs.windows.shape[1]), n_seqs=int(inputs.windows.shape[0]))
+    _require_context(result.options.seq_len, limit)
+    return result
+
+
+def _require_context(seq_len: int, limit: int | None) -> None:
+    if limit is not None and seq_len > limit:
+        raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
+
+
+def _model_context(model: torch.nn.Module) -> int | None:
+    config = model.config
+    return (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+            or getattr(config, "block_size", None))
+
+
+# ---- load ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    """The model, its windows and what loading cost."""
+
+    model: LoadedModel
+    windows: corpus_mod.Windows
+    spec: ModelSpec
+    load_s: float
+
+
+def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
+    options, corpus = plan_.options, plan_.corpus
+    count = len(corpus.documents)
+    log(f"Tokenising the corpus {corpus.name!r} ({count} document{'s' if count != 1 else ''}) ...")
+    bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
+    doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
+    return corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed,
+                                   bos_id=bos_id)
+
+
+def _given_windows(tokens: np.ndarray) -> corpus_mod.Windows:
+    tokens = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise SinkscopeError(f"windows must be token ids of shape (n_seqs, seq_len >= 2), not {tokens.shape}.")
+    return corpus_mod.Windows(tokens, None, [], int(tokens.size))
+
+
+def _unwrap(model: torch.nn.Module, tokenizer):
+    """A TransformerLens ``TransformerBridge`` is measured through the HF model it wraps."""
+    original = getattr(model, "original_model", None)
+    if isinstance(original, torch.nn.Module) and type(model).__name__ == "TransformerBridge":
+        return original, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    return model, tokenizer
+
+
+def load(plan_: Plan, log) -> Loaded:
+    """Tokenizer, windows, model (in the requested dtype), its spec; checks that need them."""
+    options, inputs = plan_.options, plan_.inputs
+    windows = _given_windows(inputs.windows) if inputs.windows is not None else None
+    started = time.perf_counter()
+    if inputs.model is not None:
+        model, tokenizer = _unwrap(inputs.model, inputs.tokenizer)
+        if windows is None and tokenizer is None:
+            raise SinkscopeError("texts need a tokenizer: pass tokenizer=..., or token ids as windows=...")
+        loaded = LoadedModel(model.eval(), tokenizer, plan_.source, next(model.parameters()).dtype,
+                             next(model.parameters()).device)
+    else:
+        tokenizer = load_tokenizer(plan_.source, trust_remote_code=options.trust_remote_code)
+        if windows is None and tokenizer is not None:
+            windows = _windows(plan_, tokenizer, log)
+        log(f"Loading {plan_.source.label or plan_.source.location} ...")
+        loaded = load_model(plan_.source, device=plan_.device, dtype=options.dtype, device_map=options.device_map,
+                            trust_remote_code=options.trust_remote_code, tokenizer=tokenizer, log=log)
+    load_s = time.perf_counter() - started
+    spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
+    _require_context(options.seq_len, _model_context(loaded.model))
+    plan_.command.check_model(options, spec)
+    if windows is None:
+        windows = _windows(plan_, loaded.tokenizer, log)
+    return Loaded(loaded, windows, spec, load_s)
+
+
+# ---- run -------------------------------------------------------------------------------------------
+
+
+def make_probes(command: Command, options: RunOptions, spec: ModelSpec) -> list[Probe]:
+    """The command's probes, built with their parameters."""
+    return [get_probe(name)(spec, **params) for name, params in command.probes(options, spec)]
+
+
+def _fingerprint(options: RunOptions, tokens_sha256: str, source: Source) -> str:
+    """What must match for a resume: everything that changes a number (not batch size etc.)."""
+    keep = {k: v for k, v in asdict(options).items() if k not in NOT_IN_FINGERPRINT}
+    blob = json.dumps({"options": keep, "tokens": tokens_sha256, "source": source.to_dict()}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
+    """Run the probes; returns (probes with merged accumulators, seconds), or None on processes > 0."""
+    options, windows = plan_.options, loaded.windows
+    rank, world_size = plan_.rank, plan_.world_size
+    probes = make_probes(plan_.command, options, loaded.spec)
+    fingerprint = _fingerprint(options, windows.sha256, plan_.source)
+    progress_file = plan_.progress_file
+    first, stop = distributed.share(len(windows.tokens), rank, world_size)
+    if options.resume:
+        state = torch.load(progress_file, weights_only=False)
+        if state.get("fingerprint") != fingerprint:
+            raise SinkscopeError(
+                f"the interrupted run at {plan_.out_dir} was started with other options, model or tokens; "
+                "rerun it with the same options, or without --resume.")
+        for probe, probe_state in zip(probes, state["probes"]):
+            probe.load_state_dict(probe_state)
+        first = state["next"]
+        log(f"Resuming at window {first} of {stop}.")
+    elif progress_file is not None and rank == 0:
+        progress_file.unlink(missing_ok=True)  # a stale checkpoint of an abandoned run
+
+    last_save = [time.monotonic()]
+
+    def checkpoint(next_window: int) -> None:
+        if progress_file is None or world_size > 1 or next_window >= stop:
+            return
+        if time.monotonic() - last_save[0] < options.checkpoint_seconds:
+            return
+        payload = {"fingerprint": fingerprint, "next": next_window, "probes": [p.state_dict() for p in probes]}
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        progress_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(progress_file, buffer.getvalue())
+        last_save[0] = time.monotonic()
+
+    spec, model = loaded.spec, loaded.model
+    log(f"Running {spec.family} ({spec.n_layers} layers x {spec.n_heads} heads) over "
+        f"{windows.tokens.shape[0]} windows of {windows.tokens.shape[1]} tokens on {model.device} in "
+        f"{str(model.dtype)[6:]}" + (f", {world_size} processes" if world_size > 1 else "") + " ...")
+    started = time.perf_counter()
+    try:
+        run_probes(model.model, windows.tokens[:stop], probes, batch_size=options.batch_size,
+                   device=None if options.device_map else model.device, progress=options.progress and rank == 0,
+                   attention=options.attention, start=first, on_batch_done=checkpoint, log=log)
+    except KeyboardInterrupt:
+        if progress_file is not None and progress_file.is_file():
+            raise SinkscopeError(f"interrupted; rerun the same command with --resume to continue from "
+                                 f"{plan_.out_dir}'s last checkpoint.") from None
+        raise
+    run_s = time.perf_counter() - started
+    if world_size > 1:
+        if not distributed.merge_into_rank0(probes, lambda: make_probes(plan_.command, options, spec)):
+            return None
+    return probes, run_s
+
+
+# ---- assemble and write ------------------------------------------------------------------------
+
+
+def run_conditions(source: Source) -> dict:
+    """Columns that hold for every row of a run: a trainer checkpoint's variant, seed, step, tier."""
+    if source.kind != "checkpoint":
+        return {}
+    from sinkscope.train.checkpoint import read_config
+
+    meta = read_config(source.path)
+    return {key: meta.get(key) for key in ("variant", "seed", "step", "tier")}
+
+
+def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> Result:
+    """The table and the manifest of a finished run."""
+    options, windows, source = plan_.options, loaded.windows, plan_.source
+    conditions = run_conditions(source)
+    frame = rows_to_frame((row for probe in probes for row in probe.rows()), run_conditions=conditions)
+    model = loaded.model
+    manifest = base_manifest(plan_.command.name, asdict(options))
+    corpus = plan_.corpus
+    manifest.update(
+        model={
+            "source": source.to_dict(),
+            "float32_cache": model.cache_path,
+            "family": loaded.spec.family,
+            "spec": asdict(loaded.spec),
+            "n_parameters": sum(p.numel() for p in model.model.parameters()),
+            "config": model_config_summary(model.model),
+            "device_map": getattr(model.model, "hf_device_map", None),
+        },
+        conditions=conditions,
+        dtype=str(model.dtype).removeprefix("torch."),
+        device=str(model.device),
+        processes=plan_.world_size,
+        corpus=None if corpus is None else {
+            **corpus.info, "name": corpus.name, "sha256": corpus.sha256, "n_documents": len(corpus.documents),
+            "n_tokens": windows.n_corpus_tokens},
+        windows={
+            "seq_len": int(windows.tokens.shape[1]), "n_seqs": int(windows.tokens.shape[0]), "seed": options.seed,
+            "bos_policy": options.bos, "bos_id": windows.bos_id, "tokens_sha256": windows.sha256,
+            "rule": "non-overlapping per-document chunks, drawn without replacement by "
+                    "numpy.random.default_rng(seed), kept in corpus order; BOS prepended when bos_id is set"
+                    if corpus is not None else "token ids given by the caller",
+            "starts": [list(s) for s in windows.starts],
+        },
+        probes={p.name: {"options": p.options(), "metrics": {m: asdict(i) for m, i in p.metrics.items()}}
+                for p in probes},
+        timing={"load_s": round(loaded.load_s, 3), "run_s": round(run_s, 3),
+                "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
+    )
+    return Result(frame, manifest, windows.tokens)
+
+
+def execute(command: Command, options: RunOptions, inputs: Inputs | None = None, *, write: bool = True,
+            log: Callable[[str], None] | None = None) -> Result | None:
+    """plan -> load -> run -> assemble -> (write): the whole pipeline.
+
+    Returns the :class:`Result` (saved in ``options.out`` or ``reports/<run-id>`` when
+    ``write``), or None on data-parallel processes other than 0.
+    """
+    log = log or (lambda message: print(message, file=sys.stderr))
+    plan_ = plan(command, options, inputs, write=write)
+    if plan_.world_size > 1:
+        distributed.init()
+        if plan_.rank != 0:
+            log = lambda message: None  # noqa: E731 - only process 0 talks
+    loaded = load(plan_, log)
+    finished = run(plan_, loaded, log)
+    if finished is None:
+        distributed.finish()
+        return None
+    result = assemble(plan_, loaded, *finished)
+    if write:
+        result.save(plan_.out_dir, overwrite=plan_.options.overwrite,
+                    figures=plan_.options.figures)
+        if plan_.progress_file is not None:
+            plan_.progress_file.unlink(missing_ok=True)
+        log(f"Wrote {plan_.out_dir}")
+    if plan_.world_size > 1:
+        distributed.finish()
+    return result
+
+
+def option_fields(options_cls: type[RunOptions]) -> list[str]:
+    """The option names of a command (for recipes and the API)."""
+    return [f.name for f in fields(options_cls)]
