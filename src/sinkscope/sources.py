@@ -137,14 +137,15 @@ def _gguf_cached(cache: Path) -> bool:
     return (cache / "config.json").is_file() and (cache / "SINKSCOPE_COMPLETE").is_file()
 
 
-def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None) -> tuple[torch.nn.Module, object, Path]:
-    """Load a GGUF file, from the float32 cache when present; returns (model, tokenizer, cache)."""
+def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, object, Path]:
+    """Load a GGUF file, from the float32 cache (read in ``dtype``) when present; returns (model, tokenizer, cache)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cache = gguf_cache_dir(path)
     if _gguf_cached(cache):
         try:
-            model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager",
+            model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation="eager",
                                                          device_map=device_map)
             return model, tokenizer or AutoTokenizer.from_pretrained(cache), cache
         except Exception:  # a damaged cache is rebuilt from the GGUF below
@@ -167,7 +168,7 @@ def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None) -
             pass
     _write_cache(model, tokenizer, cache)
     if device_map is not None and (cache / "config.json").is_file():  # shard from the float32 cache
-        model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager",
+        model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation="eager",
                                                      device_map=device_map)
     return model, tokenizer, cache
 
@@ -340,7 +341,7 @@ def load_model(
     cache_path = None
     try:
         if source.kind == "gguf":
-            model, tokenizer, cache = _load_gguf(Path(source.path), log, device_map, tokenizer)
+            model, tokenizer, cache = _load_gguf(Path(source.path), log, device_map, tokenizer, dtype=torch_dtype)
             cache_path = str(cache)
         elif source.kind == "checkpoint":
             from sinkscope.train.checkpoint import load_checkpoint
@@ -351,12 +352,12 @@ def load_model(
             try:
                 model, folder_tokenizer = _load_pretrained(source.path, revision=None,
                                                            trust_remote_code=trust_remote_code, local_only=True,
-                                                           device_map=device_map)
+                                                           device_map=device_map, dtype=torch_dtype)
                 tokenizer = tokenizer or folder_tokenizer
             except (OSError, SafetensorError, EOFError, RuntimeError) as error:  # damaged or missing files
                 raise SinkscopeError(f"could not load the model folder {source.location} ({_short(error)}).") from error
         else:
-            model, hub_tokenizer = _load_hub(source, trust_remote_code, device_map=device_map)
+            model, hub_tokenizer = _load_hub(source, trust_remote_code, device_map=device_map, dtype=torch_dtype)
             tokenizer = tokenizer or hub_tokenizer
     except (ValueError, KeyError) as error:
         if "trust_remote_code" in str(error):
@@ -364,9 +365,11 @@ def load_model(
                 f"{source.location} needs code from its repository; rerun with --trust-remote-code if you trust it."
             ) from error
         raise _architecture_error(error) from error
+    # Folders, hub ids and cached GGUFs were read in torch_dtype (no float32 copy of a large model
+    # first); a first GGUF conversion and trainer checkpoints are float32 and are cast here.
     if device_map is None:
         model = model.to(device=torch_device, dtype=torch_dtype)
-    elif torch_dtype != torch.float32:
+    elif next(model.parameters()).dtype != torch_dtype:
         model = model.to(dtype=torch_dtype)  # weights stay on their shards' devices
     return LoadedModel(model.eval(), tokenizer, source, torch_dtype, torch_device, cache_path)
 

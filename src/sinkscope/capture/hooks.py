@@ -65,9 +65,9 @@ HOOK_POINTS: dict[str, HookPoint] = {p.name: p for p in [
     HookPoint(LN1_NORMALIZED, "(B, T, C)", "the attention's normalised input (output of the block's first norm)"),
     HookPoint(ATTN, "AttentionRecord", "the attention record: q, k after RoPE, v, scale, mask/window, phantom logit, "
                                        "value gate, output gate, LSE (capture/record.py)"),
-    HookPoint(ATTN_V, "(B, S, Hkv, D)", "value vectors before mixing and before any value gate (intervenable)"),
+    HookPoint(ATTN_V, "(B, S, Hkv, D)", "value vectors before mixing and before any value gate"),
     HookPoint(ATTN_Z, "(B, T, H, D)", "per-head output before the output projection, after any output gate "
-                                      "(intervenable: zero a head here to remove it)"),
+                                      "(zero a head here to remove it)"),
     HookPoint(ATTN_RESULT, "(B, T, H, C)", "per-head contribution z_h W_O[h] to the output projection; the sum over "
                                            "heads plus the projection's bias is its output (exact head subtraction)"),
     HookPoint(ATTN_OUT, "(B, T, C)", "the attention output added to the residual stream (after Gemma 3's "
