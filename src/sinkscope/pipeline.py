@@ -15,6 +15,7 @@ Python API (``api.py``) are two thin faces of :func:`execute`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -198,6 +199,8 @@ class Plan:
     rank: int = 0
     world_size: int = 1
     inputs: Inputs = field(default_factory=Inputs)
+    #: what to undo when the run ends (a TransformerBridge's components are put back).
+    cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
     def progress_file(self) -> Path | None:
@@ -303,12 +306,40 @@ def _given_windows(tokens: np.ndarray) -> corpus_mod.Windows:
     return corpus_mod.Windows(tokens, None, [], int(tokens.size))
 
 
-def _unwrap(model: torch.nn.Module, tokenizer):
-    """A TransformerLens ``TransformerBridge`` is measured through the HF model it wraps."""
-    original = getattr(model, "original_model", None)
-    if isinstance(original, torch.nn.Module) and type(model).__name__ == "TransformerBridge":
-        return original, tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-    return model, tokenizer
+def is_bridge(model) -> bool:
+    """A TransformerLens ``TransformerBridge`` (it wraps a Hugging Face model in ``original_model``)."""
+    return type(model).__name__ == "TransformerBridge" and isinstance(getattr(model, "original_model", None),
+                                                                        torch.nn.Module)
+
+
+@contextlib.contextmanager
+def unbridged(model: torch.nn.Module):
+    """The Hugging Face model inside a ``TransformerBridge``, as it was before the bridge, for the block.
+
+    Booting a bridge replaces the HF model's submodules in place by bridge components that
+    re-implement attention (so transformers' attention interface is never called); each keeps
+    the module it replaced in ``original_component``. Inside this block those are put back, so
+    the model runs its own code; on exit the bridge components return.
+    """
+    swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
+
+    def restore(module: torch.nn.Module) -> None:
+        for name, child in list(module.named_children()):
+            original = getattr(child, "original_component", None)
+            if isinstance(original, torch.nn.Module) and original is not child:
+                setattr(module, name, original)
+                swaps.append((module, name, child))
+                restore(original)
+            else:
+                restore(child)
+
+    hf_model = model.original_model
+    restore(hf_model)
+    try:
+        yield hf_model
+    finally:
+        for module, name, child in reversed(swaps):
+            setattr(module, name, child)
 
 
 def load(plan_: Plan, log) -> Loaded:
@@ -317,7 +348,10 @@ def load(plan_: Plan, log) -> Loaded:
     windows = _given_windows(inputs.windows) if inputs.windows is not None else None
     started = time.perf_counter()
     if inputs.model is not None:
-        model, tokenizer = _unwrap(inputs.model, inputs.tokenizer)
+        model, tokenizer = inputs.model, inputs.tokenizer
+        if is_bridge(model):
+            model = plan_.cleanup.enter_context(unbridged(model))
+            tokenizer = tokenizer if tokenizer is not None else getattr(inputs.model, "tokenizer", None)
         if windows is None and tokenizer is None:
             raise SinkscopeError("texts need a tokenizer: pass tokenizer=..., or token ids as windows=...")
         loaded = LoadedModel(model.eval(), tokenizer, plan_.source, next(model.parameters()).dtype,
@@ -477,12 +511,13 @@ def execute(command: Command, options: RunOptions, inputs: Inputs | None = None,
         distributed.init()
         if plan_.rank != 0:
             log = lambda message: None  # noqa: E731 - only process 0 talks
-    loaded = load(plan_, log)
-    finished = run(plan_, loaded, log)
-    if finished is None:
-        distributed.finish()
-        return None
-    result = assemble(plan_, loaded, *finished)
+    with plan_.cleanup:
+        loaded = load(plan_, log)
+        finished = run(plan_, loaded, log)
+        if finished is None:
+            distributed.finish()
+            return None
+        result = assemble(plan_, loaded, *finished)
     if write:
         result.save(plan_.out_dir, overwrite=plan_.options.overwrite,
                     figures=plan_.options.figures)
