@@ -53,3 +53,37 @@ def test_sinks_reads_a_trainer_checkpoint(variant, tmp_path, text_file):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["source"]["kind"] == "checkpoint"
     assert manifest["model"]["config"]["variant"] == variant
+
+
+def test_checkpoint_runs_carry_condition_columns_and_group_in_reports(tmp_path, text_file):
+    """variant, seed, step and tier become columns; `report --group-by variant` averages per variant."""
+    runs = []
+    for variant, seed in [("baseline", 0), ("baseline", 1), ("sinklogit", 0)]:
+        ckpt = _checkpoint(tmp_path / f"ckpt-{variant}-{seed}", variant)
+        config = json.loads((ckpt / "config.json").read_text())
+        config["seed"] = seed
+        (ckpt / "config.json").write_text(json.dumps(config))
+        out = tmp_path / f"run-{variant}-{seed}"
+        result = CliRunner().invoke(app, ["sinks", str(ckpt), "--text-file", str(text_file), "--seq-len", "24",
+                                          "--n-seqs", "4", "--seed", str(seed), "--out", str(out), "--no-progress",
+                                          "--no-figures"])
+        assert result.exit_code == 0, result.output
+        table = pd.read_csv(out / "results.csv")
+        assert list(table.columns) == ["probe", "metric", "layer", "head", "value", "n", "variant", "seed", "step",
+                                       "tier"]
+        assert set(table.variant) == {variant} and set(table.seed) == {seed} and set(table.tier) == {"test"}
+        assert set(table.step) == {0}
+        runs.append(out)
+    from sinkscope.report.build import build_report, group_runs, read_run
+
+    grouped = group_runs([read_run(r) for r in runs], "variant")
+    assert [g.label for g in grouped] == ["variant=baseline (mean of 2 runs)", "variant=sinklogit"]
+    first, second = (pd.read_csv(r / "results.csv") for r in runs[:2])
+    expected = (first["value"] + second["value"]) / 2
+    np_mean = grouped[0].table["value"].to_numpy()
+    assert np_mean == pytest.approx(expected.to_numpy(), rel=1e-8, abs=1e-12)  # CSV keeps 9 digits
+    page = build_report(runs, out=tmp_path / "by-variant", group_by="variant")
+    html = page.read_text()
+    assert "variant=baseline (mean of 2 runs)" in html and "variant=sinklogit" in html
+    result = CliRunner().invoke(app, ["report", *map(str, runs), "--group-by", "colour"])
+    assert result.exit_code == 1 and "no condition 'colour'" in result.output

@@ -188,6 +188,7 @@ def report(
     run_dirs: Annotated[list[str], typer.Argument(help="One or more run folders.")],
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder (default: the run folder for one run, reports/compare-<time> for several).")] = None,
     label: Annotated[Optional[list[str]], typer.Option("--label", help="A name per run, in order (default: folder names).")] = None,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Average runs sharing a condition (variant, seed, step, tier) and compare the groups.")] = None,
 ) -> None:
     """Rebuild a run's report.html, or compare several runs on one page (no model is loaded).
 
@@ -196,12 +197,14 @@ def report(
         sinkscope report reports/20261129-150033-SmolLM2-135M-Instruct.Q4_1
 
         sinkscope report runs/bos-none runs/bos-add --label "no BOS" --label "BOS" --out runs/bos-compare
+
+        sinkscope report runs/ckpt-* --group-by variant --out runs/by-variant
     """
     from sinkscope.report import build_report
 
     if label and len(label) != len(run_dirs):
         raise SinkscopeError(f"give one --label per run folder ({len(run_dirs)}), not {len(label)}.")
-    typer.echo(str(build_report(run_dirs, out=out, labels=label)))
+    typer.echo(str(build_report(run_dirs, out=out, labels=label, group_by=group_by)))
 
 
 @app.command()

@@ -245,6 +245,7 @@ def _run_info(runs: list[RunData]) -> dict:
         ("transformers", lambda m: get(m, "versions", "transformers")),
         ("date", lambda m: get(m, "created")),
         ("command", lambda m: get(m, "command")),
+        ("conditions", lambda m: ", ".join(f"{k}={v}" for k, v in (m.get("conditions") or {}).items()) or "—"),
     ]
     return {"columns": ["", *[r.label for r in runs]],
             "rows": [[name, *[str(getter(r.manifest)) for r in runs]] for name, getter in fields]}
@@ -269,8 +270,42 @@ def _ordered_metrics(runs: list[RunData]) -> tuple[list[tuple[str, list[str]]], 
     return list(by_probe.items()), not_shared
 
 
+def run_condition(run: RunData, key: str):
+    """A run's value of a condition column (``variant``, ``seed``, ``step``, ``tier``), or a sentence."""
+    conditions = run.manifest.get("conditions") or {}
+    if key in conditions:
+        return conditions[key]
+    if key in run.table.columns and run.table[key].nunique(dropna=False) == 1:
+        return run.table[key].iloc[0]
+    raise SinkscopeError(f"the run {run.path} has no condition {key!r} to group by (trainer checkpoints carry "
+                         "variant, seed, step and tier).")
+
+
+def group_runs(runs: list[RunData], key: str) -> list[RunData]:
+    """One run per value of ``key``: the mean over its runs of every (probe, metric, layer, head) value.
+
+    Typical use: checkpoints of several seeds per variant, grouped by ``variant``. ``n`` adds up;
+    the label says how many runs each group averages.
+    """
+    groups: dict[object, list[RunData]] = {}
+    for run in runs:
+        groups.setdefault(run_condition(run, key), []).append(run)
+    out = []
+    for value, members in groups.items():
+        keys = ["probe", "metric", "layer", "head"]
+        stacked = pd.concat([m.table[keys + ["value", "n"]] for m in members])
+        table = (stacked.groupby(keys, dropna=False, sort=False)
+                 .agg(value=("value", "mean"), n=("n", "sum")).reset_index())
+        table = table.astype({"layer": "Int64", "head": "Int64", "value": "float64", "n": "int64"})
+        manifest = dict(members[0].manifest)
+        manifest["grouped"] = {"by": key, "value": value, "runs": [str(m.path) for m in members]}
+        label = f"{key}={value}" + (f" (mean of {len(members)} runs)" if len(members) > 1 else "")
+        out.append(RunData(members[0].path, label, manifest, table))
+    return out
+
+
 def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
-                 labels: list[str] | None = None) -> Path:
+                 labels: list[str] | None = None, group_by: str | None = None) -> Path:
     """Write ``report.html`` (+ ``figures/``) for one run or a comparison of several.
 
     Args:
@@ -278,6 +313,8 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         out: output folder; default: the run folder itself for one run,
             ``reports/compare-<time>`` for several.
         labels: names for the runs (default: folder names).
+        group_by: a condition column (``variant``, ``seed``, ``step``, ``tier``): runs sharing its
+            value are averaged and compared as one (see :func:`group_runs`).
 
     Returns:
         The path of the written ``report.html``.
@@ -287,6 +324,8 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     labels = labels or [None] * len(run_dirs)
     trainings = [read_training(p, l) for p, l in zip(run_dirs, labels) if is_training_folder(p)]
     runs = [read_run(p, l) for p, l in zip(run_dirs, labels) if not is_training_folder(p)]
+    if group_by:
+        runs = group_runs(runs, group_by)
     seen: dict[str, int] = {}
     for run in runs:  # distinct labels for the legend
         if run.label in seen:
@@ -295,7 +334,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         else:
             seen[run.label] = 1
     if out is None:
-        if len(runs) == 1 and not trainings:
+        if len(runs) == 1 and not trainings and not group_by:
             out = runs[0].path
         else:
             out = Path("reports") / f"{'compare' if runs else 'training'}-{datetime.now():%Y%m%d-%H%M%S}"
