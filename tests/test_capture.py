@@ -85,8 +85,8 @@ def test_qwen3_next_output_gate_is_read_not_reimplemented():
     with torch.no_grad(), capture(model, collect, mode="explicit"):
         model(ids)
     handle.remove()
-    (record,) = collect.records
-    assert record.layer == 1 and record.output_gate.shape == (2, 16, 4, 16)
+    record = collect.records[0]  # layer 0 is linear attention: the first record is layer 1's
+    assert [r.layer for r in collect.records] == [1, 2] and record.output_gate.shape == (2, 16, 4, 16)
     groups = record.n_heads // record.n_kv_heads
     out = torch.matmul(record.weights, record.value.repeat_interleave(groups, 1)).transpose(1, 2)  # (B, T, H, D)
     gated = (out * record.output_gate).reshape(2, 16, -1)

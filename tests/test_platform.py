@@ -229,3 +229,30 @@ def test_models_load_in_the_requested_dtype(tiny_llama_dir, monkeypatch):
     loaded = load_model(resolve_source(str(tiny_llama_dir)), device="cpu", dtype="bfloat16", log=lambda m: None)
     assert asked == [torch.bfloat16]
     assert {p.dtype for p in loaded.model.parameters()} == {torch.bfloat16}
+
+
+def test_the_readme_probe_example_runs_as_a_plugin(tiny_llama_dir, text_file, tmp_path):
+    """The probe written in the README, saved as a file and run with --plugin, equals ||h_p|| by hand."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"<!-- probe-example -->\s*```python\n(.*?)```", readme, re.S).group(1)
+    plugin = tmp_path / "readme_probe.py"
+    plugin.write_text(code, encoding="utf-8")
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["measure", str(tiny_llama_dir), "--plugin", str(plugin), "--probe", "resid_norm",
+                                 "--param", "resid_norm.position=3", "--text-file", str(text_file), "--seq-len",
+                                 "16", "--n-seqs", "3", "--out", str(out), "--no-progress", "--no-figures"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "results.csv")
+    model = build("llama")
+    with torch.no_grad():
+        hidden = model(torch.from_numpy(np.load(out / "tokens.npy")), output_hidden_states=True).hidden_states
+    for layer in range(3):
+        expected = hidden[layer + 1][:, 3].norm(dim=-1).mean()  # resid_post of layer l = hidden_states[l + 1]
+        if layer == 2:
+            expected = None  # the last hidden state is after the final norm in transformers
+        if expected is not None:
+            value = table[(table.layer == layer) & table["head"].notna()]["value"].item()
+            assert value == pytest.approx(float(expected), rel=1e-5)

@@ -161,7 +161,7 @@ def test_n_counts_items_behind_each_number():
     per_head = p0[p0["head"].notna()]
     assert (per_head["n"] == 3 * 9).all()  # sequences x queries i >= 1
     model_row = p0[p0["layer"].isna()].iloc[0]
-    assert model_row["n"] == 3 * 9 * 4 * 2  # x heads x layers
+    assert model_row["n"] == 3 * 9 * 4 * 3  # x heads x layers
     vnr = table[(table.metric == "value_norm_ratio") & table["head"].notna()]
     assert sorted(vnr["head"].unique().tolist()) == [0, 1]  # value (KV) heads under GQA
 

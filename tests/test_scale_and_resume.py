@@ -150,7 +150,7 @@ def test_sharded_device_map_gives_the_same_table(tiny_llama_dir, text_file, tmp_
     from sinkscope.corpus import make_windows, text_file_corpus, tokenize_documents
 
     plain = load_model(resolve_source(str(tiny_llama_dir)), device="cpu")
-    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu",
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu", "model.layers.2": "cpu",
                   "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
     sharded = load_model(resolve_source(str(tiny_llama_dir)), device="cpu", device_map=device_map)
     # On one device transformers skips dispatch; force accelerate's per-module device hooks so

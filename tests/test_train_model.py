@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from sinkscope.capture.families import ModelSpec
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.capture import hooks
-from sinkscope.probes import discover
+from sinkscope.commands.sinks import sinks_probes
 from sinkscope.runner import Dispatcher
 from sinkscope.train.model import GPT, TIERS, VARIANTS, GPTConfig, load_balance_loss
 
@@ -415,7 +415,7 @@ def test_records_feed_the_probes(variant, mode):
         assert torch.allclose(real, 1 - r.phantom_mass(), atol=1e-6)
         if variant != "routing-norm":  # a_ij = (1 - phi_i) softmax_j(s_ij)
             assert torch.allclose(r.weights, real.unsqueeze(-1) * torch.softmax(r.logits(), -1), atol=1e-6)
-    probes = [cls(spec) for cls in discover().values()]
+    probes = sinks_probes(spec)
     dispatcher = Dispatcher(probes)
     for r in tap.records:
         dispatcher.emit(hooks.ATTN, r.layer, r)

@@ -1,6 +1,7 @@
 """Tiny random models of every supported family, built from transformers config classes.
 
-Sizes follow transformers' own testers (hidden 64, 2 layers, 4 heads). Every builder is seeded
+Sizes follow transformers' own testers (hidden 64, 4 heads), with 3 layers so that every
+``[start:]`` row (``sink_rate[2:]``) and a layer between two others are exercised. Every builder is seeded
 so a test gets the same weights each time. ``build(family)`` returns an eval-mode float32
 model whose attention implementation is eager (the reference for every comparison).
 """
@@ -33,7 +34,7 @@ VOCAB = 512
 
 
 def _configs():
-    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                   max_position_embeddings=512)
     return {
         "llama": (LlamaForCausalLM, LlamaConfig(**common, num_key_value_heads=2, intermediate_size=128)),
@@ -44,20 +45,20 @@ def _configs():
                                                  head_dim=16)),
         "gemma3_text": (Gemma3ForCausalLM, Gemma3TextConfig(
             **common, num_key_value_heads=2, intermediate_size=128, head_dim=16, sliding_window=8,
-            layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16)),
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"], query_pre_attn_scalar=16)),
         "gpt_neox": (GPTNeoXForCausalLM, GPTNeoXConfig(**common, intermediate_size=256, rotary_pct=0.25,
                                                         use_parallel_residual=True)),
-        "gpt2": (GPT2LMHeadModel, GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=512,
+        "gpt2": (GPT2LMHeadModel, GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4, n_positions=512,
                                              bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)),
         "gpt_oss": (GptOssForCausalLM, GptOssConfig(
             **common, num_key_value_heads=2, head_dim=16, intermediate_size=64, num_local_experts=4,
-            num_experts_per_tok=2, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+            num_experts_per_tok=2, sliding_window=8, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
             rope_parameters={"rope_type": "default", "rope_theta": 150000.0})),
         "qwen3_next": (Qwen3NextForCausalLM, Qwen3NextConfig(
             **common, num_key_value_heads=2, head_dim=16, intermediate_size=128, linear_key_head_dim=16,
             linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, num_experts=4,
             num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-            layer_types=["linear_attention", "full_attention"])),
+            layer_types=["linear_attention", "full_attention", "full_attention"])),
     }
 
 

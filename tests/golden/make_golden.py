@@ -43,7 +43,7 @@ def make_run(family: str, out: Path) -> None:
         make_tokenizer().save_pretrained(folder)
         shutil.rmtree(out, ignore_errors=True)
         result = CliRunner().invoke(app, ["sinks", str(folder), "--text-file", str(sample_text()), "--seq-len", "32",
-                                          "--n-seqs", "6", "--sink-layer-start", "1", "--out", str(out),
+                                          "--n-seqs", "6", "--out", str(out),
                                           "--no-figures", "--no-progress"])
         assert result.exit_code == 0, result.output
 
