@@ -9,12 +9,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import sinkscope
+
 from conftest import make_tokenizer
 from sinkscope.cli import app
 from sinkscope.sources import default_gguf_path
 from tiny_models import build
 
 runner = CliRunner()
+_SRC = str(Path(sinkscope.__file__).parents[1])  # the code under test, for subprocesses
 
 
 def _error_line(result) -> str:
@@ -146,3 +149,141 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_
     assert "No space left on device" in line and "unchanged" in line
     assert _snapshot(existing_run) == before  # ... never reaches the run folder
     assert not list(existing_run.parent.glob(".existing.partial-*"))
+
+
+# ---- issue 17: nothing lost ------------------------------------------------------------------------
+
+
+def _no_loading(monkeypatch):
+    """Fail the test if the model is loaded (for checks that must come first)."""
+    import sinkscope.sinks
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(sinkscope.sinks, "load_model", no_loading)
+
+
+def test_overwrite_never_replaces_the_model_being_measured(tiny_llama_dir, text_file, tmp_path):
+    """`sinks ckpt --out ckpt --overwrite` used to delete the model it was measuring."""
+    model = Path(shutil.copytree(tiny_llama_dir, tmp_path / "model"))
+    before = _snapshot(model)
+    line = _error_line(_sinks(str(model), "--text-file", str(text_file), "--out", str(model), "--overwrite"))
+    assert "--overwrite only replaces a run folder" in line and "holds other files" in line
+    assert _snapshot(model) == before
+
+
+def test_overwrite_never_replaces_a_folder_of_other_files(tiny_llama_dir, text_file, tmp_path):
+    mydata = tmp_path / "mydata"
+    mydata.mkdir()
+    (mydata / "thesis.tex").write_text("\\documentclass{article}")
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(mydata),
+                              "--overwrite"))
+    assert "holds other files" in line
+    assert (mydata / "thesis.tex").read_text() == "\\documentclass{article}"
+    # an empty folder, or a run folder (our manifest), may be replaced
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(empty)).exit_code == 0
+    assert _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(empty),
+                  "--overwrite").exit_code == 0
+
+
+def test_a_second_writer_of_one_folder_fails_with_one_sentence(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    from sinkscope.results import lock_path, lock_run_dir
+
+    out = tmp_path / "race"
+    _no_loading(monkeypatch)
+    with lock_run_dir(out):  # a first run, still writing
+        line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out)))
+        assert "another sinkscope run" in line and "is writing" in line and str(out) in line
+    assert not lock_path(out).exists()  # released and removed
+    monkeypatch.undo()
+    assert _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out)).exit_code == 0
+    assert not lock_path(out).exists()
+
+
+def test_the_lock_is_released_when_a_run_fails(tiny_llama_dir, text_file, tmp_path):
+    from sinkscope.results import lock_path
+
+    out = tmp_path / "again"
+    bad = _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out), "--sink-epsilon", "0.1",
+                 "--attention", "nope")
+    assert bad.exit_code == 1
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    assert _sinks(str(broken), "--text-file", str(text_file), "--out", str(out)).exit_code == 1
+    assert not lock_path(out).exists()
+    assert _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out)).exit_code == 0
+
+
+def test_the_lock_holds_across_processes(tmp_path):
+    """flock: another process holding the lock file is seen, and a killed holder leaves no stale lock."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.results import lock_path, lock_run_dir
+
+    out = tmp_path / "shared"
+    src = _SRC
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from sinkscope.results import lock_run_dir\n"
+         f"with lock_run_dir({str(out)!r}):\n    print('held', flush=True); time.sleep(60)"],
+        env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SinkscopeError, match=f"process {holder.pid}"):
+            with lock_run_dir(out):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert lock_path(out).exists()  # the killed holder's file is left ...
+    deadline = time.time() + 5
+    with lock_run_dir(out):  # ... but not its lock
+        assert time.time() < deadline
+    assert not lock_path(out).exists()
+
+
+def test_default_run_ids_are_unique_per_run(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    from sinkscope.results import default_run_dir
+
+    ids = {default_run_dir("SmolLM2", seed).name for seed in (0, 0, 1, 1)}
+    assert len(ids) == 4
+    assert all("-SmolLM2-s" in name for name in ids)
+    # two runs with the default --out started in the same second keep both seeds
+    monkeypatch.chdir(tmp_path)
+    for seed in ("0", "1"):
+        assert _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--seed", seed).exit_code == 0
+    runs = sorted((tmp_path / "reports").iterdir())
+    assert len(runs) == 2
+    import json
+
+    assert sorted(json.loads((r / "manifest.json").read_text())["windows"]["seed"] for r in runs) == [0, 1]
+
+
+# ---- issue 17: one sentence instead of a traceback ------------------------------------------------------
+
+
+@pytest.mark.parametrize("out", [".", "..", "{cwd}"])
+def test_the_current_folder_is_refused_before_loading(out, tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    _no_loading(monkeypatch)
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", out.format(cwd=work),
+                              "--overwrite"))
+    assert "is the current folder or one above it" in line
+
+
+def test_an_unwritable_output_place_is_refused_before_loading(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    _no_loading(monkeypatch)
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(blocker / "run")))
+    assert "could not write the run folder" in line
+    assert blocker.read_text() == "not a folder"

@@ -10,16 +10,24 @@ A run folder holds:
 ``layer`` and ``head`` are nullable integers: an empty ``head`` marks a layer aggregate, empty
 ``layer`` and ``head`` a model aggregate. The whole folder is written into a hidden sibling and
 renamed into place at the end, so a crash leaves either no folder or a complete one.
+
+Guards on the output folder, in the order a command uses them (all before the model loads):
+:func:`default_run_dir` (a run id unique per run), :func:`lock_run_dir` (one writer per folder;
+``.NAME.lock`` beside it, which also proves the place is writable) and :func:`check_run_dir`
+(``--overwrite`` replaces only a run folder or an empty folder; never the current folder).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import re
+import secrets
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -28,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import replace_folder
+from sinkscope.fileio import check_replaceable, default_folder_mode, exclusive_lock, replace_folder
 from sinkscope.probes.base import Row
 
 COLUMNS = ["probe", "metric", "layer", "head", "value", "n"]
@@ -108,26 +116,97 @@ def base_manifest(command: str, options: dict) -> dict:
 # ---- the run folder -----------------------------------------------------------------------------
 
 
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
+
+
+def default_run_dir(label: str, seed: int | None = None) -> Path:
+    """``reports/<YYYYmmdd-HHMMSS>-<model>-s<seed>-<6 hex>`` under the current directory.
+
+    The random suffix makes the id unique per run: two runs started in the same second (say
+    seeds 0 and 1, or the same command twice) never share a folder.
+    """
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    seed_part = "" if seed is None else f"-s{seed}"
+    while True:
+        folder = Path("reports") / f"{stamp}-{_slug(label)}{seed_part}-{secrets.token_hex(3)}"
+        if not folder.exists():
+            return folder
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a run folder's manifest (written by a sinkscope command)."""
+    try:
+        manifest = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and "format_version" in manifest and "command" in manifest
+
+
+def _check_not_cwd(out_dir: Path) -> None:
+    """A run replaces its folder in one rename: never the current folder or one above it."""
+    target = Path(os.path.abspath(out_dir))
+    here = Path.cwd()
+    if target == here or target in here.parents:
+        raise SinkscopeError(f"--out {out_dir} is the current folder or one above it; a run needs a folder of its "
+                             "own, e.g. --out runs/NAME.")
+
+
 def check_run_dir(out_dir: Path, overwrite: bool) -> None:
-    """Refuse an existing non-empty run folder unless ``overwrite`` (checked before heavy work)."""
+    """Refuse an output folder a run may not take (checked before any heavy work, and again at the end).
+
+    Refused: the current folder or one above it; a file; an existing non-empty folder unless
+    ``overwrite``; and, even with ``overwrite``, a folder that is neither empty nor a run folder
+    (a checkpoint being measured, a user's files).
+    """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SinkscopeError(f"{out_dir} exists and is not a folder.")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise SinkscopeError(f"the run folder {out_dir} already exists and is not empty; pass --overwrite or choose --out.")
+    _check_not_cwd(out_dir)
+    check_replaceable(out_dir, overwrite, kind="run", is_ours=is_run_folder)
+
+
+def lock_path(out_dir: Path) -> Path:
+    """The lock file of a run folder: ``.NAME.lock`` beside it."""
+    out_dir = Path(os.path.abspath(out_dir))
+    return out_dir.parent / f".{out_dir.name}.lock"
+
+
+@contextmanager
+def lock_run_dir(out_dir: Path) -> Iterator[None]:
+    """Hold the run folder's lock from the checks before loading until it is written.
+
+    A second run writing the same folder at the same time fails at once with one sentence, and
+    so does an output place that cannot be written (before any model is loaded). The lock file
+    sits beside the folder and is removed at the end; a killed run leaves no stale lock.
+    """
+    out_dir = Path(out_dir)
+    _check_not_cwd(out_dir)
+    path = lock_path(out_dir)
+    with ExitStack() as stack:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(path, lambda owner: (
+                f"another sinkscope run (process {owner}) is writing {out_dir} right now; wait for it to finish "
+                "or choose another --out.")))
+        except OSError as error:
+            where = f": {error.filename}" if error.filename else ""
+            raise SinkscopeError(f"could not write the run folder {out_dir} ({error.strerror or error}{where}); "
+                                 "choose another --out.") from error
+        yield
 
 
 @contextmanager
 def staged_run_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a hidden staging folder; on success it replaces ``out_dir`` in one rename.
 
-    On any error the staging folder is removed and ``out_dir`` is left exactly as it was.
+    On any error the staging folder is removed and ``out_dir`` is left exactly as it was. The
+    folder gets the permissions of any new folder (the user's umask), not mkdtemp's 0o700.
     """
     out_dir = Path(out_dir)
     check_run_dir(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
+        os.chmod(stage, default_folder_mode())
         yield stage
         replace_folder(stage, out_dir)
     except BaseException:

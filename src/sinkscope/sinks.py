@@ -10,11 +10,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
 from pathlib import Path
 
 import torch
@@ -26,7 +25,15 @@ from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import atomic_write_bytes
 from sinkscope.probes import SINKS_PROBES, get_probe
 from sinkscope.probes.sink_rate import SinkRate
-from sinkscope.results import base_manifest, check_run_dir, rows_to_frame, staged_run_dir, write_tables
+from sinkscope.results import (
+    base_manifest,
+    check_run_dir,
+    default_run_dir,
+    lock_run_dir,
+    rows_to_frame,
+    staged_run_dir,
+    write_tables,
+)
 from sinkscope.runner import run_probes
 from sinkscope.sources import (
     context_length,
@@ -95,15 +102,6 @@ class SinksOptions:
     device_map: str | None = None
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
-
-
-def default_run_dir(label: str) -> Path:
-    """``reports/<YYYYmmdd-HHMMSS>-<model>`` under the current directory."""
-    return Path("reports") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{_slug(label)}"
-
-
 def _validate(options: SinksOptions) -> None:
     if options.seq_len is not None and options.seq_len < 2:
         raise SinkscopeError(f"--seq-len must be at least 2 (got {options.seq_len}).")
@@ -167,6 +165,11 @@ def _make_probes(spec: ModelSpec, options: SinksOptions) -> list:
 
 def measure_sinks(options: SinksOptions, log=None) -> Path | None:
     """Run the sink probes and write the run folder; returns its path (None on processes > 0)."""
+    with ExitStack() as locks:  # the run folder's lock, held from the checks to the written folder
+        return _measure_sinks(options, log, locks)
+
+
+def _measure_sinks(options: SinksOptions, log, locks: ExitStack) -> Path | None:
     log = log or (lambda message: print(message, file=sys.stderr))
     _validate(options)
     rank, world_size = distributed.world()
@@ -177,8 +180,10 @@ def measure_sinks(options: SinksOptions, log=None) -> Path | None:
         if rank != 0:
             log = lambda message: None  # noqa: E731 - only process 0 talks
     source = resolve_source(options.model, options.revision)
-    out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location)
+    out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed)
     progress_file = _progress_path(out_dir)
+    if rank == 0:
+        locks.enter_context(lock_run_dir(out_dir))  # a second writer fails now; also proves out is writable
     if not options.resume:
         check_run_dir(out_dir, options.overwrite)
         if rank == 0:

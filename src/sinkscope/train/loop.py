@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import atomic_write_text
+from sinkscope.fileio import atomic_write_text, check_replaceable
 from sinkscope.train.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
 from sinkscope.train.data import DEFAULT_TOKENIZER, TrainBatches, eval_batches, load_tokenizer, prepare_data
 
@@ -359,19 +359,9 @@ def _stderr(message: str) -> None:
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise SinkscopeError(f"{out} exists and is not a folder; choose another --out.")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            hint = "pass --resume to continue it, --overwrite to replace it" if is_checkpoint(out) else "pass --overwrite"
-            raise SinkscopeError(
-                f"the checkpoint folder {out} already exists and is not empty; {hint}, or choose another --out."
-            )
-        leftovers = {p.name for p in out.iterdir()} - {"log.csv"}
-        if leftovers and not is_checkpoint(out):
-            raise SinkscopeError(
-                f"--overwrite only replaces a trainer checkpoint, and {out} holds other files; choose another --out."
-            )
+    hint = "pass --resume to continue it, --overwrite to replace it" if is_checkpoint(out) else "pass --overwrite"
+    check_replaceable(out, overwrite, kind="trainer checkpoint", hint=hint,  # log.csv alone: stopped before step 1
+                      is_ours=lambda folder: is_checkpoint(folder) or {p.name for p in folder.iterdir()} <= {"log.csv"})
 
 
 @torch.no_grad()
