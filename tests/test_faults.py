@@ -266,7 +266,108 @@ def test_default_run_ids_are_unique_per_run(tiny_llama_dir, text_file, tmp_path,
     assert sorted(json.loads((r / "manifest.json").read_text())["windows"]["seed"] for r in runs) == [0, 1]
 
 
+def test_an_unwritable_cache_warns_and_keeps_the_model_in_memory(tmp_path, monkeypatch):
+    """A GGUF load whose float32 cache cannot be written goes on with the dequantised model."""
+    import transformers
+
+    from sinkscope import sources
+
+    blocker = tmp_path / "cache-is-a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SINKSCOPE_CACHE", str(blocker / "sub"))  # mkdir fails even for root
+    model, tokenizer = build("llama"), make_tokenizer()
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    gguf = tmp_path / "fake.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    messages: list[str] = []
+    loaded, loaded_tokenizer, cache = sources._load_gguf(gguf, messages.append)
+    assert loaded is model and loaded_tokenizer is tokenizer
+    warnings = [m for m in messages if m.startswith("warning: could not cache")]
+    assert len(warnings) == 1 and "going on with the model in memory" in warnings[0]
+
+
 # ---- issue 17: one sentence instead of a traceback ------------------------------------------------------
+
+
+def test_a_tokenizer_of_another_model_is_one_sentence(tmp_path, text_file):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=64, max_position_embeddings=128))
+    folder = tmp_path / "small-vocab"
+    model.save_pretrained(folder)
+    make_tokenizer().save_pretrained(folder)  # ids up to ~300
+    line = _error_line(_sinks(str(folder), "--text-file", str(text_file), "--out", str(tmp_path / "o")))
+    assert "embedding has only 64 rows" in line and "does not belong to this model" in line
+
+
+def test_the_vocab_check_runs_on_the_loaded_model_too():
+    import numpy as np
+
+    from sinkscope.corpus import check_token_range
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.sources import embedding_rows
+
+    rows = embedding_rows(build("gpt2"))
+    check_token_range(np.array([[0, rows - 1]]), rows)
+    with pytest.raises(SinkscopeError, match=f"token id {rows}"):
+        check_token_range(np.array([[0, rows]]), rows)
+
+
+@pytest.mark.parametrize("device", ["mps", "xpu", "meta", "cuda:7"])
+def test_unsupported_devices_fail_before_loading(device, tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--device", device,
+                              "--out", str(tmp_path / "o")))
+    assert f"--device {device}" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_negative_seed_is_one_sentence(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--seed", "-1",
+                              "--out", str(tmp_path / "o")))
+    assert "--seed must be a non-negative integer" in line
+
+
+@pytest.mark.parametrize("start, phrase", [("-1", "must be 0 or more"), ("2", "outside the model's 2 layers"),
+                                           ("7", "outside the model's 2 layers")])
+def test_sink_layer_start_must_name_a_layer(start, phrase, tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    _no_loading(monkeypatch)  # the folder's config.json says 2 layers: refused before loading
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--sink-layer-start", start,
+                              "--out", str(tmp_path / "o")))
+    assert phrase in line
+
+
+def test_sink_layer_start_is_checked_on_the_loaded_model():
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.sources import check_layer_start
+
+    check_layer_start(None, 2)  # not given: 2 on models with more than 2 layers, else no [2:] row
+    check_layer_start(1, 2, (0, 1))
+    with pytest.raises(SinkscopeError, match="outside the model's 4 layers"):
+        check_layer_start(4, 4, (1, 3))
+    with pytest.raises(SinkscopeError, match="past the model's last softmax-attention layer"):
+        check_layer_start(2, 3, (0, 1))  # Qwen3-Next style: layer 2 has no softmax attention
+
+
+def test_a_default_sink_layer_start_on_a_two_layer_model_gives_no_mislabelled_row(tiny_llama_dir, text_file,
+                                                                                  tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "o"
+    assert _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out)).exit_code == 0
+    metrics = set(pd.read_csv(out / "results.csv").metric)
+    assert not [m for m in metrics if m.startswith("sink_rate[")]
+
+
+def test_a_garbage_device_map_names_the_option(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--device-map", "garbage",
+                              "--out", str(tmp_path / "o")))
+    assert "unknown --device-map 'garbage'" in line and "architecture" not in line
 
 
 @pytest.mark.parametrize("out", [".", "..", "{cwd}"])
@@ -287,3 +388,53 @@ def test_an_unwritable_output_place_is_refused_before_loading(tiny_llama_dir, te
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(blocker / "run")))
     assert "could not write the run folder" in line
     assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("text, phrase", [
+    ('command = "sinks"\noptions = 3\n', "must be a table"),
+    ('command = "sinks"\nmodel = "EleutherAI/pythia-1b"\n[options]\nn_seqs = 2\n',
+     "unknown top-level key 'model' (an option: put it under [options])"),
+    ('command = "sinks"\nfoo = 1\n', "unknown top-level key 'foo'"),
+])
+def test_recipe_mistakes_are_one_sentence(text, phrase, tmp_path, monkeypatch):
+    _no_loading(monkeypatch)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(text)
+    assert phrase in _error_line(runner.invoke(app, ["run", str(recipe)]))
+
+
+# ---- issue 17: friction --------------------------------------------------------------------------------
+
+
+def test_an_uncached_hub_id_fails_fast_without_retries(tmp_path):
+    """Online but the hub unreachable: one short request, no 'Retrying' lines, one sentence (was ~50 s)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(PYTHONPATH=_SRC, HF_HOME=str(tmp_path / "hf"),
+               HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens there: connection refused
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "sinkscope", "sinks", "EleutherAI/pythia-1bb", "--text-file",
+                           str(Path(__file__).parent / "golden" / "sample.txt"), "--out", str(tmp_path / "o")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    took = time.perf_counter() - started
+    assert proc.returncode == 1, proc.stderr
+    assert "Retrying" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the hub could not be reached" in errors[0], proc.stderr
+    assert took < 30, took  # imports included; 50 s before
+
+
+def test_a_mistyped_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.sources import resolve_source
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(SinkscopeError, match="no model file or folder at ckpt/sinklogt"):
+        resolve_source("ckpt/sinklogt")
+
+

@@ -89,7 +89,7 @@ def sinks(
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
-    sink_layer_start: Annotated[int, typer.Option("--sink-layer-start", help="First layer of sink_rate[s:].")] = 2,
+    sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:], a layer of the model [default: 2; no [2:] row for a 2-layer model].")] = None,
     overwrite: OverwriteOpt = False,
     figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots.")] = True,
     progress: ProgressOpt = True,

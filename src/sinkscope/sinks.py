@@ -36,17 +36,23 @@ from sinkscope.results import (
 )
 from sinkscope.runner import run_probes
 from sinkscope.sources import (
+    check_device_map,
+    check_layer_start,
     context_length,
+    embedding_rows,
+    layer_count,
     load_model,
     load_tokenizer,
     model_config_summary,
     resolve_device,
     resolve_dtype,
     resolve_source,
+    vocab_size,
 )
 
 
 DEFAULT_SEQ_LEN = 512
+DEFAULT_SINK_LAYER_START = 2  # seed 003's Sink_0^eps[2:]
 
 
 @dataclass
@@ -65,7 +71,8 @@ class SinksOptions:
         seed: seeds the window draw.
         bos: ``auto`` | ``add`` | ``none`` (see corpus.py).
         device, dtype, revision, trust_remote_code: model loading (see sources.py).
-        sink_epsilon, sink_layer_start: Gu et al.'s threshold and the ``[s:]`` layer cut.
+        sink_epsilon, sink_layer_start: Gu et al.'s threshold and the ``[s:]`` layer cut; a start
+            given must name a layer, None = 2 (seed 003), with no ``[2:]`` row for a model of 2 layers.
         overwrite: replace an existing non-empty run folder.
         figures: draw the heatmaps and per-layer plots and write report.html.
         attention: ``fused`` (a fused kernel's log-sum-exp; memory linear in seq-len) or
@@ -92,7 +99,7 @@ class SinksOptions:
     revision: str | None = None
     trust_remote_code: bool = False
     sink_epsilon: float = 0.3
-    sink_layer_start: int = 2
+    sink_layer_start: int | None = None
     overwrite: bool = False
     figures: bool = True
     progress: bool = True
@@ -117,6 +124,8 @@ def _validate(options: SinksOptions) -> None:
         raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
     if not 0.0 < options.sink_epsilon < 1.0:
         raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
+    corpus_mod.check_seed(options.seed)
+    check_layer_start(options.sink_layer_start, None)
 
 
 def _require_context(seq_len: int, limit: int | None) -> None:
@@ -157,7 +166,8 @@ def _make_probes(spec: ModelSpec, options: SinksOptions) -> list:
     for name in SINKS_PROBES:
         cls = get_probe(name)
         if cls is SinkRate:
-            probes.append(cls(spec, epsilon=options.sink_epsilon, layer_start=options.sink_layer_start))
+            start = DEFAULT_SINK_LAYER_START if options.sink_layer_start is None else options.sink_layer_start
+            probes.append(cls(spec, epsilon=options.sink_epsilon, layer_start=start))
         else:
             probes.append(cls(spec))
     return probes
@@ -193,6 +203,8 @@ def _measure_sinks(options: SinksOptions, log, locks: ExitStack) -> Path | None:
     corpus = corpus_mod.load_corpus(options.text_file, options.dataset)
     device = distributed.local_device(options.device) if world_size > 1 else options.device
     resolve_dtype(options.dtype, resolve_device(device))  # a bad --device/--dtype fails here, in a second
+    check_device_map(options.device_map, source)
+    check_layer_start(options.sink_layer_start, layer_count(source))
     limit = context_length(source)
     if options.seq_len is None:
         options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
@@ -203,6 +215,7 @@ def _measure_sinks(options: SinksOptions, log, locks: ExitStack) -> Path | None:
     windows = None
     if tokenizer is not None:
         windows = _windows(corpus, tokenizer, options, log)
+        corpus_mod.check_token_range(windows.tokens, vocab_size(source))
 
     started = time.perf_counter()
     log(f"Loading {source.label or source.location} ...")
@@ -211,8 +224,10 @@ def _measure_sinks(options: SinksOptions, log, locks: ExitStack) -> Path | None:
     load_s = time.perf_counter() - started
     spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
     _check_context(loaded.model, options.seq_len)
+    check_layer_start(options.sink_layer_start, spec.n_layers, spec.attention_layers)
     if windows is None:
         windows = _windows(corpus, loaded.tokenizer, options, log)
+    corpus_mod.check_token_range(windows.tokens, embedding_rows(loaded.model))
     probes = _make_probes(spec, options)
     fingerprint = _fingerprint(options, windows.sha256, source)
 
