@@ -390,6 +390,67 @@ def test_an_unwritable_output_place_is_refused_before_loading(tiny_llama_dir, te
     assert blocker.read_text() == "not a folder"
 
 
+def _golden_copy(tmp_path, name="run_tiny_llama") -> Path:
+    return Path(shutil.copytree(Path(__file__).parent / "golden" / name, tmp_path / name))
+
+
+def _damage_missing_value(run: Path) -> None:
+    import pandas as pd
+
+    for name, write in (("results.csv", lambda f, p: f.to_csv(p, index=False)),
+                        ("results.parquet", lambda f, p: f.to_parquet(p, index=False))):
+        frame = pd.read_csv(run / "results.csv") if name.endswith("csv") else pd.read_parquet(run / name)
+        write(frame.drop(columns=["value"]), run / name)
+
+
+def _damage_csv(run: Path) -> None:
+    (run / "results.parquet").unlink()
+    (run / "results.csv").write_bytes(b'probe,metric,layer,head,value,n\n"p0_mass,\x00\xff"broken\n')
+
+
+def _damage_parquet(run: Path) -> None:
+    (run / "results.parquet").write_bytes(b"")
+
+
+def _damage_value(run: Path) -> None:
+    (run / "results.parquet").unlink()
+    text = (run / "results.csv").read_text().splitlines()
+    fields = text[1].split(",")
+    fields[4] = "abc"
+    (run / "results.csv").write_text("\n".join([text[0], ",".join(fields), *text[2:]]) + "\n")
+
+
+def _damage_disagree(run: Path) -> None:
+    text = (run / "results.csv").read_text().splitlines()
+    fields = text[3].split(",")
+    fields[4] = "0.123456"
+    (run / "results.csv").write_text("\n".join([*text[:3], ",".join(fields), *text[4:]]) + "\n")
+
+
+@pytest.mark.parametrize("damage, phrase", [
+    (_damage_missing_value, "lacks the columns ['value']"),
+    (_damage_csv, "results.csv"),
+    (_damage_parquet, "could not read"),
+    (_damage_value, "not a number"),
+    (_damage_disagree, "results.parquet and results.csv"),
+])
+def test_report_on_damaged_tables_is_one_sentence(damage, phrase, tmp_path):
+    run = _golden_copy(tmp_path)
+    damage(run)
+    line = _error_line(runner.invoke(app, ["report", str(run)]))
+    assert phrase in line
+    assert not (run / "report.html").exists()
+
+
+def test_report_says_which_copy_disagrees_and_how_to_recover(tmp_path):
+    run = _golden_copy(tmp_path)
+    _damage_disagree(run)
+    line = _error_line(runner.invoke(app, ["report", str(run)]))
+    assert "disagree" in line and "delete the wrong one" in line and "row 3" in line
+    (run / "results.csv").unlink()  # the user deletes the edited copy: the report works again
+    assert runner.invoke(app, ["report", str(run)]).exit_code == 0
+
+
 @pytest.mark.parametrize("text, phrase", [
     ('command = "sinks"\noptions = 3\n', "must be a table"),
     ('command = "sinks"\nmodel = "EleutherAI/pythia-1b"\n[options]\nn_seqs = 2\n',
@@ -436,5 +497,102 @@ def test_a_mistyped_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
     (tmp_path / "ckpt").mkdir()
     with pytest.raises(SinkscopeError, match="no model file or folder at ckpt/sinklogt"):
         resolve_source("ckpt/sinklogt")
+
+
+def test_a_run_names_its_folder_keeps_the_umask_and_says_what_bos_did(tiny_llama_dir, text_file, tmp_path):
+    import json
+    import os
+    import stat
+
+    out = tmp_path / "named"
+    result = runner.invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "16",
+                                 "--n-seqs", "2", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert f"<code>{out}</code>" in html and ".partial-" not in html
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask  # not mkdtemp's 0o700
+    assert stat.S_IMODE((out / "figures").stat().st_mode) == 0o777 & ~umask
+    # the tokenizer has a BOS (<bos>, id 0) that it does not add
+    assert json.loads((out / "manifest.json").read_text())["windows"]["tokenizer_bos_id"] == 0
+    assert "auto: no BOS prepended (the tokenizer's BOS, id 0, is not added by default)" in html.replace("&#39;", "'")
+    assert "bos id none" not in html
+
+
+def test_bos_summary_says_what_happened_at_position_0():
+    from sinkscope.report.build import bos_summary
+
+    assert bos_summary({"bos_policy": "auto", "bos_id": None, "tokenizer_bos_id": 1}) == (
+        "auto: no BOS prepended (the tokenizer's BOS, id 1, is not added by default)")
+    assert bos_summary({"bos_policy": "auto", "bos_id": 1, "tokenizer_bos_id": 1}) == (
+        "auto: BOS id 1 prepended to every window (the tokenizer adds it by default)")
+    assert bos_summary({"bos_policy": "add", "bos_id": 1, "tokenizer_bos_id": 1}) == "add: BOS id 1 prepended to every window"
+    assert bos_summary({"bos_policy": "none", "bos_id": None, "tokenizer_bos_id": None}) == (
+        "none: no BOS prepended (the tokenizer has no BOS token)")
+
+
+def test_phantom_figures_only_for_models_with_a_phantom(tmp_path):
+    from sinkscope.report import build_report
+
+    llama = _golden_copy(tmp_path)
+    html = build_report([llama]).read_text()
+    assert not list((llama / "figures").glob("*phantom*"))
+    assert "The model has no learned phantom key, so its phantom_mass is 0 by construction" in html
+    gpt_oss = _golden_copy(tmp_path, "run_tiny_gpt_oss")
+    build_report([gpt_oss])
+    assert (gpt_oss / "figures" / "heatmap_phantom_mass.png").is_file()
+    # a comparison draws the phantom heatmap of the run that has one, and says which has none
+    page = build_report([llama, gpt_oss], out=tmp_path / "cmp").read_text()
+    assert "run_tiny_llama has no learned phantom key" in page
+    assert [p.name for p in (tmp_path / "cmp" / "figures").glob("heatmap_phantom_mass*.png")] == [
+        "heatmap_phantom_mass_run1.png"]  # named by the run's position
+
+
+def test_p0_figures_draw_the_uniform_floor(tmp_path, monkeypatch):
+    import numpy as np
+
+    from sinkscope.report import build, build_report, figures
+
+    drawn = {}
+    for name in ("per_layer_line", "layer_head_heatmap"):
+        original = getattr(figures, name)
+
+        def spy(table, metric, *args, _original=original, _name=name, **kwargs):
+            fig = _original(table, metric, *args, **kwargs)
+            drawn.setdefault((_name, metric), fig)
+            return fig
+
+        monkeypatch.setattr(figures, name, spy)
+    build_report([_golden_copy(tmp_path)])
+    floor = np.mean([1 / (i + 1) for i in range(1, 32)])  # seq-len 32
+    assert build.uniform_p0(32) == pytest.approx(floor)
+    line_fig = drawn[("per_layer_line", "p0_mass")]
+    refs = [l for l in line_fig.axes[0].lines if np.allclose(l.get_ydata(), floor)]
+    assert len(refs) == 1 and "uniform attention" in refs[0].get_label()
+    heat = drawn[("layer_head_heatmap", "p0_mass")]
+    colorbar_marks = [l for l in heat.axes[1].lines if np.allclose(l.get_ydata(), floor)]
+    lo, hi = heat.axes[0].images[0].get_clim()
+    assert colorbar_marks or not lo <= floor <= hi
+    # other metrics get no reference
+    assert not [l for l in drawn[("per_layer_line", "value_norm_ratio")].axes[0].lines if l.get_linestyle() == "--"]
+
+
+def test_the_comparison_warns_when_the_windows_differ(tmp_path):
+    import json
+
+    from sinkscope.report import build_report
+
+    a, b = _golden_copy(tmp_path), _golden_copy(tmp_path, "run_tiny_gpt_oss")
+    same = build_report([a, b], out=tmp_path / "same").read_text()
+    assert "Check before comparing" not in same
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["windows"].update(seq_len=64, bos_policy="add", bos_id=0)
+    manifest["corpus"].update(name="other.txt", sha256="f" * 64)
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    page = build_report([a, b], out=tmp_path / "differ").read_text()
+    assert "Check before comparing" in page
+    for what in ("seq-len", "corpus", "BOS policy"):
+        assert f"The runs differ in {what}" in page
 
 

@@ -62,16 +62,66 @@ def validate(frame: pd.DataFrame) -> None:
         raise SinkscopeError("results table has duplicate (probe, metric, layer, head) rows.")
 
 
+def _read_one(path: Path) -> pd.DataFrame:
+    """One results file with the schema's dtypes, or a sentence naming what is wrong with it."""
+    other = "results.csv" if path.suffix == ".parquet" else "results.parquet"
+    fallback = f"delete it to use {other}, " if (path.parent / other).is_file() else ""
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except Exception as error:  # noqa: BLE001 - any unreadable table (truncated, empty, not a table) is one sentence
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise SinkscopeError(f"could not read {path} ({reason}); it is damaged: {fallback}"
+                             "or rerun the measurement.") from error
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise SinkscopeError(f"the table {path} lacks the columns {missing}; it is damaged: {fallback}"
+                             "or rerun the measurement.")
+    for column, dtype in (("layer", "Int64"), ("head", "Int64"), ("value", "float64"), ("n", "int64")):
+        try:
+            frame[column] = frame[column].astype(dtype)
+        except (ValueError, TypeError) as error:
+            raise SinkscopeError(f"the column {column!r} of {path} holds a value that is not a number "
+                                 f"({str(error).splitlines()[0][:120]}); it is damaged: {fallback}"
+                                 "or rerun the measurement.") from error
+    return frame
+
+
+def _disagreement(a: pd.DataFrame, b: pd.DataFrame) -> str | None:
+    """Where two readings of one table differ (None if they agree; CSV values carry 9 digits)."""
+    if len(a) != len(b):
+        return f"{len(a)} rows against {len(b)}"
+    keys = ["probe", "metric", "layer", "head"]
+    ka = a[keys].astype("string").fillna("").reset_index(drop=True)
+    kb = b[keys].astype("string").fillna("").reset_index(drop=True)
+    diff = ~(ka == kb).all(axis=1)
+    va, vb = a["value"].to_numpy(), b["value"].to_numpy()
+    diff |= ~np.isclose(va, vb, rtol=1e-7, atol=1e-12, equal_nan=True)
+    diff |= a["n"].to_numpy() != b["n"].to_numpy()
+    if not diff.any():
+        return None
+    i = int(np.flatnonzero(diff.to_numpy())[0])
+    where = ", ".join(f"{k} {v}" for k, v in zip(keys, ka.iloc[i]) if v != "")
+    return f"first at row {i + 1}: {where}, value {va[i]:.9g} against {vb[i]:.9g}"
+
+
 def read_results(run_dir: Path) -> pd.DataFrame:
-    """Read a run's table (Parquet if present, else CSV) with the schema's dtypes."""
+    """Read a run's table with the schema's dtypes.
+
+    Both ``results.parquet`` and ``results.csv`` are read when both exist, and must agree (to
+    the CSV's 9 significant digits): a damaged or edited copy is named in one sentence rather
+    than one of them being used silently.
+    """
     run_dir = Path(run_dir)
-    if (run_dir / "results.parquet").is_file():
-        frame = pd.read_parquet(run_dir / "results.parquet")
-    elif (run_dir / "results.csv").is_file():
-        frame = pd.read_csv(run_dir / "results.csv")
-    else:
+    files = [run_dir / name for name in ("results.parquet", "results.csv") if (run_dir / name).is_file()]
+    if not files:
         raise SinkscopeError(f"{run_dir} is not a sinkscope run folder (no results.csv).")
-    return frame.astype({"layer": "Int64", "head": "Int64", "value": "float64", "n": "int64"})
+    frames = [_read_one(path) for path in files]
+    if len(frames) == 2:
+        diff = _disagreement(*frames)
+        if diff is not None:
+            raise SinkscopeError(f"results.parquet and results.csv of {run_dir} disagree ({diff}); one was edited "
+                                 "or damaged: delete the wrong one, or rerun the measurement.")
+    return frames[0]
 
 
 # ---- manifest --------------------------------------------------------------------------------

@@ -297,6 +297,7 @@ def _measure_sinks(options: SinksOptions, log, locks: ExitStack) -> Path | None:
         windows={
             "seq_len": options.seq_len, "n_seqs": options.n_seqs, "seed": options.seed,
             "bos_policy": options.bos, "bos_id": windows.bos_id, "tokens_sha256": windows.sha256,
+            "tokenizer_bos_id": getattr(loaded.tokenizer, "bos_token_id", None),
             "rule": "non-overlapping per-document chunks, drawn without replacement by "
                     "numpy.random.default_rng(seed), kept in corpus order; BOS prepended when bos_id is set",
             "starts": [list(s) for s in windows.starts],
@@ -311,7 +312,7 @@ def _measure_sinks(options: SinksOptions, log, locks: ExitStack) -> Path | None:
         if options.figures:
             from sinkscope.report import build_report
 
-            build_report([stage], out=stage, labels=[out_dir.name])
+            build_report([stage], out=stage, labels=[out_dir.name], shown_paths=[out_dir])
     progress_file.unlink(missing_ok=True)
     if world_size > 1:
         distributed.finish()
