@@ -596,3 +596,22 @@ def test_the_comparison_warns_when_the_windows_differ(tmp_path):
         assert f"The runs differ in {what}" in page
 
 
+@pytest.mark.parametrize("after_a_checkpoint", [False, True])
+def test_ctrl_c_exits_130_before_and_after_the_first_checkpoint(after_a_checkpoint, tiny_llama_dir, text_file,
+                                                               tmp_path, monkeypatch):
+    import sinkscope.sinks
+
+    def interrupted(model, tokens, probes, *, on_batch_done, **kwargs):
+        if after_a_checkpoint:
+            on_batch_done(1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sinkscope.sinks, "run_probes", interrupted)
+    out = tmp_path / "o"
+    result = _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out), "--checkpoint-seconds", "0")
+    assert result.exit_code == 130
+    line = _error_line(result)
+    assert ("--resume" in line) == after_a_checkpoint
+    assert not out.exists()
+
+

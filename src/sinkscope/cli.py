@@ -1,7 +1,7 @@
 """The ``sinkscope`` command line: thin typer wrappers over library functions.
 
 Every anticipated failure is a :class:`~sinkscope.errors.SinkscopeError` whose one sentence is
-printed as ``error: ...`` with exit code 1 (never a traceback).
+printed as ``error: ...`` with exit code 1 (never a traceback); Ctrl-C exits 130 wherever it lands.
 """
 
 from __future__ import annotations
@@ -50,13 +50,17 @@ def _friendly_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        import torch
+        try:
+            import torch
+        except KeyboardInterrupt:  # Ctrl-C while torch loads: the same exit as anywhere else
+            typer.echo("error: interrupted; nothing was written.", err=True)
+            raise typer.Exit(130) from None
 
         try:
             return func(*args, **kwargs)
         except SinkscopeError as error:
             typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(error.exit_code) from None  # 1; 130 for an interrupted run (errors.Interrupted)
         except torch.OutOfMemoryError:
             typer.echo("error: out of memory; lower --batch-size or --seq-len, or use a larger device.", err=True)
             raise typer.Exit(1) from None

@@ -21,7 +21,7 @@ import torch
 from sinkscope import corpus as corpus_mod
 from sinkscope import distributed
 from sinkscope.capture.families import ModelSpec
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import Interrupted, SinkscopeError
 from sinkscope.fileio import atomic_write_bytes
 from sinkscope.probes import SINKS_PROBES, get_probe
 from sinkscope.probes.sink_rate import SinkRate
@@ -267,8 +267,8 @@ def _measure_sinks(options: SinksOptions, log, locks: ExitStack) -> Path | None:
                    attention=options.attention, start=first, on_batch_done=checkpoint, log=log)
     except KeyboardInterrupt:
         if progress_file.is_file():
-            raise SinkscopeError(f"interrupted; rerun the same command with --resume to continue from {out_dir}'s "
-                                 "last checkpoint.") from None
+            raise Interrupted(f"interrupted; rerun the same command with --resume to continue from {out_dir}'s "
+                              "last checkpoint.") from None
         raise
     run_s = time.perf_counter() - run_started
     if world_size > 1:
