@@ -596,6 +596,54 @@ def test_the_comparison_warns_when_the_windows_differ(tmp_path):
         assert f"The runs differ in {what}" in page
 
 
+def test_help_says_what_no_figures_skips_and_shows_train_defaults():
+    import re
+
+    def text(args):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0
+        return re.sub(r"\s+", " ", result.output)
+
+    assert "--no-figures writes neither" in text(["sinks", "--help"])
+    train_help = text(["train", "--help"])
+    for default in ("[default: baseline]", "[default: tiny]", "[default: 0]", "[default: the tier's; 600 for tiny]"):
+        assert default in train_help
+
+
+def test_readme_does_not_show_a_shell_pipe_for_ls_and_documents_offline_mode():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "ls probes | families" not in readme
+    assert "HF_HUB_OFFLINE" in readme
+
+
+def test_the_printed_training_loss_is_the_one_in_log_csv(tmp_path, text_file):
+    import csv
+
+    from sinkscope.train.loop import TrainOptions, train
+
+    messages: list[str] = []
+    out = tmp_path / "ckpt"
+    train(TrainOptions(out=str(out), text_file=str(text_file), tokenizer="bpe300", steps=6, batch_size=4,
+                       warmup_steps=1, eval_every=3, eval_windows=2, checkpoint_every=6, log_every=3,
+                       overrides=["n_layer=1", "n_head=2", "n_embd=32", "block_size=16"], progress=False),
+          log=messages.append)
+    rows = {int(r["step"]): r for r in csv.DictReader((out / "log.csv").open())}
+    lines = [m for m in messages if m.startswith("step ")]
+    assert len(lines) == 2
+    for line in lines:
+        step = int(line.split(":")[0].split()[1])
+        printed = line.split("train ")[1].split()[0]
+        assert "as in log.csv" in line
+        assert float(printed) == pytest.approx(float(rows[step]["train_loss"]), abs=1e-4)
+
+
+def test_progress_messages_count_documents_in_english():
+    from sinkscope.corpus import Corpus
+
+    assert Corpus("sample.txt", ["a"]).describe() == "'sample.txt' (1 document)"
+    assert Corpus("austen", ["a", "b"]).describe() == "'austen' (2 documents)"
+
+
 @pytest.mark.parametrize("after_a_checkpoint", [False, True])
 def test_ctrl_c_exits_130_before_and_after_the_first_checkpoint(after_a_checkpoint, tiny_llama_dir, text_file,
                                                                tmp_path, monkeypatch):
@@ -615,3 +663,11 @@ def test_ctrl_c_exits_130_before_and_after_the_first_checkpoint(after_a_checkpoi
     assert not out.exists()
 
 
+def test_the_manifest_records_the_text_file_as_given_and_absolute(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(text_file.parent)
+    out = tmp_path / "o"
+    assert _sinks(str(tiny_llama_dir), "--text-file", text_file.name, "--out", str(out)).exit_code == 0
+    corpus = json.loads((out / "manifest.json").read_text())["corpus"]
+    assert corpus["path"] == text_file.name and corpus["abs_path"] == str(text_file.resolve())

@@ -95,7 +95,7 @@ def sinks(
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
     sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:], a layer of the model [default: 2; no [2:] row for a 2-layer model].")] = None,
     overwrite: OverwriteOpt = False,
-    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots.")] = True,
+    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots and write report.html; --no-figures writes neither (add them later with `sinkscope report RUN`).")] = True,
     progress: ProgressOpt = True,
     attention: Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")] = "fused",
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
@@ -157,11 +157,11 @@ def report(
 @app.command()
 @_friendly_errors
 def train(
-    variant: Annotated[Optional[str], typer.Option("--variant", help="baseline | offbyone | sinklogit | sinktoken | normgate | projgate | sink+norm | sink+proj | routing-norm | outgate.")] = None,
-    tier: Annotated[Optional[str], typer.Option("--tier", help="tiny (CPU, minutes) | 10M | 50M | 124M | 350M.")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants).")] = None,
+    variant: Annotated[Optional[str], typer.Option("--variant", help="baseline | offbyone | sinklogit | sinktoken | normgate | projgate | sink+norm | sink+proj | routing-norm | outgate [default: baseline].")] = None,
+    tier: Annotated[Optional[str], typer.Option("--tier", help="tiny (CPU, minutes) | 10M | 50M | 124M | 350M [default: tiny].")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants) [default: 0].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Checkpoint folder.")] = "ckpt",
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length) [default: the tier's; 600 for tiny].")] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per step over all processes.")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
     min_lr: Annotated[Optional[float], typer.Option("--min-lr", help="Floor of the cosine (default lr/10).")] = None,

@@ -48,6 +48,11 @@ class Corpus:
     documents: list[str]
     info: dict = field(default_factory=dict)
 
+    def describe(self) -> str:
+        """``'austen' (6 documents)``, for progress messages."""
+        n = len(self.documents)
+        return f"{self.name!r} ({n} document{'' if n == 1 else 's'})"
+
     @property
     def sha256(self) -> str:
         """Hash of the documents in order (what the manifest calls the corpus hash)."""
@@ -82,7 +87,7 @@ def text_file_corpus(path: str) -> Corpus:
         raise SinkscopeError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}).") from error
     if not text.strip():
         raise SinkscopeError(f"the text file {path} is empty.")
-    return Corpus(file.name, [text], {"kind": "text_file", "path": path})
+    return Corpus(file.name, [text], {"kind": "text_file", "path": path, "abs_path": str(file.resolve())})
 
 
 def dataset_corpus(spec: str, text_column: str = "text") -> Corpus:

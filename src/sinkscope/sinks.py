@@ -154,7 +154,7 @@ def _fingerprint(options: SinksOptions, tokens_sha256: str, source) -> str:
 
 
 def _windows(corpus, tokenizer, options: SinksOptions, log) -> corpus_mod.Windows:
-    log(f"Tokenising the corpus {corpus.name!r} ({len(corpus.documents)} documents) ...")
+    log(f"Tokenising the corpus {corpus.describe()} ...")
     bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
     doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
     return corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed,

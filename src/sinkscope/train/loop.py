@@ -560,7 +560,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
             dt = time.perf_counter() - t0
             window_loss, window_steps, window_time = window_loss + loss_value, window_steps + 1, window_time + dt
             bar.update(1)
-            bar.set_postfix_str(f"loss {loss_value:.3f}, {tokens_per_step / max(dt, 1e-9):,.0f} tok/s", refresh=False)
+            bar.set_postfix_str(f"step loss {loss_value:.3f}, {tokens_per_step / max(dt, 1e-9):,.0f} tok/s", refresh=False)
 
             is_eval = step % opts.eval_every == 0 or step == opts.steps
             is_ckpt = step % opts.checkpoint_every == 0 or step == opts.steps or step == stop
@@ -568,13 +568,15 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
                 do_eval(step)
             if env.is_main and (is_eval or is_ckpt or step % opts.log_every == 0):
                 tokens_per_s = window_steps * tokens_per_step / max(window_time, 1e-9)
+                train_loss, train_steps = window_loss / window_steps, window_steps  # what log.csv records
                 _append_log(out, {"step": step, "tokens": step * tokens_per_step,
-                                  "train_loss": _fmt(window_loss / window_steps, ".6f"),
+                                  "train_loss": _fmt(train_loss, ".6f"),
                                   "val_loss": _fmt(val_loss if is_eval else None, ".6f"), "lr": _fmt(lr, ".6g"),
                                   "tokens_per_s": _fmt(tokens_per_s, ".1f"), "elapsed_s": _fmt(elapsed(), ".2f")})
                 window_loss, window_steps, window_time = 0.0, 0, 0.0
                 if is_eval:
-                    line = f"step {step}: train {loss_value:.4f}, val {val_loss:.4f}, {tokens_per_s:,.0f} tok/s"
+                    line = (f"step {step}: train {train_loss:.4f} (mean of the last {train_steps} steps, as in "
+                            f"log.csv), val {val_loss:.4f}, {tokens_per_s:,.0f} tok/s")
                     bar.write(line, file=sys.stderr) if not bar.disable else log(line)
             if is_ckpt:
                 save(step)
