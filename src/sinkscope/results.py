@@ -65,24 +65,22 @@ def validate(frame: pd.DataFrame) -> None:
 def _read_one(path: Path) -> pd.DataFrame:
     """One results file with the schema's dtypes, or a sentence naming what is wrong with it."""
     other = "results.csv" if path.suffix == ".parquet" else "results.parquet"
-    fallback = f"delete it to use {other}, " if (path.parent / other).is_file() else ""
+    remedy = (f"delete it to use {other}, or rerun the measurement" if (path.parent / other).is_file()
+              else "rerun the measurement")
     try:
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as error:  # noqa: BLE001 - any unreadable table (truncated, empty, not a table) is one sentence
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        raise SinkscopeError(f"could not read {path} ({reason}); it is damaged: {fallback}"
-                             "or rerun the measurement.") from error
+        raise SinkscopeError(f"could not read {path} ({reason}); it is damaged: {remedy}.") from error
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
-        raise SinkscopeError(f"the table {path} lacks the columns {missing}; it is damaged: {fallback}"
-                             "or rerun the measurement.")
+        raise SinkscopeError(f"the table {path} lacks the columns {missing}; it is damaged: {remedy}.")
     for column, dtype in (("layer", "Int64"), ("head", "Int64"), ("value", "float64"), ("n", "int64")):
         try:
             frame[column] = frame[column].astype(dtype)
         except (ValueError, TypeError) as error:
             raise SinkscopeError(f"the column {column!r} of {path} holds a value that is not a number "
-                                 f"({str(error).splitlines()[0][:120]}); it is damaged: {fallback}"
-                                 "or rerun the measurement.") from error
+                                 f"({str(error).splitlines()[0][:120]}); it is damaged: {remedy}.") from error
     return frame
 
 
@@ -231,6 +229,10 @@ def lock_run_dir(out_dir: Path) -> Iterator[None]:
     out_dir = Path(out_dir)
     _check_not_cwd(out_dir)
     path = lock_path(out_dir)
+    for folder in [path.parent, *path.parent.parents]:  # mkdir would say "File exists" for a file on the way
+        if folder.exists() and not folder.is_dir():
+            raise SinkscopeError(f"could not write the run folder {out_dir}: {folder} is a file, not a folder; "
+                                 "choose another --out.")
     with ExitStack() as stack:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
