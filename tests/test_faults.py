@@ -283,6 +283,7 @@ def test_an_unwritable_cache_warns_and_keeps_the_model_in_memory(tmp_path, monke
     messages: list[str] = []
     loaded, loaded_tokenizer, cache = sources._load_gguf(gguf, messages.append)
     assert loaded is model and loaded_tokenizer is tokenizer
+    assert not sources._gguf_cached(cache)  # so load_model records no float32_cache in the manifest
     warnings = [m for m in messages if m.startswith("warning: could not cache")]
     assert len(warnings) == 1 and "going on with the model in memory" in warnings[0]
 

@@ -470,7 +470,7 @@ def load_model(
     try:
         if source.kind == "gguf":
             model, tokenizer, cache = _load_gguf(Path(source.path), log, device_map, tokenizer)
-            cache_path = str(cache)
+            cache_path = str(cache) if _gguf_cached(cache) else None  # None: the cache could not be written
         elif source.kind == "checkpoint":
             from sinkscope.train.checkpoint import load_checkpoint
 
