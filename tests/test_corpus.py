@@ -315,7 +315,7 @@ def test_text_file_good(tmp_path):
     assert isinstance(corpus, Corpus)
     assert corpus.name == "novel.txt"
     assert corpus.documents == [text]
-    assert corpus.info == {"kind": "text_file", "path": str(path)}
+    assert corpus.info == {"kind": "text_file", "path": str(path), "abs_path": str(path.resolve())}
 
 
 def test_corpus_sha256_is_stable_and_content_sensitive(tmp_path):

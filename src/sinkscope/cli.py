@@ -1,7 +1,7 @@
 """The ``sinkscope`` command line: thin typer wrappers over library functions.
 
 Every anticipated failure is a :class:`~sinkscope.errors.SinkscopeError` whose one sentence is
-printed as ``error: ...`` with exit code 1 (never a traceback).
+printed as ``error: ...`` with exit code 1 (never a traceback); Ctrl-C exits 130 wherever it lands.
 """
 
 from __future__ import annotations
@@ -50,13 +50,17 @@ def _friendly_errors(func):
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        import torch
+        try:
+            import torch
+        except KeyboardInterrupt:  # Ctrl-C while torch loads: the same exit as anywhere else
+            typer.echo("error: interrupted; nothing was written.", err=True)
+            raise typer.Exit(130) from None
 
         try:
             return func(*args, **kwargs)
         except SinkscopeError as error:
             typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(error.exit_code) from None  # 1; 130 for an interrupted run (errors.Interrupted)
         except torch.OutOfMemoryError:
             typer.echo("error: out of memory; lower --batch-size or --seq-len, or use a larger device.", err=True)
             raise typer.Exit(1) from None
@@ -89,9 +93,9 @@ def sinks(
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
-    sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:] [default: 2 on models with more than 2 layers, else no such row].")] = None,
+    sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:], a layer of the model [default: 2; no [2:] row for a 2-layer model].")] = None,
     overwrite: OverwriteOpt = False,
-    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots.")] = True,
+    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots and write report.html; --no-figures writes neither (add them later with `sinkscope report RUN`).")] = True,
     progress: ProgressOpt = True,
     attention: Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")] = "fused",
     resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
@@ -210,11 +214,11 @@ def report(
 @app.command()
 @_friendly_errors
 def train(
-    variant: Annotated[Optional[str], typer.Option("--variant", help="baseline | offbyone | sinklogit | sinktoken | normgate | projgate | sink+norm | sink+proj | routing-norm | outgate.")] = None,
-    tier: Annotated[Optional[str], typer.Option("--tier", help="tiny (CPU, minutes) | 10M | 50M | 124M | 350M.")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants).")] = None,
+    variant: Annotated[Optional[str], typer.Option("--variant", help="baseline | offbyone | sinklogit | sinktoken | normgate | projgate | sink+norm | sink+proj | routing-norm | outgate [default: baseline].")] = None,
+    tier: Annotated[Optional[str], typer.Option("--tier", help="tiny (CPU, minutes) | 10M | 50M | 124M | 350M [default: tiny].")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants) [default: 0].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Checkpoint folder.")] = "ckpt",
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length).")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length) [default: the tier's; 600 for tiny].")] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per step over all processes.")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
     min_lr: Annotated[Optional[float], typer.Option("--min-lr", help="Floor of the cosine (default lr/10).")] = None,

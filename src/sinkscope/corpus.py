@@ -48,6 +48,11 @@ class Corpus:
     documents: list[str]
     info: dict = field(default_factory=dict)
 
+    def describe(self) -> str:
+        """``'austen' (6 documents)``, for progress messages."""
+        n = len(self.documents)
+        return f"{self.name!r} ({n} document{'' if n == 1 else 's'})"
+
     @property
     def sha256(self) -> str:
         """Hash of the documents in order (what the manifest calls the corpus hash)."""
@@ -82,7 +87,7 @@ def text_file_corpus(path: str) -> Corpus:
         raise SinkscopeError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}).") from error
     if not text.strip():
         raise SinkscopeError(f"the text file {path} is empty.")
-    return Corpus(file.name, [text], {"kind": "text_file", "path": path})
+    return Corpus(file.name, [text], {"kind": "text_file", "path": path, "abs_path": str(file.resolve())})
 
 
 def dataset_corpus(spec: str, text_column: str = "text") -> Corpus:
@@ -159,8 +164,30 @@ class Windows:
         return hashlib.sha256(np.ascontiguousarray(self.tokens).tobytes()).hexdigest()
 
 
+def check_seed(seed, option: str = "--seed") -> None:
+    """The window draw's seed must be a non-negative integer (numpy's SeedSequence rule)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise SinkscopeError(f"{option} must be a non-negative integer (got {seed!r}).")
+
+
+def check_token_range(tokens: np.ndarray, n_embeddings: int | None) -> None:
+    """Every window id must index the model's embedding (a tokenizer of another model does not).
+
+    Run before the forward pass: an id past the embedding is an ``IndexError`` on CPU and a
+    device-side assert on a GPU. ``n_embeddings`` None (unknown) checks nothing.
+    """
+    if n_embeddings is None or tokens.size == 0:
+        return
+    largest = int(tokens.max())
+    if largest >= n_embeddings:
+        raise SinkscopeError(
+            f"the tokenizer produced the token id {largest}, but the model's embedding has only {n_embeddings} rows "
+            f"(ids 0 to {n_embeddings - 1}); the tokenizer does not belong to this model.")
+
+
 def make_windows(doc_ids: list[np.ndarray], *, seq_len: int, n_seqs: int, seed: int, bos_id: int | None) -> Windows:
     """Draw ``n_seqs`` windows of ``seq_len`` tokens (see the module docstring for the rule)."""
+    check_seed(seed)
     if seq_len < 2:
         raise SinkscopeError(f"--seq-len must be at least 2 (got {seq_len}).")
     if n_seqs < 1:

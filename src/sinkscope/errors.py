@@ -2,12 +2,22 @@
 
 Every anticipated failure (missing model, unsupported architecture, too-short text,
 an existing run folder, ...) raises :class:`SinkscopeError` with one sentence that says what
-happened and what to do. The CLI prints that sentence and exits non-zero, never a traceback.
+happened and what to do. The CLI prints that sentence and exits with ``exit_code`` (1), never
+a traceback; :class:`Interrupted` (Ctrl-C) exits 130 wherever it happens.
 """
 
 
 class SinkscopeError(RuntimeError):
     """A failure explained in one sentence, meant to be shown to the user as is."""
+
+    #: the process exit status the CLI uses for this failure
+    exit_code = 1
+
+
+class Interrupted(SinkscopeError):
+    """Ctrl-C, with a sentence saying what was kept; exits 130 like any interrupted command."""
+
+    exit_code = 130
 
 
 def suggest(word: str, known) -> str:

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -32,22 +33,33 @@ import torch
 from sinkscope import corpus as corpus_mod
 from sinkscope import distributed
 from sinkscope.capture.families import ModelSpec
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import Interrupted, SinkscopeError
 from sinkscope.fileio import atomic_write_bytes
 from sinkscope.probes import get_probe
 from sinkscope.probes.base import Probe
-from sinkscope.results import base_manifest, check_run_dir, default_run_dir, rows_to_frame, staged_run_dir, write_tables
+from sinkscope.results import (
+    base_manifest,
+    check_run_dir,
+    default_run_dir,
+    lock_run_dir,
+    rows_to_frame,
+    staged_run_dir,
+    write_tables,
+)
 from sinkscope.runner import run_probes
 from sinkscope.sources import (
     LoadedModel,
     Source,
+    check_device_map,
     context_length,
+    embedding_rows,
     load_model,
     load_tokenizer,
     model_config_summary,
     resolve_device,
     resolve_dtype,
     resolve_source,
+    vocab_size,
 )
 
 DEFAULT_SEQ_LEN = 512
@@ -116,6 +128,7 @@ class Command:
         options: its options dataclass (a ``RunOptions`` subclass).
         probes: ``(options, spec) -> [(probe name, parameters), ...]``.
         check: cheap checks of the options, before anything is loaded.
+        check_source: checks against the model's config file, before the weights load.
         check_model: checks needing the model's sizes, right after it loads.
     """
 
@@ -124,6 +137,7 @@ class Command:
     options: type[RunOptions]
     probes: Callable[[Any, ModelSpec], list[tuple[str, dict]]]
     check: Callable[[Any], None] = lambda options: None
+    check_source: Callable[[Any, Source], None] = lambda options, source: None
     check_model: Callable[[Any, ModelSpec], None] = lambda options, spec: None
 
 
@@ -144,14 +158,21 @@ class Result:
     path: Path | None = None
 
     def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
-        """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report)."""
-        out_dir = Path(path)
-        with staged_run_dir(out_dir, overwrite) as stage:
-            write_tables(stage, self.table, self.manifest, self.tokens)
-            if figures:
-                from sinkscope.report import build_report
+        """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report).
 
-                build_report([stage], out=stage, labels=[out_dir.name])
+        The folder is locked while it is written (a second writer fails with one sentence);
+        ``overwrite`` replaces only a run folder or an empty folder.
+        """
+        out_dir = Path(path)
+        with contextlib.ExitStack() as stack:
+            if not _holds_lock(out_dir):
+                stack.enter_context(lock_run_dir(out_dir))
+            with staged_run_dir(out_dir, overwrite) as stage:
+                write_tables(stage, self.table, self.manifest, self.tokens)
+                if figures:
+                    from sinkscope.report import build_report
+
+                    build_report([stage], out=stage, labels=[out_dir.name], shown_paths=[out_dir])
         self.path = out_dir
         return out_dir
 
@@ -171,6 +192,26 @@ class Result:
     def __repr__(self) -> str:
         return (f"Result({self.manifest.get('command')!r}, {len(self.table)} rows, "
                 f"tokens {tuple(self.tokens.shape)}{f', at {self.path}' if self.path else ''})")
+
+
+#: run folders whose lock this process holds (taken in plan, released when the run is written).
+_LOCKED: set[Path] = set()
+
+
+def _holds_lock(out_dir: Path) -> bool:
+    return Path(os.path.abspath(out_dir)) in _LOCKED
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path):
+    """``lock_run_dir`` for the whole run, remembered so that ``Result.save`` does not take it twice."""
+    key = Path(os.path.abspath(out_dir))
+    with lock_run_dir(out_dir):
+        _LOCKED.add(key)
+        try:
+            yield
+        finally:
+            _LOCKED.discard(key)
 
 
 # ---- plan ----------------------------------------------------------------------------------------
@@ -199,7 +240,7 @@ class Plan:
     rank: int = 0
     world_size: int = 1
     inputs: Inputs = field(default_factory=Inputs)
-    #: what to undo when the run ends (a TransformerBridge's components are put back).
+    #: what to undo when the run ends: the run folder's lock, a TransformerBridge's components.
     cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     @property
@@ -222,6 +263,7 @@ def check_options(options: RunOptions) -> None:
         raise SinkscopeError("--resume needs the --out folder of the run to continue.")
     if options.attention not in ATTENTION_MODES:
         raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
+    corpus_mod.check_seed(options.seed)
 
 
 def _in_memory_source(model: torch.nn.Module) -> Source:
@@ -231,9 +273,15 @@ def _in_memory_source(model: torch.nn.Module) -> Source:
     return Source("object", f"<{type(model).__name__}>", None, label=Path(str(name)).name or type(model).__name__)
 
 
-def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *, write: bool = True) -> Plan:
-    """Validate and resolve everything that can fail cheaply (the order a user's mistakes are found in)."""
+def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *, write: bool = True,
+         cleanup: contextlib.ExitStack | None = None) -> Plan:
+    """Validate and resolve everything that can fail cheaply (the order a user's mistakes are found in).
+
+    With ``write``, the run folder's lock is taken here (process 0) into ``cleanup`` and held
+    until the folder is written: a second writer fails now, and the place is proven writable.
+    """
     inputs = inputs or Inputs()
+    cleanup = cleanup if cleanup is not None else contextlib.ExitStack()
     check_options(options)
     command.check(options)
     rank, world_size = distributed.world()
@@ -244,13 +292,18 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     out_dir = None
     if write:
         out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed)
+        if rank == 0:
+            cleanup.enter_context(_locked(out_dir))
     corpus = None
     if inputs.windows is None:
         corpus = corpus_mod.Corpus("texts", list(inputs.texts), {"kind": "texts"}) if inputs.texts is not None \
             else corpus_mod.load_corpus(options.text_file, options.dataset)
     device = distributed.local_device(options.device) if world_size > 1 else options.device
     resolve_dtype(options.dtype, resolve_device(device))  # a bad --device/--dtype fails here, in a second
-    result = Plan(command, options, source, out_dir, corpus, device, rank, world_size, inputs)
+    check_device_map(options.device_map, source)
+    if inputs.model is None:
+        command.check_source(options, source)
+    result = Plan(command, options, source, out_dir, corpus, device, rank, world_size, inputs, cleanup)
     if out_dir is not None:
         if not options.resume:
             check_run_dir(out_dir, options.overwrite)
@@ -291,8 +344,7 @@ class Loaded:
 
 def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
     options, corpus = plan_.options, plan_.corpus
-    count = len(corpus.documents)
-    log(f"Tokenising the corpus {corpus.name!r} ({count} document{'s' if count != 1 else ''}) ...")
+    log(f"Tokenising the corpus {corpus.describe()} ...")
     bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
     doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
     return corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed,
@@ -360,6 +412,7 @@ def load(plan_: Plan, log) -> Loaded:
         tokenizer = load_tokenizer(plan_.source, trust_remote_code=options.trust_remote_code)
         if windows is None and tokenizer is not None:
             windows = _windows(plan_, tokenizer, log)
+            corpus_mod.check_token_range(windows.tokens, vocab_size(plan_.source))
         log(f"Loading {plan_.source.label or plan_.source.location} ...")
         loaded = load_model(plan_.source, device=plan_.device, dtype=options.dtype, device_map=options.device_map,
                             trust_remote_code=options.trust_remote_code, tokenizer=tokenizer, log=log)
@@ -369,6 +422,7 @@ def load(plan_: Plan, log) -> Loaded:
     plan_.command.check_model(options, spec)
     if windows is None:
         windows = _windows(plan_, loaded.tokenizer, log)
+    corpus_mod.check_token_range(windows.tokens, embedding_rows(loaded.model))
     return Loaded(loaded, windows, spec, load_s)
 
 
@@ -434,8 +488,8 @@ def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
                    attention=options.attention, start=first, on_batch_done=checkpoint, log=log)
     except KeyboardInterrupt:
         if progress_file is not None and progress_file.is_file():
-            raise SinkscopeError(f"interrupted; rerun the same command with --resume to continue from "
-                                 f"{plan_.out_dir}'s last checkpoint.") from None
+            raise Interrupted(f"interrupted; rerun the same command with --resume to continue from "
+                              f"{plan_.out_dir}'s last checkpoint.") from None
         raise
     run_s = time.perf_counter() - started
     if world_size > 1:
@@ -485,6 +539,7 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
         windows={
             "seq_len": int(windows.tokens.shape[1]), "n_seqs": int(windows.tokens.shape[0]), "seed": options.seed,
             "bos_policy": options.bos, "bos_id": windows.bos_id, "tokens_sha256": windows.sha256,
+            "tokenizer_bos_id": getattr(model.tokenizer, "bos_token_id", None),
             "rule": "non-overlapping per-document chunks, drawn without replacement by "
                     "numpy.random.default_rng(seed), kept in corpus order; BOS prepended when bos_id is set"
                     if corpus is not None else "token ids given by the caller",
@@ -506,18 +561,23 @@ def execute(command: Command, options: RunOptions, inputs: Inputs | None = None,
     ``write``), or None on data-parallel processes other than 0.
     """
     log = log or (lambda message: print(message, file=sys.stderr))
-    plan_ = plan(command, options, inputs, write=write)
+    with contextlib.ExitStack() as cleanup:  # the run folder's lock; a bridge's components set aside
+        return _execute(command, options, inputs, write, log, cleanup)
+
+
+def _execute(command: Command, options: RunOptions, inputs: Inputs | None, write: bool, log,
+             cleanup: contextlib.ExitStack) -> Result | None:
+    plan_ = plan(command, options, inputs, write=write, cleanup=cleanup)
     if plan_.world_size > 1:
         distributed.init()
         if plan_.rank != 0:
             log = lambda message: None  # noqa: E731 - only process 0 talks
-    with plan_.cleanup:
-        loaded = load(plan_, log)
-        finished = run(plan_, loaded, log)
-        if finished is None:
-            distributed.finish()
-            return None
-        result = assemble(plan_, loaded, *finished)
+    loaded = load(plan_, log)
+    finished = run(plan_, loaded, log)
+    if finished is None:
+        distributed.finish()
+        return None
+    result = assemble(plan_, loaded, *finished)
     if write:
         result.save(plan_.out_dir, overwrite=plan_.options.overwrite,
                     figures=plan_.options.figures)

@@ -8,8 +8,9 @@
     n_seqs = 16
 
 ``--set key=value`` overrides an option (the value is parsed as TOML, so ``--set n_seqs=8``
-is an int and ``--set bos='"add"'`` or ``--set bos=add`` a string). Unknown keys and wrong
-types are refused with one sentence, before any model is loaded.
+is an int and ``--set bos='"add"'`` or ``--set bos=add`` a string). Unknown keys (top-level ones
+too: an option written above ``[options]`` is not silently ignored) and wrong types are refused
+with one sentence, before any model is loaded.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from typing import get_type_hints
 
 from sinkscope.commands import discover, get_command
 from sinkscope.errors import SinkscopeError
+
+#: what a recipe may hold at its top level; every option goes under [options].
+TOP_LEVEL_KEYS = ("command", "description", "options")
 
 
 def _parse_value(text: str):
@@ -57,6 +61,15 @@ def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
     if command not in discover():
         raise SinkscopeError(f"the recipe {path} names the command {command!r}; known: {', '.join(sorted(discover()))}.")
     options_cls = get_command(command).options
+    unknown = [key for key in recipe if key not in TOP_LEVEL_KEYS]
+    if unknown:
+        fields = {f.name for f in dataclasses.fields(options_cls)}
+        hint = " (an option: put it under [options])" if unknown[0] in fields else ""
+        raise SinkscopeError(f"the recipe {path} has the unknown top-level key {unknown[0]!r}{hint}; "
+                             f"a recipe holds {', '.join(TOP_LEVEL_KEYS)} at its top level.")
+    if not isinstance(recipe.get("options", {}), dict):
+        raise SinkscopeError(f"the options of the recipe {path} must be a table ([options] followed by key = value "
+                             f"lines), not {recipe['options']!r}.")
     options = dict(recipe.get("options", {}))
     for item in overrides:
         key, sep, value = item.partition("=")

@@ -16,16 +16,24 @@ renamed into place at the end, so a crash leaves either no folder or a complete 
 
 This module is the table schema (``Row``, ``MetricInfo``) and imports neither torch nor any
 probe, so the report can read runs without them.
+
+Guards on the output folder, in the order a command uses them (all before the model loads):
+:func:`default_run_dir` (a run id unique per run), :func:`lock_run_dir` (one writer per folder;
+``.NAME.lock`` beside it, which also proves the place is writable) and :func:`check_run_dir`
+(``--overwrite`` replaces only a run folder or an empty folder; never the current folder).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
+import re
+import secrets
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import replace_folder
+from sinkscope.fileio import check_replaceable, default_folder_mode, exclusive_lock, replace_folder
 
 COLUMNS = ["probe", "metric", "layer", "head", "value", "n"]
 #: bumped when the folder layout or table schema changes incompatibly (the report checks it).
@@ -117,16 +125,64 @@ def validate(frame: pd.DataFrame) -> None:
         raise SinkscopeError("results table has duplicate (probe, metric, layer, head) rows.")
 
 
+def _read_one(path: Path) -> pd.DataFrame:
+    """One results file with the schema's dtypes, or a sentence naming what is wrong with it."""
+    other = "results.csv" if path.suffix == ".parquet" else "results.parquet"
+    remedy = (f"delete it to use {other}, or rerun the measurement" if (path.parent / other).is_file()
+              else "rerun the measurement")
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except Exception as error:  # noqa: BLE001 - any unreadable table (truncated, empty, not a table) is one sentence
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        raise SinkscopeError(f"could not read {path} ({reason}); it is damaged: {remedy}.") from error
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise SinkscopeError(f"the table {path} lacks the columns {missing}; it is damaged: {remedy}.")
+    for column, dtype in (("layer", "Int64"), ("head", "Int64"), ("value", "float64"), ("n", "int64")):
+        try:
+            frame[column] = frame[column].astype(dtype)
+        except (ValueError, TypeError) as error:
+            raise SinkscopeError(f"the column {column!r} of {path} holds a value that is not a number "
+                                 f"({str(error).splitlines()[0][:120]}); it is damaged: {remedy}.") from error
+    return frame
+
+
+def _disagreement(a: pd.DataFrame, b: pd.DataFrame) -> str | None:
+    """Where two readings of one table differ (None if they agree; CSV values carry 9 digits)."""
+    if len(a) != len(b):
+        return f"{len(a)} rows against {len(b)}"
+    keys = ["probe", "metric", "layer", "head"]
+    ka = a[keys].astype("string").fillna("").reset_index(drop=True)
+    kb = b[keys].astype("string").fillna("").reset_index(drop=True)
+    diff = ~(ka == kb).all(axis=1)
+    va, vb = a["value"].to_numpy(), b["value"].to_numpy()
+    diff |= ~np.isclose(va, vb, rtol=1e-7, atol=1e-12, equal_nan=True)
+    diff |= a["n"].to_numpy() != b["n"].to_numpy()
+    if not diff.any():
+        return None
+    i = int(np.flatnonzero(diff.to_numpy())[0])
+    where = ", ".join(f"{k} {v}" for k, v in zip(keys, ka.iloc[i]) if v != "")
+    return f"first at row {i + 1}: {where}, value {va[i]:.9g} against {vb[i]:.9g}"
+
+
 def read_results(run_dir: Path) -> pd.DataFrame:
-    """Read a run's table (Parquet if present, else CSV) with the schema's dtypes."""
+    """Read a run's table with the schema's dtypes.
+
+    Both ``results.parquet`` and ``results.csv`` are read when both exist, and must agree (to
+    the CSV's 9 significant digits): a damaged or edited copy is named in one sentence rather
+    than one of them being used silently.
+    """
     run_dir = Path(run_dir)
-    if (run_dir / "results.parquet").is_file():
-        frame = pd.read_parquet(run_dir / "results.parquet")
-    elif (run_dir / "results.csv").is_file():
-        frame = pd.read_csv(run_dir / "results.csv")
-    else:
+    files = [run_dir / name for name in ("results.parquet", "results.csv") if (run_dir / name).is_file()]
+    if not files:
         raise SinkscopeError(f"{run_dir} is not a sinkscope run folder (no results.csv).")
-    return frame.astype({"layer": "Int64", "head": "Int64", "value": "float64", "n": "int64"})
+    frames = [_read_one(path) for path in files]
+    if len(frames) == 2:
+        diff = _disagreement(*frames)
+        if diff is not None:
+            raise SinkscopeError(f"results.parquet and results.csv of {run_dir} disagree ({diff}); one was edited "
+                                 "or damaged: delete the wrong one, or rerun the measurement.")
+    return frames[0]
 
 
 # ---- manifest --------------------------------------------------------------------------------
@@ -172,37 +228,100 @@ def base_manifest(command: str, options: dict) -> dict:
 
 
 def _slug(text: str) -> str:
-    import re
-
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
 
 
-def default_run_dir(label: str, seed: int = 0) -> Path:
-    """``reports/<YYYYmmdd-HHMMSS>-<model>`` under the current directory."""
-    return Path("reports") / f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{_slug(label)}"
+def default_run_dir(label: str, seed: int | None = None) -> Path:
+    """``reports/<YYYYmmdd-HHMMSS>-<model>-s<seed>-<6 hex>`` under the current directory.
 
+    The random suffix makes the id unique per run: two runs started in the same second (say
+    seeds 0 and 1, or the same command twice) never share a folder.
+    """
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    seed_part = "" if seed is None else f"-s{seed}"
+    while True:
+        folder = Path("reports") / f"{stamp}-{_slug(label)}{seed_part}-{secrets.token_hex(3)}"
+        if not folder.exists():
+            return folder
+
+
+def is_run_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds a run folder's manifest (written by a sinkscope command)."""
+    try:
+        manifest = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and "format_version" in manifest and "command" in manifest
+
+
+def _check_not_cwd(out_dir: Path) -> None:
+    """A run replaces its folder in one rename: never the current folder or one above it."""
+    target = Path(os.path.abspath(out_dir))
+    here = Path.cwd()
+    if target == here or target in here.parents:
+        raise SinkscopeError(f"--out {out_dir} is the current folder or one above it; a run needs a folder of its "
+                             "own, e.g. --out runs/NAME.")
 
 
 def check_run_dir(out_dir: Path, overwrite: bool) -> None:
-    """Refuse an existing non-empty run folder unless ``overwrite`` (checked before heavy work)."""
+    """Refuse an output folder a run may not take (checked before any heavy work, and again at the end).
+
+    Refused: the current folder or one above it; a file; an existing non-empty folder unless
+    ``overwrite``; and, even with ``overwrite``, a folder that is neither empty nor a run folder
+    (a checkpoint being measured, a user's files).
+    """
     out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise SinkscopeError(f"{out_dir} exists and is not a folder.")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise SinkscopeError(f"the run folder {out_dir} already exists and is not empty; pass --overwrite or choose --out.")
+    _check_not_cwd(out_dir)
+    check_replaceable(out_dir, overwrite, kind="run", is_ours=is_run_folder)
+
+
+def lock_path(out_dir: Path) -> Path:
+    """The lock file of a run folder: ``.NAME.lock`` beside it."""
+    out_dir = Path(os.path.abspath(out_dir))
+    return out_dir.parent / f".{out_dir.name}.lock"
+
+
+@contextmanager
+def lock_run_dir(out_dir: Path) -> Iterator[None]:
+    """Hold the run folder's lock from the checks before loading until it is written.
+
+    A second run writing the same folder at the same time fails at once with one sentence, and
+    so does an output place that cannot be written (before any model is loaded). The lock file
+    sits beside the folder and is removed at the end; a killed run leaves no stale lock.
+    """
+    out_dir = Path(out_dir)
+    _check_not_cwd(out_dir)
+    path = lock_path(out_dir)
+    for folder in [path.parent, *path.parent.parents]:  # mkdir would say "File exists" for a file on the way
+        if folder.exists() and not folder.is_dir():
+            raise SinkscopeError(f"could not write the run folder {out_dir}: {folder} is a file, not a folder; "
+                                 "choose another --out.")
+    with ExitStack() as stack:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(path, lambda owner: (
+                f"another sinkscope run (process {owner}) is writing {out_dir} right now; wait for it to finish "
+                "or choose another --out.")))
+        except OSError as error:
+            where = f": {error.filename}" if error.filename else ""
+            raise SinkscopeError(f"could not write the run folder {out_dir} ({error.strerror or error}{where}); "
+                                 "choose another --out.") from error
+        yield
 
 
 @contextmanager
 def staged_run_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     """Yield a hidden staging folder; on success it replaces ``out_dir`` in one rename.
 
-    On any error the staging folder is removed and ``out_dir`` is left exactly as it was.
+    On any error the staging folder is removed and ``out_dir`` is left exactly as it was. The
+    folder gets the permissions of any new folder (the user's umask), not mkdtemp's 0o700.
     """
     out_dir = Path(out_dir)
     check_run_dir(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
+        os.chmod(stage, default_folder_mode())
         yield stage
         replace_folder(stage, out_dir)
     except BaseException:

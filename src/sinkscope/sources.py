@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -103,6 +102,9 @@ def resolve_source(model: str | None, revision: str | None = None) -> Source:
         )
     if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1) or path.exists():
         raise SinkscopeError(f"no model file or folder at {model}.")
+    if "/" in model and Path(model.split("/", 1)[0]).is_dir():  # `ckpt/sinklogt`: a typo, not a hub id
+        raise SinkscopeError(f"no model file or folder at {model} (and {model.split('/', 1)[0]}/ is a local folder, "
+                             "so this is not read as a hub id).")
     return Source("hub", model, None, revision=revision, label=model)
 
 
@@ -166,26 +168,34 @@ def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None,
             model.is_quantized = False
         except AttributeError:
             pass
-    _write_cache(model, tokenizer, cache)
+    _write_cache(model, tokenizer, cache, log)
     if device_map is not None and (cache / "config.json").is_file():  # shard from the float32 cache
         model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation="eager",
                                                      device_map=device_map)
     return model, tokenizer, cache
 
 
-def _write_cache(model, tokenizer, cache: Path) -> None:
-    """save_pretrained into a temporary sibling folder, then rename: never a half cache."""
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
+def _write_cache(model, tokenizer, cache: Path, log=print) -> None:
+    """save_pretrained into a temporary sibling folder, then rename: never a half cache.
+
+    A cache that cannot be written (a full disk, a read-only or blocked cache folder) costs the
+    next load's speed, never this run: one warning, and the run goes on with the model in memory.
+    """
+    tmp = None
     try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "SINKSCOPE_COMPLETE").write_text("float32 conversion written by sinkscope\n")
         shutil.rmtree(cache, ignore_errors=True)
         os.replace(tmp, cache)
-    except OSError as error:  # a full disk costs the cache, not the run
-        shutil.rmtree(tmp, ignore_errors=True)
-        warnings.warn(f"could not cache the float32 conversion in {cache}: {error}", stacklevel=2)
+    except Exception as error:  # noqa: BLE001 - whatever goes wrong, the model in memory is fine
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        reason = getattr(error, "strerror", None) or _short(error)
+        log(f"warning: could not cache the float32 conversion in {cache} ({reason}); going on with the model in "
+            "memory (the next run dequantises again; set SINKSCOPE_CACHE to a writable folder to keep it).")
 
 
 # ---- folders and hub ids ------------------------------------------------------------------------
@@ -210,18 +220,64 @@ def _load_pretrained(name: str, *, revision: str | None, trust_remote_code: bool
     return model, tokenizer
 
 
+#: seconds for the one request that checks an uncached hub id (no retries; see _check_hub).
+HUB_CHECK_TIMEOUT_S = 5.0
+
+
+def _check_hub(repo_id: str, revision: str | None) -> None:
+    """One short request, no retries, for a hub id that is not in the local cache.
+
+    huggingface_hub retries an unreachable hub with back-off for each file (about 50 s and two
+    dozen "Retrying" lines before transformers gives up); one HEAD of ``config.json`` tells at
+    once whether the id exists and the hub is reachable, and the download runs only if it does.
+    """
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        get_hf_file_metadata(hf_hub_url(repo_id, "config.json", revision=revision), timeout=HUB_CHECK_TIMEOUT_S,
+                             retry_on_errors=False)
+    except GatedRepoError as error:
+        raise SinkscopeError(f"the hub model {repo_id!r} is gated; accept its terms on huggingface.co and log in "
+                             "(`hf auth login`), then rerun.") from error
+    except RepositoryNotFoundError as error:
+        raise SinkscopeError(f"{repo_id!r} is neither a local file or folder nor a model in the local Hugging Face "
+                             "cache or on the hub (or it is private); check the name.") from error
+    except RevisionNotFoundError as error:
+        raise SinkscopeError(f"the hub model {repo_id!r} has no revision {revision!r}.") from error
+    except EntryNotFoundError as error:
+        raise SinkscopeError(f"the hub repository {repo_id!r} has no config.json, so it is not a transformers model; "
+                             "pass a .gguf file or a local folder instead.") from error
+    except HFValidationError as error:
+        raise SinkscopeError(f"{repo_id!r} is neither a local file or folder nor a valid hub id.") from error
+    except Exception as error:  # noqa: BLE001 - no network, a timeout, a proxy, a 5xx: one sentence, no retries
+        raise SinkscopeError(
+            f"{repo_id!r} is not a local file or folder, the model is not in the local Hugging Face cache, and the hub "
+            f"could not be reached ({_short(error)}); check the name, connect to the network, or pass a folder saved "
+            "with save_pretrained or a .gguf file (HF_HUB_OFFLINE=1 skips the hub altogether)."
+        ) from error
+
+
 def _load_hub(source: Source, trust_remote_code: bool, **load):
     try:
         return _load_pretrained(source.location, revision=source.revision, trust_remote_code=trust_remote_code,
                                 local_only=True, **load)
     except OSError as error:
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         if not offline:
+            _check_hub(source.location, source.revision)  # seconds, not a minute of retries
             try:
                 return _load_pretrained(source.location, revision=source.revision,
                                         trust_remote_code=trust_remote_code, local_only=False, **load)
-            except OSError:
-                pass
+            except OSError as download_error:
+                raise SinkscopeError(f"could not download the model {source.location!r} from the hub "
+                                     f"({_short(download_error)}).") from download_error
         raise SinkscopeError(
             f"the model {source.location!r} is not available offline (not in the local Hugging Face cache); "
             "pass a local folder saved with save_pretrained or a .gguf file instead."
@@ -264,8 +320,8 @@ def _tokenizer_error(source: Source, error: Exception):
     raise SinkscopeError(f"could not load the tokenizer of {source.location} ({_short(error)}).") from error
 
 
-def context_length(source: Source) -> int | None:
-    """The model's context length from its config file, without loading weights (None if unknown)."""
+def _config(source: Source) -> dict | None:
+    """The model's config file as a dict, without loading weights (None if there is none yet)."""
     config_file = None
     if source.kind in ("folder", "checkpoint"):
         config_file = Path(source.path) / "config.json"
@@ -277,9 +333,55 @@ def context_length(source: Source) -> int | None:
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+    if not isinstance(config, dict):
+        return None
     if source.kind == "checkpoint":
-        return config.get("model", {}).get("block_size")
-    return config.get("max_position_embeddings") or config.get("n_positions")
+        return config.get("model") if isinstance(config.get("model"), dict) else None
+    return config
+
+
+def context_length(source: Source) -> int | None:
+    """The model's context length from its config file, without loading weights (None if unknown)."""
+    config = _config(source) or {}
+    return config.get("block_size") or config.get("max_position_embeddings") or config.get("n_positions")
+
+
+def layer_count(source: Source) -> int | None:
+    """The model's number of decoder layers from its config file, without loading weights (None if unknown)."""
+    config = _config(source) or {}
+    return config.get("num_hidden_layers") or config.get("n_layer") or config.get("num_layers")
+
+
+def check_layer_start(start: int | None, n_layers: int | None, attention_layers=None,
+                      option: str = "--sink-layer-start") -> None:
+    """A layer index the user gave must name a layer: ``0 <= start < n_layers``, at most the last attention layer.
+
+    Run twice: before loading with :func:`layer_count` (when the config is on disk) and after,
+    with the model's spec; ``n_layers`` None checks the sign only, ``start`` None (not given) nothing.
+    """
+    if start is None:
+        return
+    if start < 0:
+        raise SinkscopeError(f"{option} must be 0 or more (got {start}).")
+    if n_layers is not None and start >= n_layers:
+        raise SinkscopeError(f"{option} {start} is outside the model's {n_layers} layers; use 0 to {n_layers - 1}.")
+    if attention_layers and start > max(attention_layers):
+        raise SinkscopeError(f"{option} {start} is past the model's last softmax-attention layer "
+                             f"({max(attention_layers)}); use at most {max(attention_layers)}.")
+
+
+def vocab_size(source: Source) -> int | None:
+    """The model's embedding rows from its config file, without loading weights (None if unknown)."""
+    return (_config(source) or {}).get("vocab_size")
+
+
+def embedding_rows(model: torch.nn.Module) -> int | None:
+    """How many token ids the loaded model's input embedding accepts."""
+    getter = getattr(model, "get_input_embeddings", None)
+    embedding = getter() if callable(getter) else None
+    if isinstance(embedding, torch.nn.Embedding):
+        return embedding.num_embeddings
+    return getattr(getattr(model, "config", None), "vocab_size", None)
 
 
 @dataclass
@@ -294,17 +396,45 @@ class LoadedModel:
     cache_path: str | None = None
 
 
+#: the device types sinkscope runs on (its kernels and tests cover these).
+DEVICE_TYPES = ("cpu", "cuda")
+#: accelerate's placement strategies for --device-map (transformers' ``check_and_set_device_map``).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> cuda if available, else cpu; otherwise the named device, checked."""
+    """``auto`` -> cuda if available, else cpu; otherwise the named device, checked before any loading.
+
+    Only ``cpu`` and ``cuda[:N]`` are accepted (``mps``, ``xpu``, ``meta``, ... are refused in
+    one sentence), and ``cuda:N`` must name a visible GPU.
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         resolved = torch.device(device)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError, TypeError) as error:
         raise SinkscopeError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N.") from error
+    if resolved.type not in DEVICE_TYPES:
+        raise SinkscopeError(f"--device {device} is not supported; sinkscope runs on cpu or cuda (auto picks cuda "
+                             "when a GPU is available).")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise SinkscopeError(f"--device {device} was asked for but no CUDA GPU is available; use --device cpu.")
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise SinkscopeError(f"--device {device} names GPU {resolved.index}, but {count} GPU(s) are visible; "
+                             f"use cuda:0 to cuda:{count - 1}.")
     return resolved
+
+
+def check_device_map(device_map: str | dict | None, source: Source | None = None) -> None:
+    """``--device-map`` must be one of accelerate's strategies, for a transformers model (before loading)."""
+    if device_map is None or isinstance(device_map, dict):
+        return
+    if device_map not in DEVICE_MAPS:
+        raise SinkscopeError(f"unknown --device-map {device_map!r}; use {', '.join(DEVICE_MAPS)} "
+                             "(or --device to put the whole model on one device).")
+    if source is not None and source.kind == "checkpoint":
+        raise SinkscopeError("--device-map is for transformers models; a trainer checkpoint runs on one --device.")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -335,14 +465,13 @@ def load_model(
     """
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    if device_map is not None and source.kind == "checkpoint":
-        raise SinkscopeError("--device-map is for transformers models; a trainer checkpoint runs on one --device.")
+    check_device_map(device_map, source)
     _quiet_transformers()
     cache_path = None
     try:
         if source.kind == "gguf":
             model, tokenizer, cache = _load_gguf(Path(source.path), log, device_map, tokenizer, dtype=torch_dtype)
-            cache_path = str(cache)
+            cache_path = str(cache) if _gguf_cached(cache) else None  # None: the cache could not be written
         elif source.kind == "checkpoint":
             from sinkscope.train.checkpoint import load_checkpoint
 

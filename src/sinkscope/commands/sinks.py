@@ -13,6 +13,7 @@ from sinkscope.capture.families import ModelSpec
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError
 from sinkscope.pipeline import Command, RunOptions
+from sinkscope.sources import Source, check_layer_start, layer_count
 
 #: the probes `sinks` runs, in table order.
 SINKS_PROBES: tuple[str, ...] = ("p0_mass", "sink_rate", "phantom_mass", "value_norm_ratio", "massive_activation")
@@ -51,14 +52,15 @@ def _probes(options: SinksOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
 def _check(options: SinksOptions) -> None:
     if not 0.0 < options.sink_epsilon < 1.0:
         raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
-    if options.sink_layer_start is not None and options.sink_layer_start < 0:
-        raise SinkscopeError(f"--sink-layer-start must be at least 0 (got {options.sink_layer_start}).")
+    check_layer_start(options.sink_layer_start, None)
+
+
+def _check_source(options: SinksOptions, source: Source) -> None:
+    check_layer_start(options.sink_layer_start, layer_count(source))
 
 
 def _check_model(options: SinksOptions, spec: ModelSpec) -> None:
-    if options.sink_layer_start is not None and options.sink_layer_start >= spec.n_layers:
-        raise SinkscopeError(f"--sink-layer-start {options.sink_layer_start} is past the model's last layer "
-                             f"({spec.n_layers - 1}); the sink_rate[s:] row would be empty.")
+    check_layer_start(options.sink_layer_start, spec.n_layers, spec.attention_layers)
 
 
 SINKS = register_command(Command(
@@ -67,6 +69,7 @@ SINKS = register_command(Command(
     options=SinksOptions,
     probes=_probes,
     check=_check,
+    check_source=_check_source,
     check_model=_check_model,
 ))
 

@@ -12,7 +12,12 @@ of the final losses.
 
 With several runs every shared metric gets an overlay of its per-layer line (one line per run),
 heatmaps on one shared colour scale, and a side-by-side per-layer table; metrics that not every
-run has are listed in a note and left out of the comparison.
+run has are listed in a note and left out of the comparison, and runs that differ in seq-len,
+corpus or BOS policy get a warning (their numbers are not directly comparable).
+
+The p0-mass figures carry the uniform floor (what p0 would be if every query spread its
+attention evenly) as a dashed reference; a model without a learned phantom key gets no
+phantom-mass figures (the value is 0 by construction), only a line saying so.
 """
 
 from __future__ import annotations
@@ -80,12 +85,16 @@ def _training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
 
 @dataclass
 class RunData:
-    """One run folder, read."""
+    """One run folder, read (``shown``: the path the page names, e.g. the final folder of a staged run)."""
 
     path: Path
     label: str
     manifest: dict
     table: pd.DataFrame
+    shown: str = ""
+
+    def __post_init__(self):
+        self.shown = self.shown or str(self.path)
 
 
 def read_run(path: str | Path, label: str | None = None) -> RunData:
@@ -100,6 +109,10 @@ def read_run(path: str | Path, label: str | None = None) -> RunData:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as error:
         raise SinkscopeError(f"the manifest of {path} is not valid JSON ({error.msg}).") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise SinkscopeError(f"could not read the manifest of {path} ({error}).") from error
+    if not isinstance(manifest, dict):
+        raise SinkscopeError(f"the manifest of {path} is not a JSON object; it is damaged.")
     version = manifest.get("format_version")
     if version != RUN_FORMAT_VERSION:
         raise SinkscopeError(
@@ -149,39 +162,94 @@ def _has_layers(table: pd.DataFrame, metric: str) -> bool:
     return bool((rows.layer.notna() & rows["head"].isna()).any())
 
 
+#: metrics that only mean something for a model with a learned phantom key (gpt-oss sinks, sinklogit).
+PHANTOM_METRICS = ("phantom_mass", "sink_logit")
+
+
+def _has_phantom(run: RunData) -> bool:
+    """Whether the run's model has a learned phantom key (its spec; else any non-zero phantom mass)."""
+    model = run.manifest.get("model")
+    spec = model.get("spec") if isinstance(model, dict) else None
+    if isinstance(spec, dict) and "has_phantom" in spec:
+        return bool(spec["has_phantom"])
+    values = run.table[run.table.metric == "phantom_mass"]["value"]
+    return bool((values.fillna(0) != 0).any())
+
+
+def uniform_p0(seq_len: int) -> float:
+    """The p0 mass of uniform attention: the mean over queries i = 1 .. T-1 of 1/(i+1)."""
+    if not seq_len or seq_len < 2:
+        return float("nan")
+    return sum(1.0 / (i + 1) for i in range(1, seq_len)) / (seq_len - 1)
+
+
+def _seq_len(run: RunData) -> int | None:
+    windows = run.manifest.get("windows")
+    value = windows.get("seq_len") if isinstance(windows, dict) else None
+    return value if isinstance(value, int) else None
+
+
 def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list[dict]:
     """Draw and save this metric's figures; return [{title, src, files}] for the page."""
     from sinkscope.report import figures
 
     stem = figures._file_stem(metric)
     out: list[dict] = []
+    comparing, position = len(runs) > 1, {id(run): i for i, run in enumerate(runs)}
+    references: dict[int, float] = {}
+    if metric == "p0_mass":  # the uniform floor, per seq-len in the runs
+        references = {t: uniform_p0(t) for t in sorted({_seq_len(r) for r in runs} - {None})}
+
+    def reference_of(run: RunData) -> float | None:
+        return references.get(_seq_len(run))
+
+    def reference_label(seq_len: int) -> str:
+        where = f", seq-len {seq_len}" if len(references) > 1 else ""
+        return f"uniform attention{where} ({references[seq_len]:.3g})"
 
     def keep(fig, name: str, title: str) -> None:
         png, svg = figures.save_figure(fig, fig_dir / name)
         kind = "heatmap" if name.startswith("heatmap") else "line"
         out.append({"title": title, "src": _embed_png(png), "files": [png.name, svg.name], "kind": kind})
 
+    if metric in PHANTOM_METRICS:
+        runs = [r for r in runs if _has_phantom(r)]  # zeros by construction say nothing
+        if not runs:
+            return out
     if all(_has_layers(r.table, metric) for r in runs):
-        if len(runs) == 1:
-            keep(figures.per_layer_line(runs[0].table, metric), f"layers_{stem}", "per layer")
+        drawn: set[int] = set()
+
+        def reference_kwargs(run: RunData) -> dict:
+            seq_len = _seq_len(run)
+            if seq_len not in references or seq_len in drawn:
+                return {}
+            drawn.add(seq_len)
+            return {"reference": references[seq_len], "reference_label": reference_label(seq_len)}
+
+        if not comparing:
+            keep(figures.per_layer_line(runs[0].table, metric, **reference_kwargs(runs[0])), f"layers_{stem}",
+                 "per layer" + (" (dashed: uniform attention)" if drawn else ""))
         else:
             fig = None
             for run in runs:
                 if fig is None:
-                    fig = figures.per_layer_line(run.table, metric, label=run.label)
+                    fig = figures.per_layer_line(run.table, metric, label=run.label, **reference_kwargs(run))
                     ax = fig.axes[0]
                 else:
-                    figures.per_layer_line(run.table, metric, label=run.label, ax=ax)
-            keep(fig, f"overlay_{stem}", "per layer, one line per run")
+                    figures.per_layer_line(run.table, metric, label=run.label, ax=ax, **reference_kwargs(run))
+            keep(fig, f"overlay_{stem}",
+                 "per layer, one line per run" + (" (dashed: uniform attention)" if drawn else ""))
     heads = [r for r in runs if _has_heads(r.table, metric)]
     if heads:
         values = pd.concat([r.table[(r.table.metric == metric) & r.table["head"].notna()]["value"] for r in heads])
-        vmin, vmax = (float(values.min()), float(values.max())) if len(runs) > 1 else (None, None)
-        for index, run in enumerate(heads):
-            title = run.label if len(runs) > 1 else None
-            fig = figures.layer_head_heatmap(run.table, metric, title=title, vmin=vmin, vmax=vmax)
-            suffix = f"_run{index}" if len(runs) > 1 else ""
-            keep(fig, f"heatmap_{stem}{suffix}", f"layer x head{': ' + run.label if len(runs) > 1 else ''}")
+        vmin, vmax = (float(values.min()), float(values.max())) if comparing else (None, None)
+        for run in heads:
+            title = run.label if comparing else None
+            fig = figures.layer_head_heatmap(run.table, metric, title=title, vmin=vmin, vmax=vmax,
+                                             reference=reference_of(run))
+            suffix = f"_run{position[id(run)]}" if comparing else ""
+            mark = " (dashed on the colour bar: uniform attention)" if reference_of(run) is not None else ""
+            keep(fig, f"heatmap_{stem}{suffix}", f"layer x head{': ' + run.label if comparing else ''}{mark}")
     return out
 
 
@@ -218,6 +286,43 @@ def _layer_table(runs: list[RunData], metric: str) -> dict:
     return {"columns": columns, "rows": body, "collapsed": len(body) > COLLAPSE_ROWS}
 
 
+def bos_summary(windows: dict) -> str:
+    """What happened at position 0, e.g. "auto: none prepended (the tokenizer's BOS, id 1, is not added by default)"."""
+    policy = windows.get("bos_policy", "—")
+    bos = windows.get("bos_id")
+    if bos is not None:
+        why = " (the tokenizer adds it by default)" if policy == "auto" else ""
+        return f"{policy}: BOS id {bos} prepended to every window{why}"
+    if "tokenizer_bos_id" not in windows:  # written before the manifest recorded the tokenizer's BOS
+        return f"{policy}: no BOS prepended"
+    tokenizer_bos = windows["tokenizer_bos_id"]
+    if tokenizer_bos is None:
+        return f"{policy}: no BOS prepended (the tokenizer has no BOS token)"
+    if policy == "auto":
+        return f"{policy}: no BOS prepended (the tokenizer's BOS, id {tokenizer_bos}, is not added by default)"
+    return f"{policy}: no BOS prepended (the tokenizer's BOS is id {tokenizer_bos})"
+
+
+def _differences(runs: list[RunData]) -> list[str]:
+    """Warnings for a comparison of runs whose windows differ in seq-len, corpus or BOS policy."""
+    def windows(run):
+        return run.manifest.get("windows") if isinstance(run.manifest.get("windows"), dict) else {}
+
+    def corpus(run):
+        node = run.manifest.get("corpus") if isinstance(run.manifest.get("corpus"), dict) else {}
+        return f"{node.get('name', '—')} ({str(node.get('sha256', '—'))[:12]})"
+
+    checks = [("seq-len", lambda r: windows(r).get("seq_len")), ("corpus", corpus),
+              ("BOS policy", lambda r: bos_summary(windows(r)))]
+    out = []
+    for name, value in checks:
+        values = [value(r) for r in runs]
+        if len({str(v) for v in values}) > 1:
+            listed = "; ".join(f"{r.label}: {v}" for r, v in zip(runs, values))
+            out.append(f"The runs differ in {name} ({listed}), so their numbers are not directly comparable.")
+    return out
+
+
 def _run_info(runs: list[RunData]) -> dict:
     """The "what was run" table: one column per run."""
     def get(manifest: dict, *keys, default="—"):
@@ -234,7 +339,7 @@ def _run_info(runs: list[RunData]) -> dict:
         ("family", lambda m: get(m, "model", "family")),
         ("corpus", lambda m: get(m, "corpus", "name")),
         ("corpus sha256", lambda m: str(get(m, "corpus", "sha256"))[:16]),
-        ("BOS policy", lambda m: f"{get(m, 'windows', 'bos_policy')} (bos id {get(m, 'windows', 'bos_id', default='none')})"),
+        ("BOS policy", lambda m: bos_summary(m.get("windows") if isinstance(m.get("windows"), dict) else {})),
         ("seq-len", lambda m: get(m, "windows", "seq_len")),
         ("n-seqs", lambda m: get(m, "windows", "n_seqs")),
         ("seed", lambda m: get(m, "windows", "seed")),
@@ -305,7 +410,8 @@ def group_runs(runs: list[RunData], key: str) -> list[RunData]:
 
 
 def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
-                 labels: list[str] | None = None, group_by: str | None = None) -> Path:
+                 labels: list[str] | None = None, shown_paths: list[str | Path] | None = None,
+                 group_by: str | None = None) -> Path:
     """Write ``report.html`` (+ ``figures/``) for one run or a comparison of several.
 
     Args:
@@ -313,6 +419,8 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         out: output folder; default: the run folder itself for one run,
             ``reports/compare-<time>`` for several.
         labels: names for the runs (default: folder names).
+        shown_paths: the paths the page names for the runs (default: ``run_dirs``); a run
+            written into a staging folder names its final folder.
         group_by: a condition column (``variant``, ``seed``, ``step``, ``tier``): runs sharing its
             value are averaged and compared as one (see :func:`group_runs`).
 
@@ -324,6 +432,9 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     labels = labels or [None] * len(run_dirs)
     trainings = [read_training(p, l) for p, l in zip(run_dirs, labels) if is_training_folder(p)]
     runs = [read_run(p, l) for p, l in zip(run_dirs, labels) if not is_training_folder(p)]
+    if shown_paths is not None:
+        for run, shown in zip(runs, shown_paths):
+            run.shown = str(shown)
     if group_by:
         runs = group_runs(runs, group_by)
     seen: dict[str, int] = {}
@@ -353,10 +464,17 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
             info = docs.get(metric, MetricInfo(metric, "", "", ""))
             summary.append({"metric": metric, "label": info.label, "direction": info.direction,
                             "values": [fmt(_model_value(r.table, metric)) for r in runs]})
+            no_phantom = [r for r in runs if not _has_phantom(r)] if metric in PHANTOM_METRICS else []
+            note = None
+            if no_phantom:
+                names = ", ".join(r.label for r in no_phantom)
+                note = (f"{'The model' if len(runs) == 1 else names} has no learned phantom key, so its {metric} is 0 "
+                        f"by construction; no figures are drawn{' for it' if len(runs) > 1 else ''}.")
             entries.append({
-                "metric": metric, "info": info,
+                "metric": metric, "info": info, "note": note,
                 "figures": _figures_for_metric(runs, metric, fig_dir),
-                "table": _layer_table(runs, metric) if all(_has_layers(r.table, metric) for r in runs) else None,
+                "table": _layer_table(runs, metric) if all(_has_layers(r.table, metric) for r in runs)
+                and len(no_phantom) < len(runs) else None,
             })
         sections.append({"probe": probe, "entries": entries})
 
@@ -378,6 +496,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     html = env.get_template("report.html.j2").render(
         title=title, runs=runs, trainings=trainings, training=training,
         run_info=_run_info(runs) if runs else None, summary=summary, sections=sections, notes=notes,
+        warnings=_differences(runs) if len(runs) > 1 else [],
         generated=datetime.now().isoformat(timespec="seconds"), version=__version__,
     )
     page = out / "report.html"

@@ -216,6 +216,7 @@ def layer_head_heatmap(
     vmin: float | None = None,
     vmax: float | None = None,
     cmap: str = "viridis",
+    reference: float | None = None,
 ) -> Figure:
     """Draw a layer x head heatmap of one metric.
 
@@ -234,6 +235,8 @@ def layer_head_heatmap(
         cmap: Name of a registered matplotlib colour map. Prefer perceptually
             uniform maps (``viridis``, ``cividis``) so the figure survives
             greyscale printing.
+        reference: A value to mark on the colourbar (e.g. the p0 mass of
+            uniform attention), drawn as a dashed line when inside the scale.
 
     Returns:
         The figure. The image is ``fig.axes[0].images[0]``; its array is the
@@ -304,6 +307,11 @@ def layer_head_heatmap(
         # A long label does not fit along a short colourbar: unit on a second line.
         cbar.set_label(metric_axis_label(metric, wrap=fig_h < _WRAP_BELOW_IN))
         cbar.outline.set_linewidth(0.5)
+        if reference is not None and np.isfinite(reference):
+            lo, hi = im.norm.vmin, im.norm.vmax
+            if lo is not None and hi is not None and lo <= reference <= hi:
+                cbar.ax.axhline(reference, color="white", linewidth=1.4, zorder=3)
+                cbar.ax.axhline(reference, color="black", linewidth=0.8, linestyle="--", zorder=4)
 
         if data.mask.any():
             fig.legend(
@@ -328,6 +336,8 @@ def per_layer_line(
     *,
     label: str | None = None,
     ax: Axes | None = None,
+    reference: float | None = None,
+    reference_label: str | None = None,
 ) -> Figure:
     """Plot a metric's per-layer aggregate against layer.
 
@@ -341,6 +351,10 @@ def per_layer_line(
         label: Legend entry for the line (e.g. a model or run name). A legend
             is drawn whenever a label is given.
         ax: Axes to draw into; a new figure is created when None.
+        reference: A horizontal reference line (e.g. the p0 mass of uniform
+            attention, so a reader sees at once whether there is a sink);
+            dashed grey, in the legend as ``reference_label``.
+        reference_label: Legend entry of the reference line.
 
     Returns:
         The (root) figure holding the axes. The aggregate line is the first
@@ -401,14 +415,18 @@ def per_layer_line(
                 label=f"{label}: min–max over heads" if label else "min–max over heads",
                 zorder=2,
             )
+        if reference is not None and np.isfinite(reference):
+            ax.axhline(reference, color="0.35", linewidth=1.0, linestyle="--", label=reference_label, zorder=1,
+                       gid="reference")
         ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", integer=True))
         ax.set_xlabel("layer")
         ax.set_ylabel(metric_axis_label(metric))
         ax.grid(True, linewidth=0.4, alpha=0.4)
-        if label is not None or band is not None:
+        if label is not None or band is not None or reference_label is not None:
             # Below the axes: the band would hide an inside legend, and
             # overlaid runs append entries (one column per run).
-            n_entries = len(ax.get_legend_handles_labels()[0])
+            handles = ax.get_legend_handles_labels()[0]
+            n_entries = sum(1 for h in handles if h.get_gid() != "reference")  # one column per run
             per_run = 2 if band is not None else 1
             ax.legend(
                 loc="upper center",

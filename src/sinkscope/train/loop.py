@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import atomic_write_text
+from sinkscope.fileio import atomic_write_text, check_replaceable
 from sinkscope.train.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
 from sinkscope.train.data import DEFAULT_TOKENIZER, TrainBatches, eval_batches, load_tokenizer, prepare_data
 
@@ -359,19 +359,9 @@ def _stderr(message: str) -> None:
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise SinkscopeError(f"{out} exists and is not a folder; choose another --out.")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            hint = "pass --resume to continue it, --overwrite to replace it" if is_checkpoint(out) else "pass --overwrite"
-            raise SinkscopeError(
-                f"the checkpoint folder {out} already exists and is not empty; {hint}, or choose another --out."
-            )
-        leftovers = {p.name for p in out.iterdir()} - {"log.csv"}
-        if leftovers and not is_checkpoint(out):
-            raise SinkscopeError(
-                f"--overwrite only replaces a trainer checkpoint, and {out} holds other files; choose another --out."
-            )
+    hint = "pass --resume to continue it, --overwrite to replace it" if is_checkpoint(out) else "pass --overwrite"
+    check_replaceable(out, overwrite, kind="trainer checkpoint", hint=hint,  # log.csv alone: stopped before step 1
+                      is_ours=lambda folder: is_checkpoint(folder) or {p.name for p in folder.iterdir()} <= {"log.csv"})
 
 
 @torch.no_grad()
@@ -570,7 +560,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
             dt = time.perf_counter() - t0
             window_loss, window_steps, window_time = window_loss + loss_value, window_steps + 1, window_time + dt
             bar.update(1)
-            bar.set_postfix_str(f"loss {loss_value:.3f}, {tokens_per_step / max(dt, 1e-9):,.0f} tok/s", refresh=False)
+            bar.set_postfix_str(f"step loss {loss_value:.3f}, {tokens_per_step / max(dt, 1e-9):,.0f} tok/s", refresh=False)
 
             is_eval = step % opts.eval_every == 0 or step == opts.steps
             is_ckpt = step % opts.checkpoint_every == 0 or step == opts.steps or step == stop
@@ -578,13 +568,15 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
                 do_eval(step)
             if env.is_main and (is_eval or is_ckpt or step % opts.log_every == 0):
                 tokens_per_s = window_steps * tokens_per_step / max(window_time, 1e-9)
+                train_loss, train_steps = window_loss / window_steps, window_steps  # what log.csv records
                 _append_log(out, {"step": step, "tokens": step * tokens_per_step,
-                                  "train_loss": _fmt(window_loss / window_steps, ".6f"),
+                                  "train_loss": _fmt(train_loss, ".6f"),
                                   "val_loss": _fmt(val_loss if is_eval else None, ".6f"), "lr": _fmt(lr, ".6g"),
                                   "tokens_per_s": _fmt(tokens_per_s, ".1f"), "elapsed_s": _fmt(elapsed(), ".2f")})
                 window_loss, window_steps, window_time = 0.0, 0, 0.0
                 if is_eval:
-                    line = f"step {step}: train {loss_value:.4f}, val {val_loss:.4f}, {tokens_per_s:,.0f} tok/s"
+                    line = (f"step {step}: train {train_loss:.4f} (mean of the last {train_steps} steps, as in "
+                            f"log.csv), val {val_loss:.4f}, {tokens_per_s:,.0f} tok/s")
                     bar.write(line, file=sys.stderr) if not bar.disable else log(line)
             if is_ckpt:
                 save(step)
