@@ -11,7 +11,10 @@ import pandas as pd
 import pytest
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.probes import metric_info
 from sinkscope.report import figures
+
+figures.register_metric_docs(metric_info())  # a run's manifest hands these to the report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 N_LAYERS, N_HEADS, N_KV_HEADS = 4, 6, 2

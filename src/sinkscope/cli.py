@@ -51,19 +51,10 @@ def _friendly_errors(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            import torch
-        except KeyboardInterrupt:  # Ctrl-C while torch loads: the same exit as anywhere else
-            typer.echo("error: interrupted; nothing was written.", err=True)
-            raise typer.Exit(130) from None
-
-        try:
             return func(*args, **kwargs)
         except SinkscopeError as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(error.exit_code) from None  # 1; 130 for an interrupted run (errors.Interrupted)
-        except torch.OutOfMemoryError:
-            typer.echo("error: out of memory; lower --batch-size or --seq-len, or use a larger device.", err=True)
-            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             typer.echo("error: interrupted; no run folder was written.", err=True)
             raise typer.Exit(130) from None
@@ -72,8 +63,19 @@ def _friendly_errors(func):
             typer.echo(f"error: could not write or read{where} ({error.strerror or error}); "
                        "results already written are unchanged.", err=True)
             raise typer.Exit(1) from None
+        except Exception as error:
+            if not _is_out_of_memory(error):
+                raise
+            typer.echo("error: out of memory; lower --batch-size or --seq-len, or use a larger device.", err=True)
+            raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """torch.OutOfMemoryError, recognised without importing torch (commands import it lazily)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(error, torch.OutOfMemoryError)
 
 
 @app.command()
@@ -130,7 +132,11 @@ def sinks(
 
 
 def _run(command, options) -> None:
-    """Run a measuring command through the pipeline and print the run folder."""
+    """Check the options (before torch is imported), run the command, print the run folder."""
+    from sinkscope.options import check_options
+
+    check_options(options)
+    command.check(options)
     from sinkscope.pipeline import execute
 
     result = execute(command, options)

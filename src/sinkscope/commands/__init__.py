@@ -10,9 +10,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from sinkscope.errors import suggest
-from sinkscope.errors import SinkscopeError
-from sinkscope.pipeline import Command
+from sinkscope.errors import SinkscopeError, suggest
+from sinkscope.options import Command
 
 COMMANDS: dict[str, Command] = {}
 _discovered = False

@@ -8,12 +8,15 @@ the run folder, the report) is the pipeline's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sinkscope.capture.families import ModelSpec
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError
-from sinkscope.pipeline import Command, RunOptions
-from sinkscope.sources import Source, check_layer_start, layer_count
+from sinkscope.options import Command, RunOptions, check_layer_start
+
+if TYPE_CHECKING:
+    from sinkscope.capture.families import ModelSpec
+    from sinkscope.sources import Source
 
 #: the probes `sinks` runs, in table order.
 SINKS_PROBES: tuple[str, ...] = ("p0_mass", "sink_rate", "phantom_mass", "value_norm_ratio", "massive_activation")
@@ -56,6 +59,8 @@ def _check(options: SinksOptions) -> None:
 
 
 def _check_source(options: SinksOptions, source: Source) -> None:
+    from sinkscope.sources import layer_count
+
     check_layer_start(options.sink_layer_start, layer_count(source))
 
 

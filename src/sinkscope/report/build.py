@@ -34,8 +34,7 @@ import pandas as pd
 from sinkscope import __version__
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import atomic_write_text
-from sinkscope.probes.base import MetricInfo
-from sinkscope.results import RUN_FORMAT_VERSION, read_results
+from sinkscope.results import RUN_FORMAT_VERSION, MetricInfo, read_results
 
 #: Per-layer tables longer than this start collapsed.
 COLLAPSE_ROWS = 16
@@ -133,15 +132,19 @@ def fmt(value) -> str:
 
 
 def _metric_docs(runs: list[RunData]) -> dict[str, MetricInfo]:
-    """Metric documentation: the registry, overridden by what the manifests recorded."""
-    from sinkscope.probes import metric_info
+    """Metric documentation as the runs' manifests recorded it (the report imports no probe).
 
-    docs = dict(metric_info())
+    Also handed to the figures (labels, units, KV-head axes).
+    """
+    from sinkscope.report import figures
+
+    docs: dict[str, MetricInfo] = {}
     for run in runs:
         for probe in run.manifest.get("probes", {}).values():
             for metric, info in probe.get("metrics", {}).items():
                 if isinstance(info, dict):
                     docs.setdefault(metric, MetricInfo(**info))
+    figures.register_metric_docs(docs)
     return docs
 
 

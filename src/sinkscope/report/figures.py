@@ -41,7 +41,6 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes import metric_info
 from sinkscope.fileio import atomic_write_bytes
 
 __all__ = [
@@ -51,18 +50,26 @@ __all__ = [
     "layer_head_heatmap",
     "metric_axis_label",
     "per_layer_line",
+    "register_metric_docs",
     "save_figure",
     "write_run_figures",
 ]
 
-#: Human-readable label and unit for each known metric: ``metric -> (label, unit)``.
-#: Unknown metrics fall back to the raw metric name without a unit.
-METRIC_LABELS: dict[str, tuple[str, str]] = {
-    metric: (info.label, info.unit) for metric, info in metric_info().items()
-}
+#: Human-readable label and unit for each known metric: ``metric -> (label, unit)``, filled from
+#: the metric documentation a run's manifest carries (``register_metric_docs``); the report never
+#: imports the probes (or torch). Unknown metrics fall back to the raw metric name without a unit.
+METRIC_LABELS: dict[str, tuple[str, str]] = {}
 
 #: Metrics whose head axis indexes key/value heads (GQA) rather than query heads.
-KV_HEAD_METRICS: frozenset[str] = frozenset(m for m, i in metric_info().items() if i.per == "layer x KV head")
+KV_HEAD_METRICS: set[str] = set()
+
+
+def register_metric_docs(docs: Mapping[str, object]) -> None:
+    """Learn labels, units and head kinds from ``MetricInfo``-like documentation, by metric name."""
+    for metric, info in docs.items():
+        METRIC_LABELS[metric] = (info.label, info.unit)
+        if info.per == "layer x KV head":
+            KV_HEAD_METRICS.add(metric)
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("metric", "layer", "head", "value")
 

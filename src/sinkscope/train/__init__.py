@@ -2,21 +2,25 @@
 
 ``model.py`` holds the decoder and every attention variant of SPEC.md; ``data.py`` the tokenizer,
 token cache, split and seeded batches; ``loop.py`` the training loop (``train``); and
-``checkpoint.py`` the checkpoint folder every probe command accepts as MODEL.
+``checkpoint.py`` the checkpoint folder every probe command accepts as MODEL. Names are imported
+on first use, so reading a checkpoint's config (the report does) needs no torch.
 """
 
-from sinkscope.train.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
-from sinkscope.train.loop import TrainOptions, train
-from sinkscope.train.model import (
-    GPT,
-    MODEL_TYPE,
-    TIERS,
-    VARIANTS,
-    GPTConfig,
-    Variant,
-    lm_loss,
-    load_balance_loss,
-)
+from __future__ import annotations
 
-__all__ = ["GPT", "MODEL_TYPE", "TIERS", "VARIANTS", "GPTConfig", "TrainOptions", "Variant", "is_checkpoint",
-           "lm_loss", "load_balance_loss", "load_checkpoint", "save_checkpoint", "train"]
+import importlib
+
+_EXPORTS = {
+    "is_checkpoint": "checkpoint", "load_checkpoint": "checkpoint", "save_checkpoint": "checkpoint",
+    "TrainOptions": "loop", "train": "loop",
+    "GPT": "model", "MODEL_TYPE": "model", "TIERS": "model", "VARIANTS": "model", "GPTConfig": "model",
+    "Variant": "model", "lm_loss": "model", "load_balance_loss": "model",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,11 +25,14 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import replace_folder
+
+if TYPE_CHECKING:  # torch is imported by the functions that need it: is_checkpoint stays light
+    import torch
+    from torch import nn
 
 #: config.json's marker and format version.
 TRAINER_FORMAT = 1
@@ -101,6 +104,7 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
             data, ...); ``step``, ``variant``, ``model`` and ``versions`` are filled in here.
         train_state: data-loader state, RNG states, counters; saved in optimizer.pt.
     """
+    import torch
     from safetensors.torch import save_file
 
     from sinkscope.results import versions
@@ -154,6 +158,7 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
     :class:`SinkscopeError`.
     """
     from safetensors import safe_open
+    import torch
     from safetensors.torch import load_file
 
     from sinkscope.train.data import load_tokenizer_folder

@@ -1,0 +1,135 @@
+"""What every measuring command is made of: its options and its declaration (no heavy imports).
+
+The CLI checks a command's options with these before torch or transformers is imported, so a
+mistake costs a fraction of a second; ``pipeline.py`` runs the command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from sinkscope.errors import SinkscopeError
+
+if TYPE_CHECKING:
+    from sinkscope.capture.families import ModelSpec
+    from sinkscope.sources import Source
+
+ATTENTION_MODES = ("fused", "explicit")
+BOS_POLICIES = ("auto", "add", "none")
+
+
+@dataclass
+class RunOptions:
+    """What every measuring command shares (recorded verbatim in the manifest).
+
+    Attributes:
+        model: hub id, local folder, GGUF file or trainer checkpoint; None for the embedded SmolLM2.
+        out: run folder; None for ``reports/<run-id>``.
+        text_file: a UTF-8 text file to use instead of the bundled corpus.
+        dataset: a ``datasets`` name ``NAME[:CONFIG][:SPLIT]`` instead of the bundled corpus.
+        seq_len: tokens per window, BOS included; None = 512 (a SmolLM2 run near a minute on 2
+            cores), or the model's context if shorter (trainer checkpoints: 128 for ``tiny``).
+        n_seqs: number of windows.
+        batch_size: windows per forward pass (does not change the numbers).
+        seed: seeds the window draw.
+        bos: ``auto`` | ``add`` | ``none`` (see corpus.py).
+        device, dtype, revision, trust_remote_code: model loading (see sources.py).
+        overwrite: replace an existing run folder.
+        figures: draw the figures and write report.html.
+        attention: ``fused`` (a fused kernel's log-sum-exp; memory linear in seq-len) or
+            ``explicit`` (the model's eager weights; the reference). Same numbers (1e-5).
+        resume: continue a killed or interrupted run into the same ``out`` from its last
+            checkpoint of the accumulators (same options required); the table equals an
+            uninterrupted run's.
+        checkpoint_seconds: how often the accumulators are saved for ``resume`` (0: every batch).
+        device_map: shard a large model over devices through accelerate (``auto``,
+            ``balanced``, ``sequential``); probes run on each layer's device.
+    """
+
+    model: str | None = None
+    out: str | None = None
+    text_file: str | None = None
+    dataset: str | None = None
+    seq_len: int | None = None
+    n_seqs: int = 16
+    batch_size: int = 4
+    seed: int = 0
+    bos: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    overwrite: bool = False
+    figures: bool = True
+    progress: bool = True
+    attention: str = "fused"
+    resume: bool = False
+    checkpoint_seconds: float = 30.0
+    device_map: str | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A measuring command: its options, its probes and its checks (``commands/``).
+
+    Attributes:
+        name: the CLI command and the manifest's ``command``.
+        summary: one line for listings.
+        options: its options dataclass (a ``RunOptions`` subclass).
+        probes: ``(options, spec) -> [(probe name, parameters), ...]``.
+        check: cheap checks of the options, before anything is loaded.
+        check_source: checks against the model's config file, before the weights load.
+        check_model: checks needing the model's sizes, right after it loads.
+    """
+
+    name: str
+    summary: str
+    options: type[RunOptions]
+    probes: Callable[[Any, "ModelSpec"], list[tuple[str, dict]]]
+    check: Callable[[Any], None] = lambda options: None
+    check_source: Callable[[Any, "Source"], None] = lambda options, source: None
+    check_model: Callable[[Any, "ModelSpec"], None] = lambda options, spec: None
+
+
+def check_options(options: RunOptions) -> None:
+    """The options every command shares, checked in a second, before anything loads."""
+    if options.seq_len is not None and options.seq_len < 2:
+        raise SinkscopeError(f"--seq-len must be at least 2 (got {options.seq_len}).")
+    if options.n_seqs < 1:
+        raise SinkscopeError(f"--n-seqs must be at least 1 (got {options.n_seqs}).")
+    if options.batch_size < 1:
+        raise SinkscopeError(f"--batch-size must be at least 1 (got {options.batch_size}).")
+    if options.bos not in BOS_POLICIES:
+        raise SinkscopeError(f"unknown --bos {options.bos!r}; use one of {', '.join(BOS_POLICIES)}.")
+    if options.resume and not options.out:
+        raise SinkscopeError("--resume needs the --out folder of the run to continue.")
+    if options.attention not in ATTENTION_MODES:
+        raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
+    check_seed(options.seed)
+
+
+
+
+def check_seed(seed, option: str = "--seed") -> None:
+    """A seed must be a non-negative integer (numpy's generators refuse negative ones)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SinkscopeError(f"{option} must be a non-negative integer (got {seed}).")
+
+
+def check_layer_start(start: int | None, n_layers: int | None, attention_layers=None,
+                      option: str = "--sink-layer-start") -> None:
+    """A layer index the user gave must name a layer: ``0 <= start < n_layers``, at most the last attention layer.
+
+    Run twice: before loading with ``sources.layer_count`` (when the config is on disk) and after,
+    with the model's spec; ``n_layers`` None checks the sign only, ``start`` None (not given) nothing.
+    """
+    if start is None:
+        return
+    if start < 0:
+        raise SinkscopeError(f"{option} must be 0 or more (got {start}).")
+    if n_layers is not None and start >= n_layers:
+        raise SinkscopeError(f"{option} {start} is outside the model's {n_layers} layers; use 0 to {n_layers - 1}.")
+    if attention_layers and start > max(attention_layers):
+        raise SinkscopeError(f"{option} {start} is past the model's last softmax-attention layer "
+                             f"({max(attention_layers)}); use at most {max(attention_layers)}.")
