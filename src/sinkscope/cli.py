@@ -43,6 +43,11 @@ RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revi
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code from the model repository to run.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty run folder.")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+FiguresOpt = Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots and write report.html; --no-figures writes neither (add them later with `sinkscope report RUN`).")]
+AttentionOpt = Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")]
+DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")]
+CheckpointSecondsOpt = Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")]
 
 
 def _friendly_errors(func):
@@ -97,12 +102,12 @@ def sinks(
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
     sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:], a layer of the model [default: 2; no [2:] row for a 2-layer model].")] = None,
     overwrite: OverwriteOpt = False,
-    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots and write report.html; --no-figures writes neither (add them later with `sinkscope report RUN`).")] = True,
+    figures: FiguresOpt = True,
     progress: ProgressOpt = True,
-    attention: Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")] = "fused",
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
-    device_map: Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")] = None,
-    checkpoint_seconds: Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")] = 30.0,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
 ) -> None:
     """Measure position-0 mass, sink rate, phantom mass, value-norm ratio and massive activations.
 
@@ -120,21 +125,20 @@ def sinks(
 
         torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
     """
-    from sinkscope.commands.sinks import SINKS, SinksOptions
-
-    _run(SINKS, SinksOptions(
-        model=model, out=out, text_file=text_file, dataset=dataset, seq_len=seq_len, n_seqs=n_seqs,
-        batch_size=batch_size, seed=seed, bos=bos, device=device, dtype=dtype, revision=revision,
-        trust_remote_code=trust_remote_code, sink_epsilon=sink_epsilon, sink_layer_start=sink_layer_start,
-        overwrite=overwrite, figures=figures, progress=progress, attention=attention, resume=resume,
-        device_map=device_map, checkpoint_seconds=checkpoint_seconds,
-    ))
+    _run("sinks", locals())
 
 
-def _run(command, options) -> None:
-    """Check the options (before torch is imported), run the command, print the run folder."""
+def _run(name: str, values: dict) -> None:
+    """Build the command's options from the CLI's values (lists become tuples), check them before
+    torch is imported, run the command through the pipeline, print the run folder."""
+    from dataclasses import fields
+
+    from sinkscope.commands import get_command
     from sinkscope.options import check_options
 
+    command = get_command(name)
+    names = {f.name for f in fields(command.options)}
+    options = command.options(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
     check_options(options)
     command.check(options)
     from sinkscope.pipeline import execute
@@ -164,12 +168,12 @@ def measure(
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
     overwrite: OverwriteOpt = False,
-    figures: Annotated[bool, typer.Option("--figures/--no-figures", help="Draw the figures and write report.html.")] = True,
+    figures: FiguresOpt = True,
     progress: ProgressOpt = True,
-    attention: Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")] = "fused",
-    resume: Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")] = False,
-    device_map: Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")] = None,
-    checkpoint_seconds: Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")] = 30.0,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
 ) -> None:
     """Run any registered probes by name (a plugin file's included) and write a run folder.
 
@@ -181,15 +185,7 @@ def measure(
 
         sinkscope measure model.gguf --plugin my_probes.py --probe my_probe
     """
-    from sinkscope.commands.measure import MEASURE, MeasureOptions
-
-    _run(MEASURE, MeasureOptions(
-        model=model, probes=tuple(probe), params=tuple(param or ()), plugins=tuple(plugin or ()), out=out,
-        text_file=text_file, dataset=dataset, seq_len=seq_len, n_seqs=n_seqs, batch_size=batch_size, seed=seed,
-        bos=bos, device=device, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
-        overwrite=overwrite, figures=figures, progress=progress, attention=attention, resume=resume,
-        device_map=device_map, checkpoint_seconds=checkpoint_seconds,
-    ))
+    _run("measure", {**locals(), "probes": probe, "params": param or [], "plugins": plugin or []})
 
 
 @app.command()
