@@ -138,11 +138,14 @@ def test_recipe_runs_with_overrides(tiny_llama_dir, text_file, tmp_path):
 def test_bundled_recipes_parse():
     from pathlib import Path
 
-    from sinkscope.recipes import load_recipe
+    from sinkscope.recipes import load_steps
 
     for path in sorted((Path(__file__).parents[1] / "probes").glob("*.toml")):
-        command, options = load_recipe(str(path))
-        assert command == "sinks" and options.seq_len == 512
+        steps = load_steps(str(path))
+        if path.name.startswith("sinks-"):
+            assert [(command, options.seq_len) for command, options in steps] == [("sinks", 512)]
+        else:  # multi-step recipes (tests/test_recipe_steps.py runs one)
+            assert {command for command, _ in steps} <= {"train", "sinks", "report"}
 
 
 def test_train_then_probe_the_checkpoint(text_file, tmp_path):

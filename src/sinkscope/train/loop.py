@@ -12,8 +12,8 @@ BPE-4096, batch 32, 600 steps (2.5M tokens), peak lr 2e-3 -> 2e-4, warmup 30 (it
 val loss 4.57 and phantom-mass curves are recorded there; a 1.3M-parameter model wants a larger
 rate than GPT-2's 6e-4), about three minutes on two CPU cores. The ``micro`` tier is the trigger
 task's (SPEC.md "Trigger-conditional task"): 2 layers x 4 heads x 128, context 64, batch 64,
-400 steps (1.6M tokens), peak lr 2e-3 -> 2e-4, warmup 20, its measured setting; the default tier of
-``--task trigger`` (``tiny`` for ``--task text``).
+1,000 steps (4.1M tokens; at 400 steps the baseline's sink is still forming), peak lr 2e-3 ->
+2e-4, warmup 50; the default tier of ``--task trigger`` (``tiny`` for ``--task text``).
 
 Data (``tasks.py``): ``--task text`` (the corpus; ``--windows doc-start``, the default, puts BOS
 at a passage start, ``random`` keeps the old random offsets) or ``--task trigger`` (generated;
@@ -71,7 +71,7 @@ TASK_TIERS = {"text": "tiny", "trigger": "micro"}
 #: optimizer step = micro-batch x accumulation), peak lr 6e-4 -> 6e-5. ``warmup_steps`` scales
 #: with ``steps`` when those are changed (same warmup fraction).
 TIER_TRAINING: dict[str, dict] = {
-    "micro": dict(steps=400, batch_size=64, grad_accum=1, lr=2e-3, min_lr=2e-4, warmup_steps=20,
+    "micro": dict(steps=1000, batch_size=64, grad_accum=1, lr=2e-3, min_lr=2e-4, warmup_steps=50,
                   eval_every=100, checkpoint_every=200),
     "tiny": dict(steps=600, batch_size=32, grad_accum=1, lr=2e-3, min_lr=2e-4, warmup_steps=30,
                  eval_every=50, checkpoint_every=200),
