@@ -34,7 +34,7 @@ Window policies (``--windows``; SPEC.md "Training data (resolved)"):
                          id (GPT-2's convention: one token is both), so position 0 is always the
                          same token, as in seed 003's BOS-in-vocabulary setting. A passage starts
                          at a document's first non-blank character and after every blank line
-                         (a paragraph; the Austen corpus has ~11,000 in 1.0M tokens), so the
+                         (a paragraph; the Austen corpus has 10,298 in 1.07M tokens), so the
                          token after BOS is a real beginning, never mid-sentence. Why not only
                          document starts: six novels give six windows. Passage starts are found
                          from the tokenizer's character offsets (:func:`passage_index`); a slow

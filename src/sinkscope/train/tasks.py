@@ -117,7 +117,8 @@ class TextTask:
     def windows(self, *, seq_len: int, n_seqs: int, seed: int) -> Windows:
         """Validation windows drawn without replacement by ``numpy.random.default_rng(seed)``, kept
         in stream order: doc-start ``[BOS] + seq_len - 1`` tokens at a validation passage start;
-        random: non-overlapping ``seq_len`` chunks of the validation split."""
+        random: non-overlapping ``seq_len`` chunks of the validation split. ``Windows.starts`` holds
+        ``(0, offset of the window's body in the validation split)``."""
         if seq_len < 2:
             raise SinkscopeError(f"--seq-len must be at least 2 (got {seq_len}).")
         if self.policy == "doc-start":
@@ -243,7 +244,8 @@ class TriggerTask:
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
     def windows(self, *, seq_len: int, n_seqs: int, seed: int) -> Windows:
-        """A seeded validation draw: seed 0 and ``seq_len = length`` give the eval windows first."""
+        """A seeded validation draw: seed 0 and ``seq_len = length`` give the eval windows first.
+        ``Windows.starts`` holds ``(0, index of the window in the draw)``."""
         if not 2 <= seq_len <= self.block_size:
             raise SinkscopeError(f"--seq-len must be between 2 and the model's context ({self.block_size}), not {seq_len}.")
         if n_seqs < 1:
