@@ -21,6 +21,7 @@ SMALL = ["vars.root={root}", "train.steps=4", "train.batch_size=8", "train.progr
          "train.task_options=['vocab=16']", "n_seqs=4", "sinks.figures=false", "sinks.progress=false"]
 
 
+@pytest.mark.slow  # ~20 s: the comparison page draws every metric's figures
 def test_bundled_trigger_recipe_trains_probes_and_compares(tmp_path):
     root = tmp_path / "trigger"
     overrides = [item.format(root=root) for item in SMALL]
@@ -39,6 +40,26 @@ def test_bundled_trigger_recipe_trains_probes_and_compares(tmp_path):
     assert table[(table.metric == "phantom_mass") & table.layer.isna()]["value"].iloc[0] > 0
     assert (root / "compare" / "figures" / "overlay_p0_mass.png").is_file()
     assert (root / "compare" / "figures" / "training_loss.png").is_file()
+
+
+def test_train_then_sinks_steps_run_in_order(tmp_path):
+    """A two-step recipe: the sinks step reads the checkpoint the train step just wrote."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(
+        '[vars]\nroot = "x"\n'
+        '[[steps]]\ncommand = "train"\n[steps.options]\ntask = "trigger"\nout = "{root}/ckpt"\nsteps = 3\n'
+        'batch_size = 4\nprogress = false\ntask_options = ["vocab=12"]\n'
+        'overrides = ["n_layer=1", "n_head=2", "n_embd=16", "block_size=10"]\n'
+        '[[steps]]\ncommand = "sinks"\n[steps.options]\nmodel = "{root}/ckpt"\n'
+        'text_file = "{root}/ckpt/validation.txt"\nbos = "none"\nn_seqs = 3\nfigures = false\nprogress = false\n'
+        'out = "{root}/run"\n')
+    root = tmp_path / "runs"
+    result = CliRunner().invoke(app, ["run", str(recipe), "--set", f"vars.root={root}"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == str(root / "run")
+    assert json.loads((root / "ckpt" / "config.json").read_text())["step"] == 3
+    tokens = np.load(root / "run" / "tokens.npy")
+    assert tokens.shape == (3, 10) and np.all(tokens[:, 0] == 0)
 
 
 def test_step_overrides_and_variables_fail_in_one_sentence(tmp_path):
