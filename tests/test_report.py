@@ -217,7 +217,8 @@ def test_report_draws_loss_curves_of_trainer_checkpoints(tmp_path, llama_run, te
     for variant in ("baseline", "sinklogit"):
         ckpt = tmp_path / f"ckpt-{variant}"
         result = CliRunner().invoke(cli, [
-            "train", "--variant", variant, "--text-file", str(text_file), "--tokenizer", "bpe300", "--set", "n_layer=1",
+            "train", "--variant", variant, "--text-file", str(text_file), "--tokenizer", "bpe300",
+            "--windows", "random", "--set", "n_layer=1",
             "--set", "n_head=2", "--set", "n_embd=32", "--set", "block_size=32", "--steps", "4", "--batch-size", "4",
             "--out", str(ckpt), "--no-progress"])
         assert result.exit_code == 0, result.output

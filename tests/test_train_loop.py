@@ -35,14 +35,16 @@ def quiet(_message: str) -> None:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    """A private cache and a repetitive text file (~45k tokens under the test BPE)."""
+    """A private cache and a repetitive text file (~45k tokens under the test BPE) in paragraphs of
+    three lines (1,000 passage starts for doc-start windows)."""
     root = tmp_path_factory.mktemp("trainer")
     old = os.environ.get("SINKSCOPE_CACHE")
     os.environ["SINKSCOPE_CACHE"] = str(root / "cache")
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(10)) + "." for _ in range(3000)]
+    paragraphs = ["\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)]
     text = root / "words.txt"
-    text.write_text("\n".join(lines), encoding="utf-8")
+    text.write_text("\n\n".join(paragraphs), encoding="utf-8")
     yield {"root": root, "text": str(text)}
     if old is None:
         os.environ.pop("SINKSCOPE_CACHE", None)

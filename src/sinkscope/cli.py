@@ -217,7 +217,8 @@ def report(
 @_friendly_errors
 def train(
     variant: Annotated[Optional[str], typer.Option("--variant", help="baseline | offbyone | sinklogit | sinktoken | normgate | projgate | sink+norm | sink+proj | routing-norm | outgate [default: baseline].")] = None,
-    tier: Annotated[Optional[str], typer.Option("--tier", help="tiny (CPU, minutes) | 10M | 50M | 124M | 350M [default: tiny].")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", help="text (the corpus) | trigger (SPEC.md's trigger-conditional task, generated) [default: text].")] = None,
+    tier: Annotated[Optional[str], typer.Option("--tier", help="micro (~1 min on CPU) | tiny (~3 min) | 10M | 50M | 124M | 350M [default: micro for --task trigger, tiny for text].")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants) [default: 0].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Checkpoint folder.")] = "ckpt",
     steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length) [default: the tier's; 600 for tiny].")] = None,
@@ -232,6 +233,8 @@ def train(
     text_file: TextFileOpt = None,
     dataset: DatasetOpt = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="bpe4096 (default, trained on the corpus) | gpt2 | a tokenizer folder.")] = None,
+    windows: Annotated[Optional[str], typer.Option("--windows", help="Text windows: doc-start (default: BOS, then a paragraph start) | random (any offset, no BOS).")] = None,
+    task_set: Annotated[Optional[list[str]], typer.Option("--task-set", help="A task option key=value (repeatable); trigger: vocab=64, trigger_rate=0.12, length=0 (= block_size), task_seed=0.")] = None,
     tnlm: Annotated[bool, typer.Option("--tnlm", help="TNLM loss: no cross-entropy term at position 0 (seed 003).")] = False,
     lb_lambda: Annotated[float, typer.Option("--lb-lambda", help="Sink-aware load-balancing loss weight (seed 004; 1e-4 there).")] = 0.0,
     force_sink_k: Annotated[Optional[int], typer.Option("--force-sink-k", help="Force-sink masking with k channels (seed 003; 16 there).")] = None,
@@ -251,12 +254,16 @@ def train(
 
         sinkscope train --variant baseline --tier tiny --set n_layer=2 --steps 100 --out ckpt/quick
 
+        sinkscope train --task trigger --variant sinklogit --seed 1 --out ckpt/trigger-sinklogit
+
+        sinkscope train --variant sinklogit --set layer_pattern=sliding,full --set window=32 --out ckpt/gptoss-like
+
         torchrun --nproc-per-node 8 -m sinkscope train --variant sinklogit --tier 124M --out ckpt/124m
     """
     from sinkscope.train.loop import TrainOptions, train as train_model
 
     options = TrainOptions(
-        variant=variant, tier=tier, seed=seed, out=out, steps=steps, batch_size=batch_size, lr=lr,
+        variant=variant, task=task, windows=windows, task_options=list(task_set or []), tier=tier, seed=seed, out=out, steps=steps, batch_size=batch_size, lr=lr,
         min_lr=min_lr, warmup_steps=warmup_steps, grad_accum=grad_accum, eval_every=eval_every,
         checkpoint_every=checkpoint_every, stop_at=stop_at, text_file=text_file, dataset=dataset, tokenizer=tokenizer, tnlm=tnlm, lb_lambda=lb_lambda,
         force_sink_k=force_sink_k, overrides=list(set_ or []), device=device, resume=resume,

@@ -1,5 +1,7 @@
 """Probe recipes: a TOML file naming a command and its options, run by ``sinkscope run``.
 
+One command:
+
     # probes/sinks-smollm2.toml
     command = "sinks"
     description = "..."
@@ -7,24 +9,104 @@
     seq_len = 512
     n_seqs = 16
 
+Several steps, run in order (``train``, ``sinks`` and ``report`` steps; e.g. train two models,
+probe both, compare them on one page):
+
+    description = "..."
+    [vars]
+    root = "reports/trigger"              # used below as {root}
+    [[steps]]
+    command = "train"
+    [steps.options]
+    task = "trigger"
+    out = "{root}/ckpt-baseline"
+    [[steps]]
+    command = "report"
+    [steps.options]
+    runs = ["{root}/ckpt-baseline"]
+
+``{name}`` in a string option (or in a list of strings) is replaced by ``[vars]``'s ``name``.
 ``--set key=value`` overrides an option (the value is parsed as TOML, so ``--set n_seqs=8``
-is an int and ``--set bos='"add"'`` or ``--set bos=add`` a string). Unknown keys (top-level ones
-too: an option written above ``[options]`` is not silently ignored) and wrong types are refused
-with one sentence, before any model is loaded.
+is an int and ``--set bos='"add"'`` or ``--set bos=add`` a string); in a recipe with steps it
+applies to every step whose command has that option, ``--set train.steps=100`` to the steps of
+one command only, and ``--set vars.root=runs/x`` changes a variable. Unknown keys and wrong types
+are refused with one sentence, before any model is loaded or trained; so are unknown top-level
+keys (an option written above ``[options]`` is not silently ignored).
+
+The measuring commands are the pipeline's (``commands/``: ``sinks``, ``measure``, ...); ``train``
+and ``report`` steps run the trainer and the report.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import get_type_hints
 
-from sinkscope.commands import discover, get_command
+from sinkscope.commands import discover
 from sinkscope.errors import SinkscopeError
 
-#: what a recipe may hold at its top level; every option goes under [options].
-TOP_LEVEL_KEYS = ("command", "description", "options")
+#: what a recipe may hold at its top level; every option goes under [options] (or a step's).
+TOP_LEVEL_KEYS = ("command", "description", "options", "steps", "vars")
+
+
+@dataclass
+class ReportOptions:
+    """A ``report`` step: ``sinkscope report RUN ... --label ... --out ...``."""
+
+    runs: list[str] = dataclasses.field(default_factory=list)  # run folders and trainer checkpoints
+    labels: list[str] | None = None  # one per run, in order (default: folder names)
+    out: str | None = None  # default: as `sinkscope report`
+
+
+def _report(options: ReportOptions, log=None):
+    from sinkscope.report import build_report
+
+    if not options.runs:
+        raise SinkscopeError("a report step needs runs = [...] (run folders or checkpoints).")
+    if options.labels and len(options.labels) != len(options.runs):
+        raise SinkscopeError(f"give one label per run ({len(options.runs)}), not {len(options.labels)}.")
+    return build_report(options.runs, out=options.out, labels=options.labels)
+
+
+def _train(options, log=None):
+    from sinkscope.train.loop import train
+
+    return train(options, log=log)
+
+
+def _train_options():
+    from sinkscope.train.loop import TrainOptions
+
+    return TrainOptions
+
+
+def _measure(name: str):
+    """The runner of a measuring command: the pipeline; returns the run folder."""
+    def run(options, log=None):
+        from sinkscope.commands import get_command
+        from sinkscope.pipeline import execute
+
+        result = execute(get_command(name), options, log=log)
+        return None if result is None else result.path
+    return run
+
+
+def _commands() -> dict:
+    """command -> (options dataclass or a function returning it, runner(options, log=...))."""
+    measuring = {name: (command.options, _measure(name)) for name, command in discover().items()}
+    return {**measuring, "train": (_train_options, _train), "report": (ReportOptions, _report)}
+
+
+_VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _options_class(command: str):
+    cls = _commands()[command][0]
+    return cls if dataclasses.is_dataclass(cls) else cls()
 
 
 def _parse_value(text: str):
@@ -35,21 +117,55 @@ def _parse_value(text: str):
 
 
 def _check_type(key: str, value, hint) -> None:
-    if str(hint).startswith("tuple"):
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+    text = str(hint)
+    if value is None and "None" in text:
+        return
+    if text.startswith(("list[", "tuple[")) or "list[" in text:
+        if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
             raise SinkscopeError(f"option {key!r} must be a list of strings, not {value!r}.")
         return
     allowed = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
-    names = [t for t in allowed if t.__name__ in str(hint)]
-    if value is None and "None" in str(hint):
-        return
+    names = [t for t in allowed if t.__name__ in text]
     if names and not any(isinstance(value, allowed[t]) and not (t is not bool and isinstance(value, bool))
                          for t in names):
         raise SinkscopeError(f"option {key!r} must be {' or '.join(t.__name__ for t in names)}, not {value!r}.")
 
 
-def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
-    """Read a recipe and apply ``key=value`` overrides; returns (command, options dataclass)."""
+def _substitute(value, variables: dict, where: str):
+    if isinstance(value, list):
+        return [_substitute(v, variables, where) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match):
+        name = match.group(1)
+        if name not in variables:
+            raise SinkscopeError(f"{where} uses {{{name}}}, which [vars] does not define.")
+        return str(variables[name])
+
+    return _VAR.sub(one, value)
+
+
+def _build(command: str, options: dict, variables: dict, where: str):
+    options_cls = _options_class(command)
+    hints = get_type_hints(options_cls)
+    fields = {f.name for f in dataclasses.fields(options_cls)}
+    values = {}
+    for key, value in options.items():
+        if key not in fields:
+            raise SinkscopeError(f"unknown option {key!r} for {command}; known: {', '.join(sorted(fields))}.")
+        value = _substitute(value, variables, where)
+        _check_type(key, value, hints[key])
+        values[key] = tuple(value) if isinstance(value, list) and str(hints[key]).startswith("tuple[") else value
+    return options_cls(**values)
+
+
+def load_steps(path: str, overrides: list[str] = ()) -> list[tuple[str, object]]:
+    """Read a recipe (one command or ``[[steps]]``) and apply ``key=value`` overrides.
+
+    Returns the steps as ``(command, options dataclass)`` in order; every step is checked
+    before the first runs.
+    """
     file = Path(path)
     if not file.is_file():
         raise SinkscopeError(f"no recipe file at {path}.")
@@ -57,40 +173,72 @@ def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
         recipe = tomllib.loads(file.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise SinkscopeError(f"the recipe {path} is not valid TOML ({error}).") from error
-    command = recipe.get("command")
-    if command not in discover():
-        raise SinkscopeError(f"the recipe {path} names the command {command!r}; known: {', '.join(sorted(discover()))}.")
-    options_cls = get_command(command).options
+    commands = _commands()
     unknown = [key for key in recipe if key not in TOP_LEVEL_KEYS]
     if unknown:
-        fields = {f.name for f in dataclasses.fields(options_cls)}
+        command = recipe.get("command")
+        fields = {f.name for f in dataclasses.fields(_options_class(command))} if command in commands else set()
         hint = " (an option: put it under [options])" if unknown[0] in fields else ""
         raise SinkscopeError(f"the recipe {path} has the unknown top-level key {unknown[0]!r}{hint}; "
                              f"a recipe holds {', '.join(TOP_LEVEL_KEYS)} at its top level.")
-    if not isinstance(recipe.get("options", {}), dict):
-        raise SinkscopeError(f"the options of the recipe {path} must be a table ([options] followed by key = value "
-                             f"lines), not {recipe['options']!r}.")
-    options = dict(recipe.get("options", {}))
+    if "steps" in recipe:
+        if "command" in recipe:
+            raise SinkscopeError(f"the recipe {path} has both command and [[steps]]; use one.")
+        raw_steps = recipe["steps"]
+        if not isinstance(raw_steps, list) or not raw_steps:
+            raise SinkscopeError(f"the recipe {path} has an empty [[steps]] list.")
+    else:
+        raw_steps = [{"command": recipe.get("command"), "options": recipe.get("options", {})}]
+    variables = dict(recipe.get("vars", {}))
+    steps = []
+    for n, step in enumerate(raw_steps, 1):
+        command = step.get("command")
+        what = f"step {n} of the recipe {path}" if "steps" in recipe else f"the recipe {path}"
+        if command not in commands:
+            raise SinkscopeError(f"{what} names the command {command!r}; known: {', '.join(sorted(commands))}.")
+        if not isinstance(step.get("options", {}), dict):
+            raise SinkscopeError(f"the options of {what} must be a table ([options] followed by key = value "
+                                 f"lines), not {step['options']!r}.")
+        steps.append((command, dict(step.get("options", {}))))
     for item in overrides:
         key, sep, value = item.partition("=")
-        if not sep:
+        key = key.strip()
+        if not sep or not key:
             raise SinkscopeError(f"--set takes key=value, not {item!r}.")
-        options[key.strip()] = _parse_value(value.strip())
-    hints = get_type_hints(options_cls)
-    fields = {f.name for f in dataclasses.fields(options_cls)}
-    for key, value in options.items():
-        if key not in fields:
-            raise SinkscopeError(f"unknown option {key!r} for {command}; known: {', '.join(sorted(fields))}.")
-        _check_type(key, value, hints[key])
-        if isinstance(value, list):
-            options[key] = tuple(value)
-    return command, options_cls(**options)
+        value = _parse_value(value.strip())
+        scope, dot, name = key.partition(".")
+        if dot and scope == "vars":
+            variables[name] = value
+            continue
+        if dot and scope not in commands:
+            raise SinkscopeError(f"--set {key}: {scope!r} is not a command or vars; use {', '.join(sorted(commands))} "
+                                 "or vars.")
+        name = name if dot else key
+        targets = [(command, options) for command, options in steps if not dot or command == scope]
+        if not targets:
+            raise SinkscopeError(f"--set {key}: the recipe has no {scope} step.")
+        if len(steps) > 1:  # only the steps whose command has the option (one step: unknown keys fail below)
+            targets = [(c, o) for c, o in targets if name in {f.name for f in dataclasses.fields(_options_class(c))}]
+            if not targets:
+                raise SinkscopeError(f"--set {key}: no step of the recipe has the option {name!r}.")
+        for _, options in targets:
+            options[name] = value
+    return [(command, _build(command, options, variables, f"step {n} ({command})"))
+            for n, (command, options) in enumerate(steps, 1)]
+
+
+def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
+    """A one-command recipe: (command, options dataclass); see :func:`load_steps` for several."""
+    steps = load_steps(path, overrides)
+    if len(steps) != 1:
+        raise SinkscopeError(f"the recipe {path} has {len(steps)} steps; load it with load_steps.")
+    return steps[0]
 
 
 def run_recipe(path: str, overrides: list[str] = (), log=None):
-    """Load and run a recipe; returns the run folder (None on data-parallel processes other than 0)."""
-    from sinkscope.pipeline import execute
-
-    command, options = load_recipe(path, overrides)
-    result = execute(get_command(command), options, log=log)
-    return None if result is None else result.path
+    """Load and run a recipe's steps in order; returns what the last step returns (a folder or page)."""
+    result = None
+    commands = _commands()
+    for command, options in load_steps(path, overrides):
+        result = commands[command][1](options, log=log)
+    return result

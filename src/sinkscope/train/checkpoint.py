@@ -10,6 +10,8 @@ A checkpoint folder holds
     optimizer.pt       AdamW state, data-loader state, RNG states and the step: what ``--resume``
                        needs to continue to the same result as an uninterrupted run
     log.csv            the training log, written by the loop and carried across rewrites
+    validation.txt     synthetic tasks only: the task's validation windows as text, one per line
+                       (``tasks.TriggerTask.extra_files``)
 
 ``save_checkpoint`` writes everything into a hidden sibling folder and then renames it over the
 old one, so a reader (or a crash) sees the previous checkpoint or the new one. The swap is two
@@ -96,13 +98,15 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
-                    step: int, train_state: dict | None, tokenizer, meta: dict) -> Path:
+                    step: int, train_state: dict | None, tokenizer, meta: dict,
+                    extra_files: dict[str, bytes] | None = None) -> Path:
     """Write a checkpoint of ``model`` (the bare module, not a DDP wrapper) into ``folder``.
 
     Args:
         meta: config.json fields besides the model's (tier, seed, tokens_seen, train_options,
             data, ...); ``step``, ``variant``, ``model`` and ``versions`` are filled in here.
         train_state: data-loader state, RNG states, counters; saved in optimizer.pt.
+        extra_files: {file name: contents} written into the folder too (a task's files).
     """
     import torch
     from safetensors.torch import save_file
@@ -129,6 +133,8 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
         if optimizer is not None:
             torch.save({"step": int(step), "optimizer": optimizer.state_dict(), "train_state": train_state or {}},
                        stage / "optimizer.pt")
+        for name, contents in (extra_files or {}).items():
+            (stage / name).write_bytes(contents)
         for name in CARRIED_FILES:
             if (folder / name).is_file():
                 shutil.copy2(folder / name, stage / name)

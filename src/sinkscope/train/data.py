@@ -27,12 +27,29 @@ Split (seed 000: "A validation set ... is taken first, so that it is disjoint fr
 training set"): validation = the first ``val_tokens`` tokens of the stream (default 5%, and at
 least ``min_val_windows`` windows of ``block_size + 1``), training = every token after it.
 
-Batches: :class:`TrainBatches` draws windows of ``block_size + 1`` tokens with replacement from
-the training tokens with a dedicated ``torch.Generator`` seeded from the run seed. Nothing else
-draws from it, so every variant with the same seed sees the same batches in the same order
-(paired comparisons, SPEC.md), whatever its parameters, micro-batching or process count: a step
-always draws the whole global batch and each process keeps its rows. :func:`eval_batches` cuts
-fixed, evenly spaced, non-overlapping windows from the validation tokens.
+Window policies (``--windows``; SPEC.md "Training data (resolved)"):
+
+    doc-start (default)  every window is ``[BOS] + block_size tokens`` that start at a passage
+                         start and stay inside one document: BOS is the tokenizer's end-of-text
+                         id (GPT-2's convention: one token is both), so position 0 is always the
+                         same token, as in seed 003's BOS-in-vocabulary setting. A passage starts
+                         at a document's first non-blank character and after every blank line
+                         (a paragraph; the Austen corpus has 10,298 in 1.07M tokens), so the
+                         token after BOS is a real beginning, never mid-sentence. Why not only
+                         document starts: six novels give six windows. Passage starts are found
+                         from the tokenizer's character offsets (:func:`passage_index`); a slow
+                         tokenizer without offsets gives document starts only.
+    random               today's windows: ``block_size + 1`` consecutive tokens at any offset of
+                         the stream (across document boundaries), no BOS.
+
+Batches: :class:`TrainBatches` draws windows with replacement from the training tokens (any
+offset, or one of the training split's passage starts) with a dedicated ``torch.Generator``
+seeded from the run seed. Nothing else draws from it, so every variant with the same seed sees
+the same batches in the same order (paired comparisons, SPEC.md), whatever its parameters,
+micro-batching or process count: a step always draws the whole global batch and each process
+keeps its rows. :func:`eval_batches` cuts fixed, evenly spaced, non-overlapping windows from the
+validation tokens; :func:`eval_start_batches` takes evenly spaced passage starts of the
+validation split. A doc-start window lies wholly inside its split.
 """
 
 from __future__ import annotations
@@ -63,6 +80,10 @@ DEFAULT_TOKENIZER = "bpe4096"
 VAL_FRACTION = 0.05
 
 _BPE_SPEC = re.compile(r"^bpe(\d+)$")
+#: Window policies of text training (module docstring).
+WINDOW_POLICIES = ("doc-start", "random")
+#: A passage starts at a document's first non-blank character and after every blank line.
+_PASSAGE = re.compile(r"(?:\A|\n[^\S\n]*\n)\s*(?=\S)")
 
 
 # ---- tokenizers -------------------------------------------------------------------------------
@@ -197,6 +218,62 @@ def stream_sha256(stream: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(stream, dtype=np.int64).tobytes()).hexdigest()
 
 
+def _passage_char_starts(text: str) -> list[int]:
+    """Character offsets of the passage starts of one document (see ``_PASSAGE``)."""
+    return [m.end() for m in _PASSAGE.finditer(text)]
+
+
+def passage_index(corpus: Corpus, tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, ends)``: each passage start as an offset into :func:`token_stream`, and the end
+    (exclusive) of its document there, int64 arrays of one length; cached beside the stream.
+
+    The token of a passage start is the first token whose character span ends after the
+    passage's first character (byte-level BPE glues a leading space to the word).
+    """
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    path = cache_root() / "tokens" / f"{corpus.sha256[:16]}-{fingerprint[:16]}-passages.npy"
+    if path.is_file():
+        try:
+            index = np.load(path)
+            return index[0], index[1]
+        except (OSError, ValueError, IndexError):
+            pass  # a damaged cache entry is rebuilt below
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    starts: list[int] = []
+    ends: list[int] = []
+    offset = 0
+    if backend is not None:
+        encodings = backend.encode_batch(corpus.documents, add_special_tokens=False)
+        lengths = [len(enc.ids) for enc in encodings]
+    else:  # a slow tokenizer: no offsets, document starts only
+        encodings = None
+        lengths = [len(ids) for ids in encode_documents(tokenizer, corpus.documents)]
+    for d, (text, n) in enumerate(zip(corpus.documents, lengths)):
+        if n:
+            if encodings is not None:
+                token_ends = np.asarray([end for _, end in encodings[d].offsets], dtype=np.int64)  # (n,)
+                firsts = np.searchsorted(token_ends, _passage_char_starts(text), side="right")
+                firsts = np.unique(firsts[firsts < n])
+            else:
+                firsts = np.zeros(1, dtype=np.int64)
+            starts.extend((offset + firsts).tolist())
+            ends.extend([offset + n] * len(firsts))
+        offset += n + 1  # the end-of-text id between documents
+    index = np.asarray([starts, ends], dtype=np.int64).reshape(2, -1)  # (2, n_passages)
+    buffer = io.BytesIO()
+    np.save(buffer, index)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buffer.getvalue())
+    return index[0], index[1]
+
+
+def window_starts(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int, body: int) -> np.ndarray:
+    """The passage starts s with ``lo <= s`` and ``s + body <= min(hi, end of its document)``,
+    shifted to ``s - lo`` (offsets into the split ``stream[lo:hi]``)."""
+    ok = (starts >= lo) & (starts + body <= np.minimum(ends, hi))
+    return (starts[ok] - lo).astype(np.int64)
+
+
 def split_stream(stream: np.ndarray, block_size: int, val_tokens: int | None = None,
                  min_val_windows: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """(val, train): the first ``val_tokens`` ids and the rest; disjoint, validation first."""
@@ -226,10 +303,20 @@ def batch_seed(seed: int) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
-def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    offsets = np.arange(block_size + 1)
-    rows = np.asarray(tokens)[starts[:, None] + offsets[None, :]].astype(np.int64)  # (B, T+1)
-    rows_t = torch.from_numpy(rows)
+def window_rows(tokens: np.ndarray, starts: np.ndarray, length: int, bos: int | None = None) -> np.ndarray:
+    """Rows of ``length`` tokens, int64 (n, length): ``tokens[s:s+length]``, or with ``bos``
+    ``[bos] + tokens[s:s+length-1]`` (a doc-start window)."""
+    body = length - (bos is not None)
+    offsets = np.arange(body)
+    rows = np.asarray(tokens)[np.asarray(starts)[:, None] + offsets[None, :]].astype(np.int64)  # (n, body)
+    if bos is not None:
+        rows = np.concatenate([np.full((rows.shape[0], 1), bos, dtype=np.int64), rows], axis=1)  # (n, length)
+    return rows
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int,
+             bos: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    rows_t = torch.from_numpy(window_rows(tokens, starts, block_size + 1, bos))  # (B, T+1)
     return rows_t[:, :-1].contiguous(), rows_t[:, 1:].contiguous()  # (B, T) inputs, (B, T) targets
 
 
@@ -238,7 +325,9 @@ class TrainBatches:
     """Training windows drawn with replacement from a generator seeded by the run seed.
 
     ``next(rank, world_size)`` draws the whole global batch (``batch_size`` rows) and returns
-    this process's contiguous rows, so batches do not depend on the process count.
+    this process's contiguous rows, so batches do not depend on the process count. With
+    ``starts`` (doc-start windows) each row is ``[bos] + tokens[s:s+block_size]`` for a start s
+    drawn from ``starts``; without, ``tokens[s:s+block_size+1]`` for any offset s.
     """
 
     tokens: np.ndarray
@@ -246,23 +335,36 @@ class TrainBatches:
     batch_size: int
     seed: int
     index: int = 0  # batches drawn so far
+    starts: np.ndarray | None = None  # doc-start windows: the allowed starts (offsets into tokens)
+    bos: int | None = None  # doc-start windows: the id put before each window
     generator: torch.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
-        self.n_starts = len(self.tokens) - self.block_size  # starts 0 .. len - (T+1)
-        if self.n_starts < 1:
-            raise SinkscopeError(
-                f"the training split has {len(self.tokens)} tokens, fewer than one window of {self.block_size + 1}."
-            )
+        if self.starts is None:
+            self.n_starts = len(self.tokens) - self.block_size  # starts 0 .. len - (T+1)
+            if self.n_starts < 1:
+                raise SinkscopeError(
+                    f"the training split has {len(self.tokens)} tokens, fewer than one window of {self.block_size + 1}."
+                )
+        else:
+            self.n_starts = len(self.starts)
+            if self.n_starts < 1:
+                raise SinkscopeError(
+                    f"the training split has no passage start (a document start or the line after a blank line) "
+                    f"followed by {self.block_size} tokens of the same document; use --windows random, a smaller "
+                    "block_size or a longer text."
+                )
         self.generator = torch.Generator().manual_seed(batch_seed(self.seed))
 
     def next(self, rank: int = 0, world_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), each (batch_size / world_size, block_size) int64 on CPU."""
-        starts = torch.randint(0, self.n_starts, (self.batch_size,), generator=self.generator)  # (B,)
+        drawn = torch.randint(0, self.n_starts, (self.batch_size,), generator=self.generator)  # (B,)
         self.index += 1
         per = self.batch_size // world_size
-        mine = starts[rank * per:(rank + 1) * per].numpy()
-        return _windows(self.tokens, mine, self.block_size)
+        mine = drawn[rank * per:(rank + 1) * per].numpy()
+        if self.starts is not None:
+            mine = self.starts[mine]
+        return _windows(self.tokens, mine, self.block_size, self.bos)
 
     def state_dict(self) -> dict:
         return {"seed": self.seed, "index": self.index, "generator": self.generator.get_state()}
@@ -286,6 +388,20 @@ def eval_batches(val_tokens: np.ndarray, block_size: int, n_windows: int) -> tup
     stride = len(val_tokens) // n  # >= window, so windows never overlap
     starts = np.arange(n, dtype=np.int64) * stride
     return _windows(val_tokens, starts, block_size)
+
+
+def eval_start_batches(val_tokens: np.ndarray, starts: np.ndarray, block_size: int, n_windows: int,
+                       bos: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Doc-start validation windows: ``n_windows`` evenly spaced entries of ``starts`` (fewer if
+    there are fewer), each ``[bos] + block_size tokens``, (n, block_size) inputs and targets."""
+    if len(starts) < 1:
+        raise SinkscopeError(
+            f"the validation split has no passage start followed by {block_size} tokens of the same document; "
+            "use --windows random, a larger --val-tokens or a smaller block_size."
+        )
+    n = min(int(n_windows), len(starts))
+    picked = starts[np.unique(np.linspace(0, len(starts) - 1, n).round().astype(np.int64))]
+    return _windows(val_tokens, picked, block_size, bos)
 
 
 # ---- everything a run needs -------------------------------------------------------------------

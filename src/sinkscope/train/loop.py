@@ -10,7 +10,20 @@ Per-tier defaults (``TIER_TRAINING``) are seed 000's Table 4 for the published t
 ``tiny`` tier is research/tiny-tier-cpu.md's CPU tier: 4 layers x 4 heads x 128, context 128,
 BPE-4096, batch 32, 600 steps (2.5M tokens), peak lr 2e-3 -> 2e-4, warmup 30 (its "S" run, whose
 val loss 4.57 and phantom-mass curves are recorded there; a 1.3M-parameter model wants a larger
-rate than GPT-2's 6e-4), about three minutes on two CPU cores.
+rate than GPT-2's 6e-4), about three minutes on two CPU cores. The ``micro`` tier is the trigger
+task's (SPEC.md "Trigger-conditional task"): 2 layers x 4 heads x 128, context 64, batch 64,
+1,000 steps (4.1M tokens; at 400 steps the baseline's sink is still forming), peak lr 2e-3 ->
+2e-4, warmup 50; the default tier of ``--task trigger`` (``tiny`` for ``--task text``).
+
+Data (``tasks.py``): ``--task text`` (the corpus; ``--windows doc-start``, the default, puts BOS
+at a passage start, ``random`` keeps the old random offsets) or ``--task trigger`` (generated;
+options by ``--task-set key=value``). The task is built once and the loop only asks it for
+batches and validation windows.
+
+Validation (SPEC.md "Training data (resolved)"; seed 003 Table 1(b)): ``val_loss`` is the mean
+next-token cross-entropy over positions i >= 1 of the fixed validation windows, for every
+variant, so TNLM (trained without position 0) is compared on equal terms; ``val_loss_all``
+includes position 0. Both are in log.csv and config.json.
 
 Reproducibility: the seed sets the initialisation (``torch.manual_seed(seed)`` right before the
 model is built) and, through a separate generator, the batch order (``data.TrainBatches``), so
@@ -46,15 +59,20 @@ import torch
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import atomic_write_text, check_replaceable
 from sinkscope.train.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
-from sinkscope.train.data import DEFAULT_TOKENIZER, TrainBatches, eval_batches, load_tokenizer, prepare_data
+from sinkscope.train.data import DEFAULT_TOKENIZER, WINDOW_POLICIES, load_tokenizer
 
 #: Columns of log.csv (one row every ``log_every`` steps, at every evaluation and checkpoint).
-LOG_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "lr", "tokens_per_s", "elapsed_s")
+#: ``val_loss`` excludes position 0 (the fair comparison); ``val_loss_all`` includes it.
+LOG_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "val_loss_all", "lr", "tokens_per_s", "elapsed_s")
+#: Default tier of each task.
+TASK_TIERS = {"text": "tiny", "trigger": "micro"}
 
 #: Per-tier training defaults. Published tiers: seed 000 Table 4 (batch = sequences per
 #: optimizer step = micro-batch x accumulation), peak lr 6e-4 -> 6e-5. ``warmup_steps`` scales
 #: with ``steps`` when those are changed (same warmup fraction).
 TIER_TRAINING: dict[str, dict] = {
+    "micro": dict(steps=1000, batch_size=64, grad_accum=1, lr=2e-3, min_lr=2e-4, warmup_steps=50,
+                  eval_every=100, checkpoint_every=200),
     "tiny": dict(steps=600, batch_size=32, grad_accum=1, lr=2e-3, min_lr=2e-4, warmup_steps=30,
                  eval_every=50, checkpoint_every=200),
     "10M": dict(steps=6000, batch_size=64, grad_accum=1, lr=6e-4, min_lr=6e-5, warmup_steps=200,
@@ -77,7 +95,8 @@ class TrainOptions:
     """
 
     variant: str | None = None  # one of model.VARIANTS; None = baseline
-    tier: str | None = None  # one of model.TIERS (model shape and training defaults); None = tiny
+    task: str | None = None  # text | trigger (tasks.TASKS); None = text
+    tier: str | None = None  # one of model.TIERS (model shape and training defaults); None = the task's (TASK_TIERS)
     seed: int | None = None  # initialisation and batch order, shared across variants; None = 0
     out: str = "ckpt"  # the checkpoint folder (config.json, model.safetensors, log.csv, ...)
     steps: int | None = None  # optimizer steps; also the length of the cosine schedule
@@ -96,6 +115,8 @@ class TrainOptions:
     text_file: str | None = None  # train on this UTF-8 file instead of the bundled corpus
     dataset: str | None = None  # or on NAME[:CONFIG][:SPLIT] through `datasets`
     tokenizer: str | None = None  # bpe4096 (default; trained on the corpus), bpe<N>, gpt2, or a folder
+    windows: str | None = None  # text task: doc-start (default; BOS at a passage start) | random
+    task_options: list[str] = field(default_factory=list)  # synthetic tasks: `--task-set key=value`
     tnlm: bool = False  # seed 003's TNLM loss: no cross-entropy term at position 0
     lb_lambda: float = 0.0  # seed 004's load-balancing loss weight (1e-4 in the paper)
     force_sink_k: int | None = None  # seed 003's force-sink masking, k channels (16 in the paper)
@@ -108,7 +129,7 @@ class TrainOptions:
 
 
 #: Options that change the trained weights: a resumed run keeps the checkpoint's values.
-RESULT_FIELDS = ("variant", "tier", "seed", "batch_size", "grad_accum", "lr", "min_lr", "warmup_steps",
+RESULT_FIELDS = ("variant", "task", "windows", "task_options", "tier", "seed", "batch_size", "grad_accum", "lr", "min_lr", "warmup_steps",
                  "weight_decay", "grad_clip", "val_tokens", "text_file", "dataset", "tokenizer", "tnlm",
                  "lb_lambda", "force_sink_k", "overrides")
 #: Options a resumed run may change (None = the checkpoint's value).
@@ -128,13 +149,30 @@ def _did_you_mean(word: str, choices) -> str:
 def resolve_options(options: TrainOptions) -> TrainOptions:
     """A copy with every ``None`` filled from the tier's defaults, validated."""
     from sinkscope.train.model import TIERS, VARIANTS
+    from sinkscope.train.tasks import TASKS, parse_task_options
 
+    task = "text" if options.task is None else options.task
+    if task not in TASKS:
+        raise SinkscopeError(f"unknown --task {task!r}{_did_you_mean(str(task), TASKS)}; tasks: {', '.join(TASKS)}.")
+    if task != "text":
+        given = [flag for flag, value in (("--text-file", options.text_file), ("--dataset", options.dataset),
+                                          ("--tokenizer", options.tokenizer), ("--windows", options.windows),
+                                          ("--val-tokens", options.val_tokens)) if value is not None]
+        if given:
+            raise SinkscopeError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for --task text; the "
+                                 f"{task} task makes its own data (set its options with --task-set).")
+    elif options.windows is not None and options.windows not in WINDOW_POLICIES:
+        raise SinkscopeError(f"unknown --windows {options.windows!r}; use {' or '.join(WINDOW_POLICIES)}.")
+    parse_task_options(task, options.task_options)  # unknown keys and bad values fail here, before any data
     options = dataclasses.replace(
         options,
         variant="baseline" if options.variant is None else options.variant,
-        tier="tiny" if options.tier is None else options.tier,
+        task=task,
+        tier=TASK_TIERS[task] if options.tier is None else options.tier,
         seed=0 if options.seed is None else options.seed,
-        tokenizer=options.tokenizer or DEFAULT_TOKENIZER,
+        tokenizer=(options.tokenizer or DEFAULT_TOKENIZER) if task == "text" else None,
+        windows=(options.windows or "doc-start") if task == "text" else None,
+        task_options=list(options.task_options or []),
     )
     if not isinstance(options.seed, int) or isinstance(options.seed, bool) or options.seed < 0:
         raise SinkscopeError(f"seed must be a non-negative integer, not {options.seed!r}.")
@@ -209,6 +247,8 @@ def apply_overrides(config, overrides):
 def _merge_resume(caller: TrainOptions, stored: dict, out: Path) -> TrainOptions:
     """The checkpoint's options, with the caller's run fields; conflicting result fields fail."""
     names = {f.name for f in dataclasses.fields(TrainOptions)}
+    if "task" not in stored:  # a checkpoint from before tasks: text with random windows
+        stored = {**stored, "task": "text", "windows": "random"}
     saved = TrainOptions(**{k: v for k, v in stored.items() if k in names})
     defaults = TrainOptions()
     for name in RESULT_FIELDS:
@@ -324,12 +364,18 @@ def _fmt(value, spec: str) -> str:
 
 
 def read_log(folder: str | os.PathLike) -> list[dict]:
-    """The rows of ``folder/log.csv`` as dicts of strings (complete rows only)."""
+    """The rows of ``folder/log.csv`` as dicts of strings (complete rows only).
+
+    Columns an older log lacks (``val_loss_all``) read as empty strings.
+    """
     path = Path(folder) / "log.csv"
     if not path.is_file():
         return []
-    rows = list(csv.DictReader(io.StringIO(path.read_text(encoding="utf-8"))))
-    return [r for r in rows if all(r.get(c) is not None for c in LOG_COLUMNS) and r["step"].isdigit()]
+    reader = csv.DictReader(io.StringIO(path.read_text(encoding="utf-8")))
+    rows = list(reader)
+    header = reader.fieldnames or []
+    complete = [r for r in rows if all(r.get(c) is not None for c in header) and (r.get("step") or "").isdigit()]
+    return [{c: r.get(c, "") for c in LOG_COLUMNS} for r in complete]
 
 
 def _write_log(folder: Path, rows: list[dict]) -> None:
@@ -366,16 +412,27 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 @torch.no_grad()
 def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, chunk: int, device: torch.device,
-             autocast) -> float:
-    """Mean next-token cross-entropy over the fixed validation windows."""
-    total, n = 0.0, inputs.shape[0]
-    for start in range(0, n, chunk):
+             autocast) -> tuple[float, float]:
+    """``(val_loss, val_loss_all)``: mean next-token cross-entropy over the fixed validation
+    windows at positions i >= 1, and at every position (module docstring).
+
+    The mean is over tokens, so windows of one length weigh equally; the model's own loss terms
+    (load balancing) are not part of it.
+    """
+    import torch.nn.functional as F
+
+    after0, total, n_after0, n_total = 0.0, 0.0, 0, 0
+    for start in range(0, inputs.shape[0], chunk):
         x = inputs[start:start + chunk].to(device)  # (b, T)
         y = targets[start:start + chunk].to(device)  # (b, T)
         with autocast():
-            _, loss = model(x, y)
-        total += float(loss) * x.shape[0]
-    return total / n
+            logits, _ = model(x)  # (b, T, V)
+        ce = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # (b, T)
+        after0 += float(ce[:, 1:].sum())
+        total += float(ce.sum())
+        n_after0 += ce[:, 1:].numel()
+        n_total += ce.numel()
+    return after0 / max(n_after0, 1), total / n_total
 
 
 def train(options: TrainOptions, log: Callable[[str], None] | None = None) -> Path:
@@ -389,8 +446,8 @@ def train(options: TrainOptions, log: Callable[[str], None] | None = None) -> Pa
 
 
 def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Path:
-    from sinkscope.corpus import load_corpus
     from sinkscope.train.model import GPT, TIERS, GPTConfig
+    from sinkscope.train.tasks import make_task
 
     out = Path(options.out).expanduser()
     device = _resolve_device(options.device, env.local_rank)
@@ -417,22 +474,36 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
             f"({opts.grad_accum} x {env.world_size})."
         )
 
-    corpus = load_corpus(opts.text_file, opts.dataset)
+    corpus = None
+    if opts.task == "text":
+        from sinkscope.corpus import load_corpus
+
+        corpus = load_corpus(opts.text_file, opts.dataset)
     if not options.resume:
-        tokenizer = _main_first(env, lambda: load_tokenizer(opts.tokenizer, corpus))
+        if opts.task == "text":
+            tokenizer = _main_first(env, lambda: load_tokenizer(opts.tokenizer, corpus))
+            vocab = len(tokenizer)
+        else:  # a synthetic task's vocabulary is one of its options; its tokenizer comes with it
+            from sinkscope.train.tasks import TriggerOptions, parse_task_options
+
+            tokenizer = None
+            vocab = TriggerOptions(**parse_task_options(opts.task, opts.task_options)).vocab
         try:
-            base = GPTConfig(**{**TIERS[opts.tier], "vocab_size": len(tokenizer), "variant": opts.variant,
+            base = GPTConfig(**{**TIERS[opts.tier], "vocab_size": vocab, "variant": opts.variant,
                                 **({} if opts.force_sink_k is None else {"force_sink_k": opts.force_sink_k})})
         except (TypeError, ValueError) as error:
             raise SinkscopeError(f"invalid model settings: {error}.") from error
         config = apply_overrides(base, opts.overrides)
-        if config.vocab_size < len(tokenizer):
-            raise SinkscopeError(f"vocab_size {config.vocab_size} is smaller than the tokenizer's {len(tokenizer)} entries.")
-    data = _main_first(env, lambda: prepare_data(corpus, tokenizer, config.block_size, opts.val_tokens))
-    if options.resume and data.info["stream_sha256"] != meta.get("data", {}).get("stream_sha256"):
+        if config.vocab_size < vocab:
+            raise SinkscopeError(f"vocab_size {config.vocab_size} is smaller than the task's {vocab} tokens.")
+    task = _main_first(env, lambda: make_task(opts.task, config.block_size, corpus=corpus, tokenizer=tokenizer,
+                                              windows=opts.windows, val_tokens=opts.val_tokens,
+                                              task_options=opts.task_options))
+    saved_data = meta.get("data", {}) if options.resume else {}
+    if options.resume and task.info["fingerprint"] != saved_data.get("fingerprint", saved_data.get("stream_sha256")):
         raise SinkscopeError(
-            f"the corpus or tokenizer differs from the one the checkpoint in {out} was trained on "
-            "(token stream hash); resume needs the same data."
+            f"the data differs from the data the checkpoint in {out} was trained on (corpus, tokenizer or task "
+            "options; token stream or task hash); resume needs the same data."
         )
 
     if not options.resume:
@@ -440,9 +511,9 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
         model = GPT(config)
     model.to(device)
     optimizer = torch.optim.AdamW(model.param_groups(opts.weight_decay), lr=opts.lr, betas=(0.9, 0.95), eps=1e-8)
-    batches = TrainBatches(data.train, config.block_size, opts.batch_size, opts.seed)
-    val_x, val_y = eval_batches(data.val, config.block_size, opts.eval_windows)
-    tokens_per_step = opts.batch_size * config.block_size
+    batches = task.train_batches(opts.batch_size, opts.seed)
+    val_x, val_y = task.eval_batches(opts.eval_windows)  # (n, T) each
+    tokens_per_step = opts.batch_size * val_x.shape[1]
     elapsed_before = 0.0
     if saved_state is not None:
         optimizer.load_state_dict(saved_state["optimizer"])
@@ -477,26 +548,31 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
             out.mkdir(parents=True, exist_ok=True)
             _write_log(out, [])
         n_params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+        if opts.task == "text":
+            what = (f"{task.info['corpus']} ({opts.windows} windows): {task.info['train_tokens']:,} training and "
+                    f"{task.info['val_tokens']:,} validation tokens, vocab {task.info['vocab_size']:,}")
+        else:
+            what = f"the {opts.task} task ({', '.join(f'{k} {v}' for k, v in task.info['options'].items())})"
         log(f"{'resuming' if options.resume else 'training'} {config.variant} ({opts.tier}, "
             f"{config.n_layer}L x {config.n_head}H x {config.n_embd}, ctx {config.block_size}, {n_params:,} parameters) "
-            f"seed {opts.seed} on {data.info['corpus']}: {data.info['train_tokens']:,} training and "
-            f"{data.info['val_tokens']:,} validation tokens, vocab {data.info['vocab_size']:,}; "
+            f"seed {opts.seed} on {what}; "
             f"{opts.steps} steps x {tokens_per_step:,} tokens on {device}"
             f"{f' x {env.world_size} processes' if env.enabled else ''} -> {out}")
     env.barrier()
 
     run_start = time.perf_counter()
     val_loss: float | None = meta.get("val_loss") if options.resume else None
+    val_loss_all: float | None = meta.get("val_loss_all") if options.resume else None
     val_step: int | None = meta.get("val_loss_step") if options.resume else None
 
     def elapsed() -> float:
         return elapsed_before + time.perf_counter() - run_start
 
     def do_eval(step: int) -> float | None:
-        nonlocal val_loss, val_step
+        nonlocal val_loss, val_loss_all, val_step
         if not env.is_main:
             return None
-        val_loss = evaluate(model, val_x, val_y, chunk=micro, device=device, autocast=autocast)
+        val_loss, val_loss_all = evaluate(model, val_x, val_y, chunk=micro, device=device, autocast=autocast)
         val_step = step
         return val_loss
 
@@ -505,15 +581,17 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
         if env.is_main:
             train_state = {"batches": batches.state_dict(), "rng": _rng_state(),
                            "tokens_seen": step * tokens_per_step, "elapsed_s": elapsed()}
-            meta_out = {"tier": opts.tier, "seed": opts.seed, "tokens_seen": step * tokens_per_step,
-                        "val_loss": val_loss, "val_loss_step": val_step, "train_options": recorded, "data": data.info}
-            save_checkpoint(out, model, optimizer, step, train_state, data.tokenizer, meta_out)
+            meta_out = {"tier": opts.tier, "task": opts.task, "seed": opts.seed, "tokens_seen": step * tokens_per_step,
+                        "val_loss": val_loss, "val_loss_all": val_loss_all, "val_loss_step": val_step,
+                        "train_options": recorded, "data": task.info}
+            save_checkpoint(out, model, optimizer, step, train_state, task.tokenizer, meta_out,
+                            extra_files=task.extra_files())
         last_ckpt = step
 
     if not options.resume and env.is_main:
         v = do_eval(0)
         _append_log(out, {"step": 0, "tokens": 0, "train_loss": "", "val_loss": _fmt(v, ".6f"),
-                          "lr": "",
+                          "val_loss_all": _fmt(val_loss_all, ".6f"), "lr": "",
                           "tokens_per_s": "", "elapsed_s": _fmt(elapsed(), ".2f")})
 
     from tqdm import tqdm
@@ -571,7 +649,8 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
                 train_loss, train_steps = window_loss / window_steps, window_steps  # what log.csv records
                 _append_log(out, {"step": step, "tokens": step * tokens_per_step,
                                   "train_loss": _fmt(train_loss, ".6f"),
-                                  "val_loss": _fmt(val_loss if is_eval else None, ".6f"), "lr": _fmt(lr, ".6g"),
+                                  "val_loss": _fmt(val_loss if is_eval else None, ".6f"),
+                                  "val_loss_all": _fmt(val_loss_all if is_eval else None, ".6f"), "lr": _fmt(lr, ".6g"),
                                   "tokens_per_s": _fmt(tokens_per_s, ".1f"), "elapsed_s": _fmt(elapsed(), ".2f")})
                 window_loss, window_steps, window_time = 0.0, 0, 0.0
                 if is_eval:

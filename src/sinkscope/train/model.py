@@ -1,9 +1,10 @@
 """The bundled trainer's model: a GPT-2-style decoder with every attention variant of SPEC.md.
 
 One file, nanoGPT style. The decoder is the one of SPEC.md "Trainer variants" (seed 000,
-Appendix A): pre-norm LayerNorm without bias, GELU MLP of width 4C, no biases anywhere,
-learned absolute positions, token embedding tied to the LM head, no dropout, init N(0, 0.02)
-with N(0, 0.02/sqrt(2L)) for the output projections of attention and MLP.
+Appendix A): pre-norm LayerNorm without bias (``norm="rmsnorm"``: RMSNorm, seed 003's norm),
+GELU MLP of width 4C, no biases anywhere, learned absolute positions, token embedding tied to
+the LM head, no dropout, init N(0, 0.02) with N(0, 0.02/sqrt(2L)) for the output projections
+of attention and MLP.
 
 The attention variants (seed 000 Table 5 plus seed 001's output gate):
 
@@ -21,21 +22,50 @@ The attention variants (seed 000 Table 5 plus seed 001's output gate):
 
 (The projection gate's bias is written c_h here so it is not confused with the sink logit b_h.)
 
+Variant flags that cannot compose are refused when a :class:`Variant` is built: the routing
+slot needs a value gate, and a routing-slot gate (rows sum to 1 over real keys) does not
+combine with a phantom (rows sum to 1 - phi_i); no seed trains that pair.
+
+Seed 002 (gpt-oss) in the trainer (SPEC.md "Training data (resolved)"):
+
+    layer_pattern  comma-separated per-layer kinds, repeated over the layers: ``"full"`` (every
+                   layer full causal attention, the default) or e.g. ``"sliding,full"`` (layer 0
+                   sliding, layer 1 full, layer 2 sliding, ... as gpt-oss). On a sliding layer
+                   query i sees key j iff 0 <= i - j < ``window``. The phantom stays visible to
+                   every query (it is not a position), and so does ``sinktoken``'s learned token
+                   (an abstention slot, like StreamingLLM's kept first tokens): the window counts
+                   real keys only. Composes with every variant.
+    sink clamp     the learned sink logit enters the forward pass as clamp(b_h, -10, 15)
+                   (``SINK_LOGIT_RANGE``), the parameter itself is never changed, so its gradient
+                   is zero while it lies outside the range.
+
 Every variant runs on two paths that compute the same function (tests hold them to 1e-5):
 
     fused     ``F.scaled_dot_product_attention``. The phantom rides along as an extra key
               column with value 0 and one extra q/k coordinate: q gets the constant sqrt(D),
               the phantom key gets b_h there and real keys 0, so with the scale set to
               1/sqrt(D) the phantom logit is b_h and every other logit is unchanged (seed 000
-              appendix). The head dim is zero-padded to a multiple of 8 and an explicit boolean
-              mask keeps the phantom visible to every query. routing-norm folds log g_j into
-              the extra key coordinate the same way.
+              appendix). q, k and v are zero-padded to one width, a multiple of 8. On a full
+              layer the phantom is kept visible by seed 000's dummy query row: one extra query
+              row is put before the real ones and the *causal* kernel runs on T+1 rows and S+1
+              keys, so row 0 (dropped) sees the phantom only and real query i, now row i + 1,
+              sees the phantom and real keys 0..i: exactly the phantom mask, with no explicit
+              mask, so flash kernels apply. A sliding layer passes its boolean mask (phantom
+              column visible). routing-norm folds log g_j into the extra key coordinate the
+              same way.
     explicit  materialised logits and weights, in float32: the reference path, and the one a
               ``tap`` observes (a tap implies the explicit path).
 
 Training-objective options of ``GPT.forward`` (SPEC.md; seeds 003 and 004): ``tnlm`` drops the
 cross-entropy term at position 0, ``config.force_sink_k`` partitions the residual channels
-between position 0 and the rest, ``lb_lambda`` adds the sink-aware load-balancing loss.
+between position 0 and the rest (the mask is applied after the embedding, after every residual
+add and after every norm, so LayerNorm's centring cannot leak into the reserved channels),
+``lb_lambda`` adds the sink-aware load-balancing loss.
+
+Where a block's activations live (the names DESIGN.md's hook points will take):
+``Block.forward`` holds resid_pre (its input x), ln1's output (``normed``), resid_mid,
+ln2's output and resid_post as named locals; ``CausalSelfAttention.forward`` the per-head output
+z before ``c_proj``; ``MLP.forward`` the ``c_fc`` output (``pre``).
 
 Shape letters as in ``capture/record.py``: B batch, H heads, T queries, S keys (S == T),
 D head dim, C width (channels), L layers, V vocabulary.
@@ -74,6 +104,19 @@ class Variant:
     sink_token: bool = False  # a learned vector prepended to every sequence
     output_gate: bool = False  # seed 001's G1 gate on each head's output
 
+    def __post_init__(self):
+        if self.phantom not in (None, "fixed", "learned"):
+            raise ValueError(f"phantom must be None, 'fixed' or 'learned', not {self.phantom!r}")
+        if self.value_gate not in (None, "norm", "proj"):
+            raise ValueError(f"value_gate must be None, 'norm' or 'proj', not {self.value_gate!r}")
+        if self.routing and self.value_gate is None:
+            raise ValueError("the routing slot holds a value gate's log g_j, so routing needs a value_gate")
+        if self.routing and self.phantom is not None:
+            raise ValueError(
+                "a routing-slot gate (rows sum to 1 over real keys) and a phantom (rows sum to 1 - phi) do not "
+                "compose; no seed trains that pair"
+            )
+
     @property
     def has_phantom(self) -> bool:
         return self.phantom is not None
@@ -93,10 +136,17 @@ VARIANTS: dict[str, Variant] = {
 }
 
 OUTGATE_MODES = ("elementwise", "headwise")
+NORMS = ("layernorm", "rmsnorm")
+LAYER_KINDS = ("full", "sliding")
+#: gpt-oss clamps its learned sink logits to this range in the forward pass (seed 002, SPEC.md).
+SINK_LOGIT_RANGE = (-10.0, 15.0)
 
 #: Model shapes by tier (seed 000 Table 4; "tiny" is the CPU tier of research/tiny-tier-cpu.md).
 #: The vocabulary comes from the tokenizer, not the tier.
 TIERS: dict[str, dict] = {
+    # The trigger task's shape (SPEC.md "Trigger-conditional task"): 2 layers x 4 heads x 128,
+    # context 64; the default tier of ``--task trigger``.
+    "micro": dict(n_layer=2, n_head=4, n_embd=128, block_size=64),
     "tiny": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
     "10M": dict(n_layer=6, n_head=6, n_embd=384, block_size=512),
     "50M": dict(n_layer=10, n_head=10, n_embd=640, block_size=1024),
@@ -135,6 +185,14 @@ class GPTConfig:
     # Force-sink masking (seed 003): k residual channels reserved for position 0. 0 = off;
     # seed 003 (and SPEC.md) use k = 16 when it is on (32 in their data-saturated runs).
     force_sink_k: int = 0
+    # Pre-norm kind: GPT-2's LayerNorm (SPEC.md; seed 000) or RMSNorm (seed 003's models). Both
+    # without bias; RMSNorm eps 1e-5 like the LayerNorm.
+    norm: str = "layernorm"
+    # Per-layer attention kinds, comma-separated and repeated over the layers (seed 002):
+    # "full" everywhere by default; "sliding,full" alternates starting with a sliding layer 0.
+    layer_pattern: str = "full"
+    # Sliding window W of the sliding layers: query i sees keys i-W+1..i. gpt-oss uses 128.
+    window: int = 128
 
     def __post_init__(self):
         if self.variant not in VARIANTS:
@@ -148,6 +206,16 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if not 0 <= self.force_sink_k < self.n_embd:
             raise ValueError(f"force_sink_k must be in [0, n_embd), not {self.force_sink_k}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {', '.join(NORMS)}, not {self.norm!r}")
+        kinds = [k.strip() for k in str(self.layer_pattern).split(",")]
+        if not all(k in LAYER_KINDS for k in kinds):
+            raise ValueError(
+                f"layer_pattern must be comma-separated {' / '.join(LAYER_KINDS)} (e.g. 'sliding,full'), "
+                f"not {self.layer_pattern!r}"
+            )
+        if self.window < 1:
+            raise ValueError(f"window must be a positive integer, not {self.window!r}")
 
     @classmethod
     def from_tier(cls, tier: str, **overrides) -> "GPTConfig":
@@ -164,6 +232,11 @@ class GPTConfig:
     def variant_spec(self) -> Variant:
         """The :class:`Variant` named by ``variant``."""
         return VARIANTS[self.variant]
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (``layer_pattern`` repeated over the layers), None if full."""
+        kinds = [k.strip() for k in self.layer_pattern.split(",")]
+        return self.window if kinds[layer % len(kinds)] == "sliding" else None
 
 
 class Tap(Protocol):
@@ -182,22 +255,27 @@ def _fp32(t: Tensor):
     return torch.autocast(device_type=t.device.type, enabled=False)
 
 
-def _pad_head_dim(x: Tensor) -> Tensor:
-    """Zero-pad the last dim up to a multiple of HEAD_DIM_MULTIPLE (zeros change no dot product)."""
-    extra = -x.shape[-1] % HEAD_DIM_MULTIPLE
-    return F.pad(x, (0, extra)) if extra else x
+def visible_keys(T: int, device=None, *, window: int | None = None, keep_first: bool = False) -> Tensor:
+    """Which real key j query i sees, (T, S) bool with S == T (True = visible).
+
+    Causal: j <= i. On a sliding layer also i - j < ``window``; ``keep_first`` keeps key 0
+    visible to every query anyway (``sinktoken``'s learned token, an abstention slot).
+    """
+    i = torch.arange(T, device=device).view(T, 1)  # (T, 1)
+    j = torch.arange(T, device=device).view(1, T)  # (1, S)
+    seen = j <= i  # (T, S)
+    if window is not None:
+        near = (i - j) < window  # (T, S)
+        if keep_first:
+            near = near | (j == 0)  # (T, S)
+        seen = seen & near  # (T, S)
+    return seen
 
 
-def _causal_additive_mask(T: int, device) -> Tensor:
-    """0 where key j <= query i, -inf above the diagonal, (1, 1, T, T) float32."""
-    return torch.full((T, T), float("-inf"), device=device).triu(1).view(1, 1, T, T)  # (1, 1, T, T)
-
-
-def _phantom_bool_mask(T: int, device) -> Tensor:
-    """True = visible: the phantom column 0 for every query, then causal real keys, (T, T+1)."""
-    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()  # (T, T)
-    phantom = torch.ones(T, 1, dtype=torch.bool, device=device)  # (T, 1)
-    return torch.cat([phantom, causal], dim=1)  # (T, T+1)
+def _additive(visible: Tensor) -> Tensor:
+    """0 where visible, -inf elsewhere, (1, 1, T, S) float32: the record's ``mask``."""
+    T, S = visible.shape
+    return torch.zeros(T, S, device=visible.device).masked_fill(~visible, float("-inf")).view(1, 1, T, S)
 
 
 def load_balance_loss(importance: Tensor) -> Tensor:
@@ -230,15 +308,24 @@ def lm_loss(logits: Tensor, targets: Tensor, *, tnlm: bool = False) -> Tensor:
 # ---- the modules ----------------------------------------------------------------------------
 
 
+def make_norm(config: GPTConfig) -> nn.Module:
+    """The pre-norm of ``config.norm``: LayerNorm or RMSNorm over C, no bias, eps 1e-5."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-5)
+    return nn.LayerNorm(config.n_embd, bias=False)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal attention with the variant's phantom, value gate or output gate."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
         C, H, D = config.n_embd, config.n_head, config.head_dim
         self.n_head, self.head_dim = H, D
         self.variant = config.variant_spec
         self.beta = config.norm_gate_beta
+        self.window = config.layer_window(layer)  # None on a full layer
+        self.keep_first = self.variant.sink_token  # the sink token stays visible on sliding layers
         self.c_attn = nn.Linear(C, 3 * C, bias=False)  # W_Q, W_K, W_V side by side
         self.c_proj = nn.Linear(C, C, bias=False)  # W_O
         if self.variant.phantom == "learned":
@@ -255,12 +342,20 @@ class CausalSelfAttention(nn.Module):
     # -- the variant's extra pieces --------------------------------------------------------------
 
     def sink_logits(self) -> Tensor | None:
-        """b_h, (H,): the learned logits, zeros for offbyone, None without a phantom."""
+        """b_h as the forward pass uses it, (H,); zeros for offbyone; None without a phantom.
+
+        The learned logit is clamped to ``SINK_LOGIT_RANGE`` (seed 002: gpt-oss clamps to
+        [-10, 15]) without touching the parameter, so no gradient flows while it is outside.
+        """
         if self.variant.phantom == "learned":
-            return self.sink_logit
+            return self.sink_logit.clamp(*SINK_LOGIT_RANGE)  # (H,)
         if self.variant.phantom == "fixed":
             return torch.zeros(self.n_head, device=self.c_attn.weight.device)  # (H,)
         return None
+
+    def visible(self, T: int, device) -> Tensor:
+        """The real keys each query of this layer sees, (T, S) bool (see :func:`visible_keys`)."""
+        return visible_keys(T, device, window=self.window, keep_first=self.keep_first)
 
     def gate_logit(self, v: Tensor) -> Tensor | None:
         """The value gate's pre-sigmoid z_j, float32 (B, H, S), so g_j = sigmoid(z_j); or None."""
@@ -299,7 +394,7 @@ class CausalSelfAttention(nn.Module):
         with _fp32(q):
             qf, kf, vf = q.float(), k.float(), v.float()  # (B, H, T, D) each
             s = torch.matmul(qf, kf.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, H, T, S)
-            s = s + _causal_additive_mask(T, q.device)  # (B, H, T, S)
+            s = s.masked_fill(~self.visible(T, q.device), float("-inf"))  # (B, H, T, S): causal (+ window)
             if z is not None and self.variant.routing:
                 s = s + F.logsigmoid(z).unsqueeze(2)  # (B, H, T, S): s_ij + log g_j
             b = self.sink_logits()
@@ -321,9 +416,11 @@ class CausalSelfAttention(nn.Module):
         The implicit gate G_i = 1 - A_sink,i comes out of the same kernel call as one crafted
         value column (DESIGN.md "Probes"): 1 on every real key (phantom 0) gives
         sum_j a_ij = 1 - phi_i; the indicator of key 0 gives a_i0, and G_i = 1 - a_i0.
+        The phantom and the routing term ride in one extra q/k coordinate; a full layer with a
+        phantom runs the causal kernel with seed 000's dummy query row (module docstring).
         """
         B, H, T, D = q.shape
-        scale = 1.0 / math.sqrt(D)
+        scale = 1.0 / math.sqrt(D)  # explicit: the extra coordinate and the padding must not change it
         if z is not None and not self.variant.routing:
             with _fp32(v):
                 v = (torch.sigmoid(z).unsqueeze(-1) * v.float()).to(v.dtype)  # (B, H, S, D): g_j v_j
@@ -333,29 +430,29 @@ class CausalSelfAttention(nn.Module):
                 probe = torch.zeros_like(probe)  # (S, 1)
                 probe[0] = 1.0  # (S, 1): indicator of key 0
             v = torch.cat([v, probe.expand(B, H, T, 1)], dim=-1)  # (B, H, S, D+1)
-            v = _pad_head_dim(v)  # (B, H, S, D8)
-        b = self.sink_logits()
-        if b is not None:
-            q_aug = torch.cat([q, q.new_full((B, H, T, 1), math.sqrt(D))], dim=-1)  # (B, H, T, D+1)
-            k_real = torch.cat([k, k.new_zeros(B, H, T, 1)], dim=-1)  # (B, H, S, D+1)
+        b = self.sink_logits()  # (H,) or None
+        if b is not None or self.variant.routing:
+            # q gets sqrt(D) in one extra coordinate; real keys get log g_j there (routing) or 0.
+            q = torch.cat([q, q.new_full((B, H, T, 1), math.sqrt(D))], dim=-1)  # (B, H, T, D+1)
+            extra = F.logsigmoid(z).to(k.dtype) if self.variant.routing else k.new_zeros(B, H, T)  # (B, H, S)
+            k = torch.cat([k, extra.unsqueeze(-1)], dim=-1)  # (B, H, S, D+1)
+        if b is not None:  # the phantom: key 0 of the kernel, logit b_h, value 0
             k_sink = F.pad(b.to(k.dtype).view(1, H, 1, 1).expand(B, H, 1, 1), (D, 0))  # (B, H, 1, D+1)
-            k_aug = torch.cat([k_sink, k_real], dim=2)  # (B, H, S+1, D+1): phantom first
-            v_aug = torch.cat([v.new_zeros(B, H, 1, v.shape[-1]), v], dim=2)  # (B, H, S+1, Dv): value 0
-            mask = _phantom_bool_mask(T, q.device)  # (T, S+1)
-            out = F.scaled_dot_product_attention(
-                _pad_head_dim(q_aug), _pad_head_dim(k_aug), v_aug, attn_mask=mask, scale=scale
-            )  # (B, H, T, Dv)
-        elif self.variant.routing:  # routing-norm: log g_j in one extra key coordinate
-            log_g = F.logsigmoid(z)  # (B, H, S) float32
-            q_aug = torch.cat([q, q.new_full((B, H, T, 1), math.sqrt(D))], dim=-1)  # (B, H, T, D+1)
-            k_aug = torch.cat([k, log_g.unsqueeze(-1).to(k.dtype)], dim=-1)  # (B, H, S, D+1)
-            q_aug, k_aug = _pad_head_dim(q_aug), _pad_head_dim(k_aug)  # (B, H, T, D8), (B, H, S, D8)
-            v = F.pad(v, (0, q_aug.shape[-1] - v.shape[-1]))  # (B, H, S, D8): one width for flash kernels
-            out = F.scaled_dot_product_attention(q_aug, k_aug, v, is_causal=True, scale=scale)  # (B, H, T, D8)
+            k = torch.cat([k_sink, k], dim=2)  # (B, H, S+1, D+1)
+            v = torch.cat([v.new_zeros(B, H, 1, v.shape[-1]), v], dim=2)  # (B, H, S+1, Dv)
+        width = max(q.shape[-1], v.shape[-1])
+        width += -width % HEAD_DIM_MULTIPLE  # one width, a multiple of 8, for q, k and v (flash kernels)
+        q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))  # (B, H, T|S(+1), W)
+        if self.window is not None:  # sliding: an explicit boolean mask; the phantom column stays visible
+            mask = self.visible(T, q.device)  # (T, S)
+            if b is not None:
+                mask = torch.cat([mask.new_ones(T, 1), mask], dim=1)  # (T, S+1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, T, W)
+        elif b is not None:  # seed 000's dummy query row: the causal kernel keeps the phantom visible
+            q = torch.cat([q.new_zeros(B, H, 1, width), q], dim=2)  # (B, H, T+1, W)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[:, :, 1:]  # (B, H, T, W)
         else:
-            if v.shape[-1] != D:  # the importance column widened v: zero-pad q and k to match
-                q, k = F.pad(q, (0, v.shape[-1] - D)), F.pad(k, (0, v.shape[-1] - D))  # (B, H, T|S, D8)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # (B, H, T, Dv)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)  # (B, H, T, W)
         y = out[..., :D]  # (B, H, T, D): the real head outputs
         if not want_importance:
             return y, None
@@ -391,6 +488,7 @@ class CausalSelfAttention(nn.Module):
         if gate_out is not None:
             y = y * gate_out.to(y.dtype)  # (B, H, T, D)
             G = gate_out.mean(dim=-1)  # (B, H, T): the explicit gate, averaged over the head's D
+        # y is the per-head output z (hook_z) that W_O reads.
 
         if tap is not None:
             b = self.sink_logits()
@@ -401,8 +499,9 @@ class CausalSelfAttention(nn.Module):
                     key=k.detach(),  # (B, H, S, D)
                     value=v.detach(),  # (B, H, S, D), before any gate
                     scale=1.0 / math.sqrt(D),
-                    mask=_causal_additive_mask(T, x.device),  # (1, 1, T, S)
+                    mask=_additive(self.visible(T, x.device)),  # (1, 1, T, S): causal (+ window)
                     weights=att.detach(),  # (B, H, T, S)
+                    sliding_window=self.window,
                     sink_logits=None if b is None else b.detach().float(),  # (H,)
                     value_gate=None if z is None else torch.sigmoid(z).detach(),  # (B, H, S)
                     output_gate=None
@@ -427,33 +526,39 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.c_proj(self.gelu(self.c_fc(x)))  # (B, T, 4C) -> (B, T, C)
+        pre = self.c_fc(x)  # (B, T, 4C): the activation's input (hook_pre)
+        return self.c_proj(self.gelu(pre))  # (B, T, C)
 
 
 class Block(nn.Module):
-    """Pre-norm block: x + attn(ln(x)), then + mlp(ln(x)); force-sink mask after each add."""
+    """Pre-norm block: x + attn(ln(x)), then + mlp(ln(x)); force-sink mask after each add and norm."""
 
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, layer: int = 0):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
+        self.ln_1 = make_norm(config)
+        self.attn = CausalSelfAttention(config, layer)
+        self.ln_2 = make_norm(config)
         self.mlp = MLP(config)
 
     def forward(
         self, x: Tensor, *, layer: int, explicit: bool, tap: Tap | None, want_importance: bool,
         keep: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
+        # x is resid_pre (B, T, C); force-sink (``keep``) re-applies its mask after every norm
+        # and every add, so the partition holds exactly under LayerNorm's centring too.
+        normed = _masked(self.ln_1(x), keep)  # (B, T, C): ln1's output, the attention's input
         a, importance = self.attn(
-            self.ln_1(x), layer=layer, explicit=explicit, tap=tap, want_importance=want_importance
+            normed, layer=layer, explicit=explicit, tap=tap, want_importance=want_importance
         )  # (B, T, C), (H,) | None
-        x = x + a  # (B, T, C)
-        if keep is not None:
-            x = x * keep  # (B, T, C)
-        x = x + self.mlp(self.ln_2(x))  # (B, T, C)
-        if keep is not None:
-            x = x * keep  # (B, T, C)
+        x = _masked(x + a, keep)  # (B, T, C): resid_mid
+        normed = _masked(self.ln_2(x), keep)  # (B, T, C): ln2's output, the MLP's input
+        x = _masked(x + self.mlp(normed), keep)  # (B, T, C): resid_post
         return x, importance
+
+
+def _masked(x: Tensor, keep: Tensor | None) -> Tensor:
+    """``x * keep`` (force-sink's 0/1 mask, (T, C)), or ``x`` when force-sink is off."""
+    return x if keep is None else x * keep  # (B, T, C)
 
 
 class GPT(nn.Module):
@@ -476,8 +581,8 @@ class GPT(nn.Module):
                 dict(
                     wte=nn.Embedding(config.vocab_size, C),
                     wpe=nn.Embedding(config.block_size, C),
-                    h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                    ln_f=nn.LayerNorm(C, bias=False),
+                    h=nn.ModuleList([Block(config, layer) for layer in range(config.n_layer)]),
+                    ln_f=make_norm(config),
                 )
             )
             self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
@@ -629,7 +734,7 @@ class GPT(nn.Module):
             if importance is not None:
                 importances.append(importance)
 
-        x = self.transformer.ln_f(x)  # (B, T', C)
+        x = _masked(self.transformer.ln_f(x), keep)  # (B, T', C)
         if self.sink_token is not None:
             x = x[:, 1:]  # (B, T, C): the sink token's output never reaches the LM head
         logits = self.lm_head(x)  # (B, T, V)
