@@ -615,7 +615,8 @@ def test_help_says_what_no_figures_skips_and_shows_train_defaults():
 
     assert "--no-figures writes neither" in text(["sinks", "--help"])
     train_help = text(["train", "--help"])
-    for default in ("[default: baseline]", "[default: tiny]", "[default: 0]", "[default: the tier's; 600 for tiny]"):
+    for default in ("[default: baseline]", "[default: micro for --task trigger, tiny for text]", "[default: 0]",
+                    "[default: the tier's; 600 for tiny, 1000 for micro]", "[default: text]"):
         assert default in train_help
 
 
@@ -632,7 +633,7 @@ def test_the_printed_training_loss_is_the_one_in_log_csv(tmp_path, text_file):
 
     messages: list[str] = []
     out = tmp_path / "ckpt"
-    train(TrainOptions(out=str(out), text_file=str(text_file), tokenizer="bpe300", steps=6, batch_size=4,
+    train(TrainOptions(out=str(out), text_file=str(text_file), tokenizer="bpe300", steps=6, batch_size=4, windows="random",
                        warmup_steps=1, eval_every=3, eval_windows=2, checkpoint_every=6, log_every=3,
                        overrides=["n_layer=1", "n_head=2", "n_embd=32", "block_size=16"], progress=False),
           log=messages.append)

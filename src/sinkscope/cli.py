@@ -221,7 +221,7 @@ def train(
     tier: Annotated[Optional[str], typer.Option("--tier", help="micro (~1 min on CPU) | tiny (~3 min) | 10M | 50M | 124M | 350M [default: micro for --task trigger, tiny for text].")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants) [default: 0].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Checkpoint folder.")] = "ckpt",
-    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length) [default: the tier's; 600 for tiny].")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length) [default: the tier's; 600 for tiny, 1000 for micro].")] = None,
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per step over all processes.")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
     min_lr: Annotated[Optional[float], typer.Option("--min-lr", help="Floor of the cosine (default lr/10).")] = None,
