@@ -222,3 +222,105 @@ def test_unknown_hook_point_suggests_the_name():
         hp.parse("blocks.3.hook_resid_psot")
     assert "did you mean 'blocks.{l}.hook_resid_post'" in str(info.value)
     assert hp.parse("blocks.3.attn.hook_z") == (hp.ATTN_Z, 3) and hp.parse("tokens") == (hp.TOKENS, None)
+
+
+# ---- the bundled trainer emits the same points natively ------------------------------------------
+
+TRAINER_VARIANTS = ["baseline", "sinklogit", "sinktoken", "normgate", "projgate", "sink+proj", "routing-norm",
+                    "outgate"]
+
+
+def _trainer_model(variant: str, **fields):
+    from sinkscope.train.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, block_size=32, n_layer=3, n_head=4, n_embd=32, variant=variant, **fields)
+    return GPT(config).eval()
+
+
+@pytest.mark.parametrize("variant", TRAINER_VARIANTS)
+@pytest.mark.parametrize("attention", ["explicit", "fused"])
+def test_trainer_hook_points_equal_the_models_own_tensors(variant, attention):
+    model = _trainer_model(variant)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    reference: dict = {}
+    handles = []
+    for layer, block in enumerate(model.transformer.h):
+        handles.append(_module_io(block.attn.c_proj, reference, f"o{layer}"))
+        handles.append(_module_io(block.ln_2, reference, f"ln2{layer}"))
+    collect = Collect(*STREAM, hp.MLP_PRE)
+    with torch.no_grad():
+        plain, _ = model(ids, attention=attention)
+        logits, _ = model(ids, attention=attention, hooks=collect)
+    for handle in handles:
+        handle.remove()
+    torch.testing.assert_close(logits, plain, atol=0, rtol=0)
+    values, C = collect.values, model.config.n_embd
+    T = 17 if variant == "sinktoken" else 16  # the sink token sits at position 0 of every point
+    for layer, block in enumerate(model.transformer.h):
+        assert values[hp.RESID_PRE][layer].shape == (2, T, C)
+        if layer + 1 < 3:
+            assert torch.equal(values[hp.RESID_POST][layer], values[hp.RESID_PRE][layer + 1])
+        torch.testing.assert_close(values[hp.LN1_NORMALIZED][layer], block.ln_1(values[hp.RESID_PRE][layer]),
+                                   atol=1e-6, rtol=0)
+        o_in, o_out = reference[f"o{layer}"]
+        assert torch.equal(values[hp.ATTN_Z][layer].reshape(2, T, C), o_in)
+        results = values[hp.ATTN_RESULT][layer]
+        torch.testing.assert_close(results.sum(dim=2), o_out, atol=1e-6, rtol=0)  # no bias in the trainer
+        assert torch.equal(values[hp.ATTN_OUT][layer], o_out)
+        assert torch.equal(values[hp.RESID_MID][layer], values[hp.RESID_PRE][layer] + o_out)
+        ln2_in, ln2_out = reference[f"ln2{layer}"]
+        assert torch.equal(ln2_in, values[hp.RESID_MID][layer])
+        torch.testing.assert_close(values[hp.MLP_PRE][layer], F.linear(ln2_out, block.mlp.c_fc.weight), atol=1e-6,
+                                   rtol=0)
+    # the final norm reads the last resid_post: the logits follow from it
+    last = values[hp.RESID_POST][2]
+    head = model.lm_head(model.transformer.ln_f(last))[:, (1 if variant == "sinktoken" else 0):]
+    torch.testing.assert_close(head, logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("variant", TRAINER_VARIANTS)
+@pytest.mark.parametrize("attention", ["explicit", "fused"])
+def test_trainer_identity_interventions_leave_logits_unchanged(variant, attention):
+    model = _trainer_model(variant)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(2))
+    identity = {hp.ATTN_V: lambda layer, v: v.clone(), hp.ATTN_Z: lambda layer, z: z.clone()}
+    with torch.no_grad():
+        plain, _ = model(ids, attention=attention)
+        logits, _ = model(ids, attention=attention, hooks=Collect(hp.ATTN_Z, replacements=identity))
+        zeroed = Collect(hp.ATTN_Z, replacements={hp.ATTN_V: lambda layer, v: torch.zeros_like(v)})
+        changed, _ = model(ids, attention=attention, hooks=zeroed)
+    torch.testing.assert_close(logits, plain, atol=1e-6, rtol=0)
+    assert not torch.allclose(changed, plain, atol=1e-4)
+    assert all(torch.all(z == 0) for z in zeroed.values[hp.ATTN_Z].values())  # every head mixed zeros
+
+
+def test_trainer_value_replacement_acts_before_the_value_gate():
+    """hook_v doubled: the norm gate reads the doubled values (g = sigmoid(beta(||2v||/sqrt(D) - tau)))."""
+    model = _trainer_model("normgate")
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(3))
+    collect = Collect(hp.ATTN, hp.ATTN_V, replacements={hp.ATTN_V: lambda layer, v: 2 * v})
+    with torch.no_grad():
+        model(ids, hooks=collect)
+    for layer, block in enumerate(model.transformer.h):
+        record, v = collect.values[hp.ATTN][layer], collect.values[hp.ATTN_V][layer]  # v: (B, S, H, D), replaced
+        norm = v.float().norm(dim=-1).transpose(1, 2) / v.shape[-1] ** 0.5  # (B, H, S)
+        expected = torch.sigmoid(8.0 * (norm - block.attn.gate_tau.view(1, -1, 1)))
+        torch.testing.assert_close(record.value_gate, expected, atol=1e-6, rtol=0)
+        assert torch.equal(record.value, v.transpose(1, 2))
+
+
+def test_trainer_hooks_respect_force_sink_and_sliding_layers():
+    """With force-sink, resid_mid is the masked stream the MLP reads; sliding layers keep their window."""
+    model = _trainer_model("sinklogit", force_sink_k=4, layer_pattern="sliding,full", window=4)
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(4))
+    collect = Collect(hp.RESID_PRE, hp.RESID_MID, hp.ATTN_OUT, hp.ATTN)
+    with torch.no_grad():
+        model(ids, hooks=collect)
+    for layer in range(3):
+        mid = collect.values[hp.RESID_MID][layer]
+        assert torch.all(mid[:, 0, 4:] == 0) and torch.all(mid[:, 1:, :4] == 0)  # the partition holds exactly
+        expected = (collect.values[hp.RESID_PRE][layer] + collect.values[hp.ATTN_OUT][layer])
+        keep = model.force_sink_mask(16, expected)
+        assert torch.equal(mid, expected * keep)
+    assert collect.values[hp.ATTN][0].sliding_window == 4 and collect.values[hp.ATTN][1].sliding_window is None

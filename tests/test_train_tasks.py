@@ -13,6 +13,7 @@ import os
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -356,3 +357,25 @@ def test_text_checkpoint_windows_come_from_the_validation_split(env, policy):
     np.testing.assert_array_equal(checkpoint_windows(out, n_seqs=5, seed=0).tokens, windows.tokens)
     with pytest.raises(SinkscopeError, match="fewer than --n-seqs 100000"):
         checkpoint_windows(out, n_seqs=100000, seed=0)
+
+
+def test_sinks_on_a_checkpoint_uses_its_validation_split(tmp_path):
+    """Without --text-file, `sinkscope sinks CKPT` draws the checkpoint's own validation windows."""
+    from typer.testing import CliRunner
+
+    from sinkscope.cli import app
+
+    out = tmp_path / "ckpt"
+    train(trigger_options(out, steps=3, checkpoint_every=3), log=quiet)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["sinks", str(out), "--n-seqs", "5", "--seed", "2", "--out", str(run),
+                                      "--no-progress", "--no-figures"])
+    assert result.exit_code == 0, result.output
+    assert "validation split" in result.output
+    tokens = np.load(run / "tokens.npy")
+    np.testing.assert_array_equal(tokens, checkpoint_windows(out, n_seqs=5, seed=2).tokens)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["corpus"]["kind"] == "checkpoint validation split"
+    assert manifest["windows"]["seq_len"] == 20 and "validation split" in manifest["windows"]["rule"]
+    table = pd.read_csv(run / "results.csv")
+    assert set(table.variant) == {"baseline"} and set(table.step) == {3}  # the run's condition columns

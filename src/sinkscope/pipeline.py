@@ -169,6 +169,8 @@ class Plan:
     inputs: Inputs = field(default_factory=Inputs)
     #: what to undo when the run ends: the run folder's lock, a TransformerBridge's components.
     cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    #: a trainer checkpoint with no text given: windows come from its own validation split.
+    checkpoint_split: bool = False
 
     @property
     def progress_file(self) -> Path | None:
@@ -204,8 +206,12 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
         out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed)
         if rank == 0:
             cleanup.enter_context(_locked(out_dir))
+    # A trainer checkpoint measured without a text of the user's is measured on its own validation
+    # split (never training text), under the window policy it was trained with.
+    checkpoint_split = (inputs.model is None and source.kind == "checkpoint" and inputs.windows is None
+                        and inputs.texts is None and not options.text_file and not options.dataset)
     corpus = None
-    if inputs.windows is None:
+    if inputs.windows is None and not checkpoint_split:
         corpus = corpus_mod.Corpus("texts", list(inputs.texts), {"kind": "texts"}) if inputs.texts is not None \
             else corpus_mod.load_corpus(options.text_file, options.dataset)
     device = distributed.local_device(options.device) if world_size > 1 else options.device
@@ -213,14 +219,15 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     check_device_map(options.device_map, source)
     if inputs.model is None:
         command.check_source(options, source)
-    result = Plan(command, options, source, out_dir, corpus, device, rank, world_size, inputs, cleanup)
+    result = Plan(command, options, source, out_dir, corpus, device, rank, world_size, inputs, cleanup,
+                  checkpoint_split)
     if out_dir is not None:
         if not options.resume:
             check_run_dir(out_dir, options.overwrite)
         elif not result.progress_file.is_file():
             raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
     limit = context_length(source) if inputs.model is None else _model_context(inputs.model)
-    if options.seq_len is None and inputs.windows is None:
+    if options.seq_len is None and inputs.windows is None and not checkpoint_split:
         result.options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
     elif inputs.windows is not None:
         result.options = replace(options, seq_len=int(inputs.windows.shape[1]), n_seqs=int(inputs.windows.shape[0]))
@@ -228,8 +235,8 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     return result
 
 
-def _require_context(seq_len: int, limit: int | None) -> None:
-    if limit is not None and seq_len > limit:
+def _require_context(seq_len: int | None, limit: int | None) -> None:
+    if seq_len is not None and limit is not None and seq_len > limit:
         raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
 
 
@@ -259,6 +266,18 @@ def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
     doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
     return corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed,
                                    bos_id=bos_id)
+
+
+def _checkpoint_windows(plan_: Plan, log) -> corpus_mod.Windows:
+    """A trainer checkpoint's validation windows (``train.tasks.checkpoint_windows``); fixes seq_len."""
+    from sinkscope.train.tasks import checkpoint_windows
+
+    options = plan_.options
+    log(f"Drawing {options.n_seqs} windows from the validation split of {plan_.source.location} (pass "
+        "--text-file to measure other text) ...")
+    windows = checkpoint_windows(plan_.source.path, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed)
+    plan_.options = replace(options, seq_len=int(windows.tokens.shape[1]))
+    return windows
 
 
 def _given_windows(tokens: np.ndarray) -> corpus_mod.Windows:
@@ -319,6 +338,9 @@ def load(plan_: Plan, log) -> Loaded:
         loaded = LoadedModel(model.eval(), tokenizer, plan_.source, next(model.parameters()).dtype,
                              next(model.parameters()).device)
     else:
+        if plan_.checkpoint_split:
+            windows = _checkpoint_windows(plan_, log)
+            options = plan_.options
         tokenizer = load_tokenizer(plan_.source, trust_remote_code=options.trust_remote_code)
         if windows is None and tokenizer is not None:
             windows = _windows(plan_, tokenizer, log)
@@ -428,7 +450,6 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
     frame = rows_to_frame((row for probe in probes for row in probe.rows()), run_conditions=conditions)
     model = loaded.model
     manifest = base_manifest(plan_.command.name, asdict(options))
-    corpus = plan_.corpus
     manifest.update(
         model={
             "source": source.to_dict(),
@@ -443,16 +464,12 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
         dtype=str(model.dtype).removeprefix("torch."),
         device=str(model.device),
         processes=plan_.world_size,
-        corpus=None if corpus is None else {
-            **corpus.info, "name": corpus.name, "sha256": corpus.sha256, "n_documents": len(corpus.documents),
-            "n_tokens": windows.n_corpus_tokens},
+        corpus=_corpus_record(plan_, windows),
         windows={
             "seq_len": int(windows.tokens.shape[1]), "n_seqs": int(windows.tokens.shape[0]), "seed": options.seed,
             "bos_policy": options.bos, "bos_id": windows.bos_id, "tokens_sha256": windows.sha256,
             "tokenizer_bos_id": getattr(model.tokenizer, "bos_token_id", None),
-            "rule": "non-overlapping per-document chunks, drawn without replacement by "
-                    "numpy.random.default_rng(seed), kept in corpus order; BOS prepended when bos_id is set"
-                    if corpus is not None else "token ids given by the caller",
+            "rule": _window_rule(plan_),
             "starts": [list(s) for s in windows.starts],
         },
         probes={p.name: {"options": p.options(), "metrics": {m: asdict(i) for m, i in p.metrics.items()}}
@@ -461,6 +478,27 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
                 "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
     )
     return Result(frame, manifest, windows.tokens)
+
+
+def _corpus_record(plan_: Plan, windows: corpus_mod.Windows) -> dict | None:
+    corpus = plan_.corpus
+    if plan_.checkpoint_split:
+        return {"kind": "checkpoint validation split", "checkpoint": plan_.source.location,
+                "checkpoint_abs_path": str(Path(plan_.source.path).resolve()), "n_tokens": windows.n_corpus_tokens}
+    if corpus is None:
+        return None
+    return {**corpus.info, "name": corpus.name, "sha256": corpus.sha256, "n_documents": len(corpus.documents),
+            "n_tokens": windows.n_corpus_tokens}
+
+
+def _window_rule(plan_: Plan) -> str:
+    if plan_.checkpoint_split:
+        return ("the checkpoint's validation split under the window policy it was trained with "
+                "(sinkscope.train.tasks.checkpoint_windows, seeded by seed); the BOS policy is the task's")
+    if plan_.corpus is None:
+        return "token ids given by the caller"
+    return ("non-overlapping per-document chunks, drawn without replacement by numpy.random.default_rng(seed), "
+            "kept in corpus order; BOS prepended when bos_id is set")
 
 
 def execute(command: Command, options: RunOptions, inputs: Inputs | None = None, *, write: bool = True,

@@ -213,35 +213,11 @@ def _forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, *, nat
     if hp.TOKENS in dispatcher.observed:
         dispatcher.emit(hp.TOKENS, None, ids)
     if native:
-        logits = _native_forward(model, ids, dispatcher, attention)  # (B, T, V)
+        logits, _ = model(ids, hooks=dispatcher, attention=attention)  # (B, T, V)
     else:
         logits = model(input_ids=ids, **kwargs).logits  # (B, T|1, V)
     if hp.LOSS in dispatcher.observed:
         dispatcher.emit(hp.LOSS, None, next_token_loss(logits, ids))  # (B, T-1)
-
-
-class _TapAdapter:
-    """The trainer's record tap (on_attention / on_residual) as hook points."""
-
-    SUPPORTED = frozenset({hp.ATTN, hp.RESID_POST, hp.TOKENS, hp.LOSS})
-
-    def __init__(self, dispatcher: Dispatcher):
-        unsupported = (dispatcher.observed - self.SUPPORTED) | dispatcher.intervened
-        if unsupported:
-            raise SinkscopeError(f"trainer checkpoints do not emit {', '.join(sorted(unsupported))} yet.")
-        self.dispatcher = dispatcher
-
-    def on_attention(self, record) -> None:
-        self.dispatcher.emit(hp.ATTN, record.layer, record)
-
-    def on_residual(self, layer: int, hidden: Tensor) -> None:
-        self.dispatcher.emit(hp.RESID_POST, layer, hidden)
-
-
-def _native_forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, attention: str) -> Tensor:
-    if "hooks" in inspect.signature(model.forward).parameters:
-        return model(ids, hooks=dispatcher, attention=attention)[0]
-    return model(ids, tap=_TapAdapter(dispatcher), attention=attention)[0]
 
 
 def _free_cache(device: torch.device) -> None:

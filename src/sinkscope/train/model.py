@@ -54,7 +54,7 @@ Every variant runs on two paths that compute the same function (tests hold them 
               column visible). routing-norm folds log g_j into the extra key coordinate the
               same way.
     explicit  materialised logits and weights, in float32: the reference path, and the one a
-              ``tap`` observes (a tap implies the explicit path).
+              record of ``blocks.{l}.attn`` observes (an attention record implies the explicit path).
 
 Training-objective options of ``GPT.forward`` (SPEC.md; seeds 003 and 004): ``tnlm`` drops the
 cross-entropy term at position 0, ``config.force_sink_k`` partitions the residual channels
@@ -81,6 +81,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec
 from sinkscope.capture.record import AttentionRecord
 
@@ -245,6 +246,52 @@ class Tap(Protocol):
     def on_attention(self, record: AttentionRecord) -> None: ...
 
     def on_residual(self, layer: int, hidden: Tensor) -> None: ...
+
+
+class HookSink(Protocol):
+    """What receives the model's named hook points (``capture/hooks.py``; the runner's dispatcher)."""
+
+    observed: frozenset[str]
+    intervened: frozenset[str]
+
+    def emit(self, template: str, layer: int | None, value) -> None: ...
+
+    def replace(self, template: str, layer: int, value: Tensor) -> Tensor: ...
+
+
+class TapHooks:
+    """A :class:`Tap` (``on_attention``/``on_residual``) seen as a hook sink of records and resid_post."""
+
+    observed = frozenset({hp.ATTN, hp.RESID_POST})
+    intervened = frozenset()
+
+    def __init__(self, tap: Tap):
+        self.tap = tap
+
+    def emit(self, template: str, layer: int | None, value) -> None:
+        if template == hp.ATTN:
+            self.tap.on_attention(value)
+        else:
+            self.tap.on_residual(layer, value)
+
+    def replace(self, template: str, layer: int, value: Tensor) -> Tensor:
+        return value
+
+
+def _emit(hooks: HookSink | None, template: str, layer: int | None, value: Tensor) -> None:
+    """Hand ``value`` (detached) to ``hooks`` if it observes ``template``."""
+    if hooks is not None and template in hooks.observed:
+        hooks.emit(template, layer, value.detach())
+
+
+def _replace(hooks: HookSink | None, template: str, layer: int, value: Tensor) -> Tensor:
+    """The value ``hooks`` puts in place of ``value`` at an intervenable point (``value`` itself if none)."""
+    if hooks is not None and template in hooks.intervened:
+        replaced = hooks.replace(template, layer, value)
+        if tuple(replaced.shape) != tuple(value.shape):
+            raise ValueError(f"a {template} replacement must keep the shape {tuple(value.shape)}")
+        return replaced.to(value.dtype)
+    return value
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -463,9 +510,14 @@ class CausalSelfAttention(nn.Module):
     # -- forward -----------------------------------------------------------------------------------
 
     def forward(
-        self, x: Tensor, *, layer: int, explicit: bool, tap: Tap | None, want_importance: bool
+        self, x: Tensor, *, layer: int, explicit: bool, hooks: HookSink | None, want_importance: bool
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of the (pre-normed) stream ``x`` (B, T, C).
+
+        Emits the hook points ``blocks.{layer}.attn`` (the record; it implies the explicit path),
+        ``attn.hook_v`` (values before any gate, replaceable: the gate then reads the
+        replacement), ``attn.hook_z`` (per-head output after any output gate, replaceable) and
+        ``attn.hook_result`` (z_h W_O[h]) when ``hooks`` asks for them.
 
         Returns the layer's output (B, T, C) and, if ``want_importance``, Imp^{l,h} (H,): the
         mean of G_i over sequences and queries i >= 1.
@@ -475,11 +527,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, S, D)
-        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, S, D), before any gate
+        v = _replace(hooks, hp.ATTN_V, layer, v.view(B, T, H, D))  # (B, S, H, D), before any gate
+        _emit(hooks, hp.ATTN_V, layer, v)
+        v = v.transpose(1, 2)  # (B, H, S, D)
         z = self.gate_logit(v)  # (B, H, S) float32, or None
         gate_out = self.output_gate(x)  # (B, H, T, D|1) float32, or None
+        record = hooks is not None and hp.ATTN in hooks.observed
 
-        if explicit or tap is not None:
+        if explicit or record:
             y, att = self.attend_explicit(q, k, v, z)  # (B, H, T, D), (B, H, T, S)
             G = att.sum(-1) if self.variant.has_phantom else 1.0 - att[..., 0]  # (B, H, T)
         else:
@@ -488,11 +543,12 @@ class CausalSelfAttention(nn.Module):
         if gate_out is not None:
             y = y * gate_out.to(y.dtype)  # (B, H, T, D)
             G = gate_out.mean(dim=-1)  # (B, H, T): the explicit gate, averaged over the head's D
-        # y is the per-head output z (hook_z) that W_O reads.
 
-        if tap is not None:
+        if record:
             b = self.sink_logits()
-            tap.on_attention(
+            hooks.emit(
+                hp.ATTN,
+                layer,
                 AttentionRecord(
                     layer=layer,
                     query=q.detach(),  # (B, H, T, D)
@@ -507,11 +563,14 @@ class CausalSelfAttention(nn.Module):
                     output_gate=None
                     if gate_out is None
                     else gate_out.detach().transpose(1, 2).expand(B, T, H, D),  # (B, T, H, D)
-                )
+                ),
             )
 
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C): heads side by side
-        out = self.c_proj(y)  # (B, T, C)
+        y = _replace(hooks, hp.ATTN_Z, layer, y.transpose(1, 2))  # (B, T, H, D): z, what W_O reads
+        _emit(hooks, hp.ATTN_Z, layer, y)
+        if hooks is not None and hp.ATTN_RESULT in hooks.observed:  # z_h W_O[h]; W_O is (C, H*D)
+            _emit(hooks, hp.ATTN_RESULT, layer, torch.einsum("bthd,chd->bthc", y, self.c_proj.weight.view(C, H, D)))
+        out = self.c_proj(y.reshape(B, T, C))  # (B, T, C): heads side by side, projected
         if not want_importance:
             return out, None
         start = 1 if T > 1 else 0  # SPEC "Averages": query 0 is trivial (G_0 = 0 without a phantom)
@@ -525,8 +584,9 @@ class MLP(nn.Module):
         self.gelu = nn.GELU()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        pre = self.c_fc(x)  # (B, T, 4C): the activation's input (hook_pre)
+    def forward(self, x: Tensor, *, layer: int = 0, hooks: HookSink | None = None) -> Tensor:
+        pre = self.c_fc(x)  # (B, T, 4C): the activation's input
+        _emit(hooks, hp.MLP_PRE, layer, pre)
         return self.c_proj(self.gelu(pre))  # (B, T, C)
 
 
@@ -541,18 +601,27 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, *, layer: int, explicit: bool, tap: Tap | None, want_importance: bool,
+        self, x: Tensor, *, layer: int, explicit: bool, hooks: HookSink | None, want_importance: bool,
         keep: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
-        # x is resid_pre (B, T, C); force-sink (``keep``) re-applies its mask after every norm
-        # and every add, so the partition holds exactly under LayerNorm's centring too.
+        """One block; emits the residual-stream hook points (``capture/hooks.py``) ``hooks`` asks for.
+
+        x is resid_pre (B, T, C); force-sink (``keep``) re-applies its mask after every norm and
+        every add, so the partition holds exactly under LayerNorm's centring too. ``hook_attn_out``
+        is the attention output before that mask; ``hook_resid_mid`` the stream the MLP reads.
+        """
+        _emit(hooks, hp.RESID_PRE, layer, x)
         normed = _masked(self.ln_1(x), keep)  # (B, T, C): ln1's output, the attention's input
+        _emit(hooks, hp.LN1_NORMALIZED, layer, normed)
         a, importance = self.attn(
-            normed, layer=layer, explicit=explicit, tap=tap, want_importance=want_importance
+            normed, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance
         )  # (B, T, C), (H,) | None
+        _emit(hooks, hp.ATTN_OUT, layer, a)
         x = _masked(x + a, keep)  # (B, T, C): resid_mid
+        _emit(hooks, hp.RESID_MID, layer, x)
         normed = _masked(self.ln_2(x), keep)  # (B, T, C): ln2's output, the MLP's input
-        x = _masked(x + self.mlp(normed), keep)  # (B, T, C): resid_post
+        x = _masked(x + self.mlp(normed, layer=layer, hooks=hooks), keep)  # (B, T, C): resid_post
+        _emit(hooks, hp.RESID_POST, layer, x)
         return x, importance
 
 
@@ -686,6 +755,7 @@ class GPT(nn.Module):
         targets: Tensor | None = None,
         *,
         attention: str = "fused",
+        hooks: HookSink | None = None,
         tap: Tap | None = None,
         tnlm: bool = False,
         lb_lambda: float = 0.0,
@@ -694,9 +764,13 @@ class GPT(nn.Module):
 
         Args:
             attention: ``"fused"`` (SDPA) or ``"explicit"`` (materialised weights, float32).
-            tap: receives one :class:`AttentionRecord` per layer (explicit path) and each
-                block's output stream (B, T, C) through ``on_residual``. For ``sinktoken`` both
-                include the sink token at position 0 (T + 1 positions).
+            hooks: receives the named hook points it observes (``capture/hooks.py``: residual
+                stream, ln1 output, attention record, hook_v, hook_z, hook_result, attn_out,
+                mlp.hook_pre) and replaces the intervenable ones (hook_v before any value gate,
+                hook_z); an attention record implies the explicit path. For ``sinktoken`` every
+                point includes the sink token at position 0 (T + 1 positions).
+            tap: the older form of ``hooks``: one :class:`AttentionRecord` per layer through
+                ``on_attention`` and each block's output stream through ``on_residual``.
             tnlm: drop the cross-entropy term at position 0 (seed 003; see :func:`lm_loss`).
             lb_lambda: weight of the sink-aware load-balancing loss (seed 004; 1e-4 in the
                 paper and SPEC.md; 0 = off): ``lb_lambda * load_balance_loss(Imp)``, where
@@ -712,7 +786,9 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
-        explicit = attention == "explicit" or tap is not None
+        if tap is not None:
+            hooks = TapHooks(tap)
+        explicit = attention == "explicit" or (hooks is not None and hp.ATTN in hooks.observed)
         want_importance = lb_lambda > 0 and targets is not None
 
         pos = torch.arange(T, device=idx.device)  # (T,)
@@ -727,10 +803,8 @@ class GPT(nn.Module):
         importances = []
         for layer, block in enumerate(self.transformer.h):
             x, importance = block(
-                x, layer=layer, explicit=explicit, tap=tap, want_importance=want_importance, keep=keep
+                x, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance, keep=keep
             )  # (B, T', C), (H,) | None
-            if tap is not None:
-                tap.on_residual(layer, x.detach())
             if importance is not None:
                 importances.append(importance)
 
