@@ -20,8 +20,9 @@ during them. Printed as ratios to the plain forward; ``all 5`` is marked against
 target of issue 16. Before the models, each fused attention kernel this device offers is run
 once against the exact blocked path (max |error| of output and LSE), the exact median is
 compared with a sort on the device (and timed against kthvalue), and the kernel the capture
-chose for each kind of layer is printed after each model: what only a GPU can exercise. Random weights make the probe values meaningless; a phantom mass in (0, 1)
-is asserted for gpt-oss as a smoke test.
+chose for each kind of layer is printed after each model: what only a GPU can exercise.
+Random weights make the probe values meaningless; a phantom mass in (0, 1) is asserted for
+gpt-oss as a smoke test.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ def kernel_check(device: torch.device, dtype: torch.dtype, tiny: bool) -> None:
             K.reset_kernel_state()
             out, lse = K.attention_with_lse(q, k, v, D ** -0.5, m, kernels=[kernel], **kwargs)
             ran = K.kernel_choices()[-1]["kernel"]
-            print(f"  {label:<19} {kernel:<13} ran {ran:<13} max|d out| {(out.float() - ref_out.float()).abs().max():.1e}"
+            out_err = (out.float() - ref_out.float()).abs().max()
+            print(f"  {label:<19} {kernel:<13} ran {ran:<13} max|d out| {out_err:.1e}"
                   f"  max|d lse| {(lse - ref_lse).abs().max():.1e}")
     K.reset_kernel_state()
 
@@ -221,8 +223,8 @@ def check_model(name: str, cls, config, preferred: str, args, device: torch.devi
                       f"p0_mass {values['p0_mass']:.3f}, massive_activation_ratio "
                       f"{values['massive_activation_ratio']:.1f}")
     for choice in kernel_choices():
-        print(f"  capture kernel: {choice['kernel']:<12} for {choice['dtype']}, head dim {choice['head_dim']}, "
-              f"{'explicit mask' if choice['masked'] else 'window ' + str(choice['window']) if choice['window'] else 'causal'}")
+        masking = "explicit mask" if choice["masked"] else f"window {choice['window']}" if choice["window"] else "causal"
+        print(f"  capture kernel: {choice['kernel']:<12} for {choice['dtype']}, head dim {choice['head_dim']}, {masking}")
     if args.profile:
         ids = rng.integers(0, config.vocab_size, (1, max(args.lengths)))
         print(f"  profile: all five probes, {max(args.lengths)} tokens")

@@ -20,8 +20,11 @@ Counted (``SYNC_METHODS`` / ``SYNC_FUNCTIONS``):
 - reading a value on the host: ``Tensor.item``, ``tolist``, ``numpy``, ``__bool__`` (``if t``,
   ``and``/``or``/``not``), ``__float__``, ``__int__``, ``__index__`` (a tensor as a Python
   index or ``range`` bound), ``__complex__``, ``__array__``, ``__format__``/``__repr__``/``__str__``;
-- copies to host memory: ``Tensor.cpu``, ``Tensor.to`` / ``Tensor.copy_`` towards the CPU (a
-  device argument ``"cpu"``, a ``torch.device("cpu")`` or a CPU tensor as the target);
+- copies to host memory: ``Tensor.cpu``, ``Tensor.to("cpu")``, and ``Tensor.to`` / ``Tensor.copy_``
+  with a ``torch.device`` or tensor target when they move a tensor off a device. (So
+  ``x.to(y.device)``, which on a GPU stays on the GPU, is not counted on CPU tensors; the price
+  is that ``x.to(torch.device("cpu"))`` is not either: write host moves as ``.cpu()`` or
+  ``.to("cpu")``.)
 - ops whose output size depends on the data (they read a count back before allocating):
   ``nonzero``, ``argwhere``, ``masked_select``, ``unique``, ``unique_consecutive``, ``bincount``,
   ``repeat_interleave`` with tensor repeats, indexing or assigning with a boolean mask,
@@ -84,9 +87,12 @@ def classify(func, args: tuple, kwargs: dict) -> str | None:
         positional = [a for a in args[1:] if isinstance(a, (str, torch.device, torch.Tensor))]
         if target is None and positional:
             target = positional[0]
-        if isinstance(target, torch.Tensor):
-            return "to(cpu)" if target.device.type == "cpu" else None
-        return "to(cpu)" if _is_cpu_target(target) else None
+        if isinstance(target, str):  # an explicit host move: .to("cpu")
+            return "to(cpu)" if _is_cpu_target(target) else None
+        if isinstance(target, (torch.device, torch.Tensor)):  # .to(x.device), .to(x): only if it moves
+            device = target if isinstance(target, torch.device) else target.device
+            return "to(cpu)" if device.type == "cpu" and args[0].device.type != "cpu" else None
+        return None
     if func is _T.copy_:
         dst, src = args[0], args[1]
         if dst.device.type == "cpu" and isinstance(src, torch.Tensor) and src.device.type != "cpu":

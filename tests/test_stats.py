@@ -118,6 +118,21 @@ def test_nan_rows_give_nan_like_numpy(path):
     assert np.isnan(got[1]) and got[2] == np.inf
 
 
+@pytest.mark.parametrize("dtype, inf_word", [(torch.bfloat16, 0x7F80), (torch.float16, 0x7C00)])
+def test_half_precision_nan_from_the_histogram(path, dtype, inf_word):
+    """Radix on 16-bit floats reads NaN off the top-word histogram: every NaN pattern, not inf."""
+    base = torch.arange(1, 41, dtype=torch.int16).view(1, 40).repeat(5, 1)  # (5, 40) small positive floats
+    specials = [inf_word + 1, 0x7FFF, (0x8000 + inf_word + 1) - 0x10000, -1, inf_word]  # NaNs (+/-, extremes), +inf
+    for row, word in enumerate(specials):
+        base[row, 7] = word
+    base[4, 8] = (0x8000 + inf_word) - 0x10000  # -inf beside +inf: no NaN in that row
+    x = base.view(dtype)  # (5, 40)
+    got = median(x, dtype=torch.float64)
+    expected = np.median(x.double().numpy(), axis=-1)
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert np.isnan(expected[:4]).all() and np.isfinite(expected[4])
+
+
 @pytest.mark.parametrize("band", [True, False])
 def test_large_rows_equal_numpy(monkeypatch, band):
     """Rows the size of a layer's |h| (T*C values): the CPU's band path and the radix path."""

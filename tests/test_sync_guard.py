@@ -79,11 +79,17 @@ def test_no_host_sync_raises_with_the_call_site():
 
 def test_classify_device_moves():
     x = torch.randn(3)
+    meta = torch.empty(3, device="meta")
     assert classify(torch.Tensor.to, (x, "cpu"), {}) == "to(cpu)"
-    assert classify(torch.Tensor.to, (x,), {"device": torch.device("cpu")}) == "to(cpu)"
+    assert classify(torch.Tensor.to, (x, "cpu", torch.float64), {}) == "to(cpu)"
+    assert classify(torch.Tensor.to, (x,), {"device": "cpu"}) == "to(cpu)"
     assert classify(torch.Tensor.to, (x, torch.float16), {}) is None
     assert classify(torch.Tensor.to, (x, "meta"), {}) is None
-    assert classify(torch.Tensor.to, (x, x), {}) == "to(cpu)"  # like a CPU tensor
+    assert classify(torch.Tensor.to, (x, x.device), {}) is None  # stays where it is (on a GPU too)
+    assert classify(torch.Tensor.to, (meta, x.device), {}) == "to(cpu)"  # moves off a device
+    assert classify(torch.Tensor.to, (meta, x), {}) == "to(cpu)"
+    assert classify(torch.Tensor.copy_, (x, meta), {}) == "copy_(to cpu)"
+    assert classify(torch.Tensor.copy_, (x, x), {}) is None
     assert classify(torch.Tensor.__setitem__, (x, x > 0, 0.0), {}) == "__setitem__[bool mask]"
     assert classify(torch.Tensor.__getitem__, (x, (slice(None), 0)), {}) is None
     assert classify(torch.repeat_interleave, (x, torch.tensor([1, 2, 0])), {}) == "repeat_interleave(tensor repeats)"

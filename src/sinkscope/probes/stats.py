@@ -20,10 +20,10 @@ forward in the H200 profile) and, on accelerators, no host synchronisation. Exac
   cumulative count passes the rank, then count the next word of the values that share the
   words chosen so far, and so on. bfloat16/float16 take one histogram pass, float32 two,
   float64 four; every step has a fixed shape, so nothing waits on the device;
-- long rows on the CPU (``CPU_BAND``): a seeded sample places bounds around the ranks, the few
-  percent of values between them are gathered and radix-selected (falling back to the whole
-  row if the bounds miss). Gathering has a data-dependent size, which costs nothing on a CPU;
-  it is 3-4x faster there than the full radix select.
+- long rows of float32/float64 on the CPU (``CPU_BAND``): a seeded sample places bounds around
+  the ranks, the few percent of values between them are gathered and radix-selected (falling
+  back to the whole row if the bounds miss). Gathering has a data-dependent size, which costs
+  nothing on a CPU; there it is 2.5-4.5x faster than kthvalue and the two-level radix select.
 
 Every path returns exact bit patterns, so all agree (tests: numpy, ties, signed zeros, NaN,
 every path forced).
@@ -41,8 +41,9 @@ from torch import Tensor
 SORT_MAX = 16_384
 #: more rows than this are sorted too (the radix path keeps 65,536 bins per row).
 RADIX_MAX_ROWS = 64
-#: on the CPU, long rows first narrow the ranks to a band found from a sample (data-dependent
-#: sizes cost no synchronisation there); False: the radix select, as on accelerators.
+#: on the CPU, long rows of 32/64-bit floats first narrow the ranks to a band found from a
+#: sample (data-dependent sizes cost no synchronisation there); False: the radix select, as on
+#: accelerators (16-bit floats always take it: one histogram pass, faster than the band).
 CPU_BAND = True
 #: values drawn (seeded, with replacement) to place the band.
 BAND_SAMPLE = 16_384
@@ -137,19 +138,17 @@ def _select(x: Tensor, dim: int, ranks: list[int]) -> Tensor:
     rows = moved.reshape(-1, n)  # (R, n)
     if n <= SORT_MAX or rows.shape[0] > RADIX_MAX_ROWS or rows.dtype not in _BITS:
         out = _select_by_sort(rows, ranks)  # (R, K)
-    elif rows.device.type == "cpu" and CPU_BAND:
+    elif rows.device.type == "cpu" and CPU_BAND and _BITS[rows.dtype][1] > 16:
         out = _select_by_band(rows, ranks)  # (R, K)
     else:
         out = _select_by_radix(rows, ranks)  # (R, K)
-    nan = torch.isnan(rows).any(dim=-1, keepdim=True)  # (R, 1)
-    out = out.masked_fill(nan, float("nan"))
     return out.reshape(*batch, len(ranks))
 
 
 def _select_by_sort(rows: Tensor, ranks: list[int]) -> Tensor:
-    """(R, n) -> (R, K): one batched sort."""
+    """(R, n) -> (R, K): one batched sort (NaN sorts last: a row holding one gives NaN)."""
     ordered = torch.sort(rows, dim=-1).values  # (R, n)
-    return ordered[:, ranks]  # (R, K)
+    return ordered[:, ranks].masked_fill(ordered[:, -1:].isnan(), float("nan"))  # (R, K)
 
 
 def _select_by_band(rows: Tensor, ranks: list[int]) -> Tensor:
@@ -170,6 +169,9 @@ def _select_by_band(rows: Tensor, ranks: list[int]) -> Tensor:
     last = min(m - 1, math.ceil((high_rank + 1) * m / n + spread))
     out = []
     for row in rows:  # (n,)
+        if bool(torch.isnan(row).any()):
+            out.append(torch.full((1, len(ranks)), float("nan"), dtype=rows.dtype))
+            continue
         sample = torch.sort(row[torch.randint(0, n, (m,), generator=generator)]).values  # (m,)
         low, high = sample[first], sample[last]  # (), ()
         below = int((row < low).sum())
@@ -212,10 +214,10 @@ def _histogram(index: Tensor, rows: int, width: int) -> Tensor:
 
 
 def _pick(counts: Tensor, remaining: Tensor) -> tuple[Tensor, Tensor]:
-    """The bin holding rank ``remaining`` (R, 1) of counts (R, 65536) in value order, and the
-    rank within that bin: ((R, 1), (R, 1))."""
+    """For counts (R, 65536) in value order and ranks ``remaining`` (R, K): the bin holding each
+    rank and the rank within that bin, ((R, K), (R, K))."""
     cumulative = counts.cumsum(dim=-1)  # (R, 65536)
-    position = (cumulative <= remaining).sum(dim=-1, keepdim=True)  # (R, 1)
+    position = (cumulative.unsqueeze(1) <= remaining.unsqueeze(-1)).sum(dim=-1)  # (R, K)
     return position, remaining - (cumulative - counts).gather(-1, position)
 
 
@@ -228,8 +230,13 @@ def _select_by_radix(rows: Tensor, ranks: list[int]) -> Tensor:
     the positive ones; below it a negative value's words count in reverse. A lower word is
     counted only for values whose higher words equal those chosen so far; the others are sent
     to a second bank of bins (same digit, so no bin of the first bank gets crowded) and ignored.
+    All ranks are selected together (one histogram per level and rank, in one ``index_add_``).
+    A row holding a NaN gives NaN: for 16-bit floats the top-word histogram says so (NaN words
+    are exactly 0x7F81-0x7FFF and 0xFF81-0xFFFF for bfloat16, 0x7C01-0x7FFF and 0xFC01-0xFFFF
+    for float16); wider floats take an ``isnan`` pass.
     """
     R, n = rows.shape
+    K = len(ranks)
     int_dtype, bits = _BITS[rows.dtype]
     device = rows.device
     levels = bits // DIGIT_BITS
@@ -238,36 +245,48 @@ def _select_by_radix(rows: Tensor, ranks: list[int]) -> Tensor:
     half = _BINS // 2
     raw = rows.contiguous().view(int_dtype).view(parts, n // lanes)  # (P, n/lanes) bit patterns
     part = torch.arange(parts, device=device, dtype=torch.int32).unsqueeze(-1)  # (P, 1)
-    top = (raw >> (bits - DIGIT_BITS)) + (part * _BINS + half)  # (P, n/lanes) biased top word + part bins
-    lower: dict[int, Tensor] = {}  # level -> (P, n/lanes) unsigned word + part bins (two banks per part)
+    top = (raw >> (bits - DIGIT_BITS)) + (part * _BINS + half if parts > 1 else half)  # (P, n/lanes) biased + bins
 
-    def word(level: int) -> Tensor:
-        if level not in lower:
-            shifted = raw >> (bits - DIGIT_BITS * (level + 1)) if level + 1 < levels else raw
-            lower[level] = (shifted & (_BINS - 1)) + part * (2 * _BINS)
-        return lower[level]
-
-    def per_part(chosen: Tensor, width: int) -> Tensor:  # (R, 1) -> (P, 1) in a part's index space
-        return chosen.repeat_interleave(lanes, dim=0).to(part.dtype) + part * width
+    def per_part(chosen: Tensor, width: int) -> Tensor:  # (R, K) chosen word -> (K, P, 1) in index space
+        return chosen.t().repeat_interleave(lanes, dim=1).to(torch.int32).unsqueeze(-1) + part * width
 
     top_counts = _histogram(top, R, _BINS)  # (R, 65536) by biased top word
-    top_in_order = torch.cat([top_counts[:, :half].flip(-1), top_counts[:, half:]], dim=-1)  # (R, 65536)
-    found = []
-    for rank in ranks:
-        remaining = torch.full((R, 1), rank, dtype=torch.int64, device=device)  # (R, 1)
-        position, remaining = _pick(top_in_order, remaining)
-        biased = torch.where(position < half, half - 1 - position, position)  # (R, 1)
-        negative = biased < half  # (R, 1)
-        key = biased - half  # (R, 1) the signed top word
-        mismatch = top != per_part(biased, _BINS)  # (P, n/lanes) higher words differ
-        for level in range(1, levels):
-            index = word(level).add(mismatch, alpha=_BINS)  # (P, n/lanes) mismatches -> second bank
-            counts = _histogram(index, R, 2 * _BINS)[:, :_BINS]  # (R, 65536) by unsigned word
-            in_order = torch.where(negative, counts.flip(-1), counts)  # (R, 65536)
-            position, remaining = _pick(in_order, remaining)
-            unsigned = torch.where(negative, _BINS - 1 - position, position)  # (R, 1) the word, 0..65535
-            key = (key << DIGIT_BITS) | unsigned  # (R, 1)
-            if level + 1 < levels:
-                mismatch = mismatch | (word(level) != per_part(unsigned, 2 * _BINS))  # (P, n/lanes)
-        found.append(key)
-    return torch.cat(found, dim=-1).to(int_dtype).view(rows.dtype)  # (R, K)
+    in_order = torch.cat([top_counts[:, :half].flip(-1), top_counts[:, half:]], dim=-1)  # (R, 65536)
+    # built on the device (a host tensor copied in would make torch wait for the stream)
+    remaining = torch.stack([torch.full((R,), r, dtype=torch.int64, device=device) for r in ranks], dim=-1)  # (R, K)
+    position, remaining = _pick(in_order, remaining)  # (R, K), (R, K)
+    biased = torch.where(position < half, half - 1 - position, position)  # (R, K) top word + 32768
+    negative = biased < half  # (R, K)
+    key = biased - half  # (R, K) the signed top word
+    if levels > 1:
+        mismatch = top != per_part(biased, _BINS)  # (K, P, n/lanes): higher words differ from those chosen
+    for level in range(1, levels):
+        shift = bits - DIGIT_BITS * (level + 1)
+        word = ((raw >> shift) if shift else raw) & (_BINS - 1)  # (P, n/lanes) unsigned
+        if parts > 1:
+            word = word + part * (2 * _BINS)  # (P, n/lanes) each part's two banks
+        rank_bank = torch.arange(K, device=device, dtype=torch.int32).view(K, 1, 1) * (parts * 2 * _BINS)
+        index = (word + rank_bank).add(mismatch, alpha=_BINS)  # (K, P, n/lanes) each rank's bins
+        counts = _histogram(index.view(K * parts, -1), K * R, 2 * _BINS)  # (K*R, 131072)
+        counts = counts.view(K, R, 2 * _BINS)[..., :_BINS].transpose(0, 1)  # (R, K, 65536) by unsigned word
+        ordered = torch.where(negative.unsqueeze(-1), counts.flip(-1), counts)  # (R, K, 65536)
+        position, remaining = _pick_each(ordered, remaining)  # (R, K), (R, K)
+        unsigned = torch.where(negative, _BINS - 1 - position, position)  # (R, K) the word, 0..65535
+        key = (key << DIGIT_BITS) | unsigned  # (R, K)
+        if level + 1 < levels:
+            mismatch = mismatch | (word != per_part(unsigned, 2 * _BINS))  # (K, P, n/lanes)
+    values = key.to(int_dtype).view(rows.dtype)  # (R, K)
+    if bits == 16:  # NaN words, counted in the top histogram (biased: s + 32768)
+        inf_word = 0x7F80 if rows.dtype == torch.bfloat16 else 0x7C00
+        # positive NaN words inf_word+1..0x7FFF -> bins half+inf_word+1.., negative ones -> bins inf_word+1..half-1
+        nan = top_counts[:, half + inf_word + 1:].sum(-1) + top_counts[:, inf_word + 1:half].sum(-1)  # (R,)
+    else:
+        nan = torch.isnan(rows).any(dim=-1)  # (R,)
+    return values.masked_fill(nan.unsqueeze(-1) > 0, float("nan"))  # (R, K)
+
+
+def _pick_each(counts: Tensor, remaining: Tensor) -> tuple[Tensor, Tensor]:
+    """Like :func:`_pick` with one histogram per rank: counts (R, K, 65536), remaining (R, K)."""
+    cumulative = counts.cumsum(dim=-1)  # (R, K, 65536)
+    position = (cumulative <= remaining.unsqueeze(-1)).sum(dim=-1)  # (R, K)
+    return position, remaining - (cumulative - counts).gather(-1, position.unsqueeze(-1)).squeeze(-1)
