@@ -266,3 +266,28 @@ def test_lse_layouts_and_bias_alignment():
     bias = K._aligned_bias(mask, q)
     assert bias.shape == (2, 4, 5, 37) and bias.stride(-2) % 16 == 0
     assert torch.equal(bias[1, 3], mask[0, 0])
+
+
+def test_cuda_ops_accept_our_arguments_and_return_the_lse_layouts_we_normalise():
+    """torch's own fake (meta) implementations of the CUDA ops, on fake CUDA tensors: the call
+    in _private_attention matches each op's signature and the LSE comes back as _lse_bht expects."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    B, H, T, D = 2, 4, 100, 64
+    expected_lse = {FLASH: (B, H, T), FLASH_WINDOW: (B, H, T), CUDNN: (B, H, T, 1), EFFICIENT: (B, H, 128)}
+    seen = {}
+    try:
+        with FakeTensorMode():
+            q = torch.empty(B, H, T, D, device="cuda", dtype=torch.bfloat16)
+            bias = torch.empty(B, H, T, T, device="cuda", dtype=torch.bfloat16)
+            for kernel in expected_lse:
+                for b in (None,) if kernel in (FLASH, FLASH_WINDOW) else (None, bias):
+                    out, lse = K._private_attention(kernel, q, q, q, 0.125, b, 16 if kernel == FLASH_WINDOW else None)
+                    seen[(kernel, b is None)] = (tuple(out.shape), out.dtype, tuple(lse.shape), lse.dtype)
+    except RuntimeError as error:  # a torch whose fake tensors cannot pretend to be on CUDA
+        pytest.skip(f"fake CUDA tensors unavailable: {error}")
+    for (kernel, _), (out_shape, out_dtype, lse_shape, lse_dtype) in seen.items():
+        assert out_shape == (B, H, T, D) and out_dtype == torch.bfloat16, kernel
+        assert lse_shape == expected_lse[kernel] and lse_dtype == torch.float32, kernel
+        assert K._lse_bht(torch.empty(lse_shape, device="meta"), B, H, T).shape == (B, H, T)
+    assert len(seen) == 6

@@ -84,7 +84,8 @@ def quantile(x: Tensor, q: float | Sequence[float] | Tensor, dim: int = -1, *,
 
     Args:
         x: floating tensor (``x.shape[dim] >= 1``).
-        q: a probability in [0, 1], or a sequence/1-D tensor of them.
+        q: a probability in [0, 1], or a sequence/1-D tensor of them (a tensor is read on the
+            host: keep it on the CPU, or pass floats, to stay free of device syncs).
         dim: the dimension reduced.
         dtype: dtype of the result and of the interpolation (default ``x.dtype``).
 
@@ -110,8 +111,7 @@ def quantile(x: Tensor, q: float | Sequence[float] | Tensor, dim: int = -1, *,
     for j, k, t in plan:
         a, b = column[j], column[k]
         diff = b - a
-        # numpy's _lerp: a + t (b - a), computed from the upper end for t >= 0.5
-        results.append(torch.where(torch.tensor(t >= 0.5, device=a.device), b - diff * (1 - t), a + diff * t))
+        results.append(b - diff * (1 - t) if t >= 0.5 else a + diff * t)  # numpy's _lerp: from the nearer end
     return results[0] if scalar else torch.stack(results)
 
 
