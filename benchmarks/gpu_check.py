@@ -193,6 +193,7 @@ def check_model(name: str, cls, config, preferred: str, args, device: torch.devi
     print(f"\n{name}: {n_params / 1e9:.2f}B params {dtypes}, {config.num_hidden_layers} layers, built in "
           f"{time.perf_counter() - start:.0f} s; weights {weights:.1f} GiB, build peak {build_peak:.1f} GiB")
     rng = np.random.default_rng(0)
+    preferred = preferred if args.plain_attn == "auto" else args.plain_attn
     implementation = choose_plain(model, preferred, device, rng.integers(0, config.vocab_size, (1, 16)))
     configs = [("plain", None), ("capture", ())] + [(p, (p,)) for p in SINKS_PROBES] + [("all 5", SINKS_PROBES)]
     print(f"  plain forward: {implementation}; target for 'all 5': <= {args.target:.2f}x time")
@@ -243,6 +244,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--target", type=float, default=1.15, help="time ratio 'all 5' should stay under")
     parser.add_argument("--profile", action="store_true", help="print a profiler top-10 per model")
+    parser.add_argument("--plain-attn", default="auto", choices=["auto", "sdpa", "flex_attention", "eager"],
+                        help="the plain forward's attention (auto: sdpa for Llama, flex_attention for gpt-oss)")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a dry run, e.g. on a CPU)")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu with --tiny")
     args = parser.parse_args(argv)

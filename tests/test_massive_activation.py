@@ -69,9 +69,10 @@ def _batches(seed: int, sizes=(2, 1, 3), T=5, C=6, dtype=torch.float32) -> list[
             for B in sizes]
 
 
+@pytest.mark.parametrize("T, C", [(5, 6), (64, 300)])  # |h| per window sorted; selected (band or radix)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_numbers_equal_numpy(dtype):
-    batches = _batches(0, dtype=dtype)
+def test_numbers_equal_numpy(dtype, T, C):
+    batches = _batches(0, T=T, C=C, dtype=dtype)
     probe = _probe()
     for batch in batches:
         for layer, h in batch.items():

@@ -93,11 +93,12 @@ def test_quantile_float32_and_several_q(path):
         quantile(torch.from_numpy(data), 1.5)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
-def test_median_of_other_float_dtypes(path, dtype):
+def test_median_of_other_float_dtypes(path, dtype, rows):
     """Half types: the two middle values are exact; their mean is taken in ``dtype``."""
     rng = np.random.default_rng(7)
-    x = torch.from_numpy(rng.standard_normal((3, 2000)) * 50).to(dtype)  # (3, 2000): many repeats in bf16
+    x = torch.from_numpy(rng.standard_normal((rows, 2000)) * 50).to(dtype)  # (rows, 2000): many repeats in bf16
     as_float = x.double().numpy()  # the same values, exactly
     lower = np.sort(as_float, axis=-1)[:, 999]
     upper = np.sort(as_float, axis=-1)[:, 1000]

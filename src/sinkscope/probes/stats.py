@@ -46,7 +46,7 @@ RADIX_MAX_ROWS = 64
 #: accelerators (16-bit floats always take it: one histogram pass, faster than the band).
 CPU_BAND = True
 #: values drawn (seeded, with replacement) to place the band.
-BAND_SAMPLE = 16_384
+BAND_SAMPLE = 8_192
 #: bits per radix digit (65,536 bins per histogram).
 DIGIT_BITS = 16
 _BINS = 1 << DIGIT_BITS
@@ -169,13 +169,15 @@ def _select_by_band(rows: Tensor, ranks: list[int]) -> Tensor:
     last = min(m - 1, math.ceil((high_rank + 1) * m / n + spread))
     out = []
     for row in rows:  # (n,)
-        if bool(torch.isnan(row).any()):
+        total = row.sum()  # (): finite unless the row holds a NaN or an infinity (a cheaper test first)
+        if not bool(torch.isfinite(total)) and bool(torch.isnan(row).any()):
             out.append(torch.full((1, len(ranks)), float("nan"), dtype=rows.dtype))
             continue
         sample = torch.sort(row[torch.randint(0, n, (m,), generator=generator)]).values  # (m,)
         low, high = sample[first], sample[last]  # (), ()
-        below = int((row < low).sum())
-        band = row[(row >= low) & (row <= high)]  # (b,) NaN never in it
+        under = row < low  # (n,)
+        below = int(under.sum())
+        band = row[(row <= high) ^ under]  # (b,) low <= x <= high; NaN never in it
         if below <= low_rank and high_rank < below + band.numel() and band.numel() <= n // 4:
             local = [r - below for r in ranks]
             picked = _select_by_radix(band[None], local) if band.numel() > SORT_MAX else \
@@ -245,7 +247,7 @@ def _select_by_radix(rows: Tensor, ranks: list[int]) -> Tensor:
     half = _BINS // 2
     raw = rows.contiguous().view(int_dtype).view(parts, n // lanes)  # (P, n/lanes) bit patterns
     part = torch.arange(parts, device=device, dtype=torch.int32).unsqueeze(-1)  # (P, 1)
-    top = (raw >> (bits - DIGIT_BITS)) + (part * _BINS + half if parts > 1 else half)  # (P, n/lanes) biased + bins
+    top = (raw >> (bits - DIGIT_BITS)) + (part * _BINS + half)  # (P, n/lanes) int32+: biased top word + part bins
 
     def per_part(chosen: Tensor, width: int) -> Tensor:  # (R, K) chosen word -> (K, P, 1) in index space
         return chosen.t().repeat_interleave(lanes, dim=1).to(torch.int32).unsqueeze(-1) + part * width
