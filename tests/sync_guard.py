@@ -25,6 +25,10 @@ Counted (``SYNC_METHODS`` / ``SYNC_FUNCTIONS``):
   ``x.to(y.device)``, which on a GPU stays on the GPU, is not counted on CPU tensors; the price
   is that ``x.to(torch.device("cpu"))`` is not either: write host moves as ``.cpu()`` or
   ``.to("cpu")``.)
+- host data copied to the device, which torch does with a blocking copy (the host waits for the
+  stream): ``torch.tensor``/``torch.as_tensor`` with a ``device`` argument, and indexing or
+  assigning with a Python list (the list becomes a host index tensor). (A CPU tensor moved with
+  ``.to(x.device)`` is the same on a GPU but cannot be told apart on CPU tensors.)
 - ops whose output size depends on the data (they read a count back before allocating):
   ``nonzero``, ``argwhere``, ``masked_select``, ``unique``, ``unique_consecutive``, ``bincount``,
   ``repeat_interleave`` with tensor repeats, indexing or assigning with a boolean mask,
@@ -76,6 +80,11 @@ def _is_bool_index(index) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
 
 
+def _is_list_index(index) -> bool:
+    items = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(i, list) for i in items)
+
+
 def classify(func, args: tuple, kwargs: dict) -> str | None:
     """The name under which a call is counted, or None when it keeps the host free."""
     if func in SYNC_METHODS:
@@ -99,7 +108,11 @@ def classify(func, args: tuple, kwargs: dict) -> str | None:
             return "copy_(to cpu)"
         return None
     if func in (_T.__getitem__, _T.__setitem__):
-        return f"{func.__name__}[bool mask]" if _is_bool_index(args[1]) else None
+        if _is_bool_index(args[1]):
+            return f"{func.__name__}[bool mask]"
+        return f"{func.__name__}[list index]" if _is_list_index(args[1]) else None
+    if func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
+        return f"{func.__name__}(host data, device=)"
     if func in (torch.repeat_interleave, _T.repeat_interleave):
         repeats = args[1] if len(args) > 1 else kwargs.get("repeats")
         return "repeat_interleave(tensor repeats)" if isinstance(repeats, torch.Tensor) else None

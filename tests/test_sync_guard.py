@@ -9,7 +9,7 @@ from sync_guard import HostSyncGuard, classify, no_host_sync
 
 
 def dirty(x: torch.Tensor) -> None:
-    """Eleven host-synchronising calls, one of each kind, in this order."""
+    """Thirteen host-synchronising calls, one of each kind, in this order."""
     x.sum().item()  # item
     float(x.max())  # __float__
     if x.mean() > -100:  # __bool__
@@ -22,10 +22,12 @@ def dirty(x: torch.Tensor) -> None:
     x.numpy()  # numpy
     [0, 1, 2, 3][x.argmin() % 4]  # __index__
     torch.nonzero(x)  # nonzero
+    x[[0, 2]]  # __getitem__[list index]: host indices copied in
+    torch.tensor([1.0, 2.0], device=x.device)  # tensor(host data, device=)
 
 
 DIRTY_NAMES = ["item", "__float__", "__bool__", "tolist", "cpu", "to(cpu)", "__getitem__[bool mask]", "__int__",
-               "numpy", "__index__", "nonzero"]
+               "numpy", "__index__", "nonzero", "__getitem__[list index]", "tensor(host data, device=)"]
 
 
 def clean(x: torch.Tensor) -> torch.Tensor:
@@ -38,7 +40,9 @@ def clean(x: torch.Tensor) -> torch.Tensor:
     sorted_x = torch.sort(x).values  # (n,)
     counts = torch.zeros(4, dtype=torch.int64).index_add_(0, (x > 0).long(), torch.ones_like(x, dtype=torch.int64))
     x[3] = total  # integer index: no sync
-    return total + top + positive.sum() + y.sum() + picked.sum() + sorted_x[0] + counts.sum()
+    x[1:3] = x[0]  # slices: no sync
+    ones = torch.full((2,), 1.0, device=x.device)  # filled on the device: no copy
+    return total + top + positive.sum() + y.sum() + picked.sum() + sorted_x[0] + counts.sum() + ones.sum()
 
 
 def test_counts_each_kind_of_sync_once():
@@ -46,9 +50,9 @@ def test_counts_each_kind_of_sync_once():
     with HostSyncGuard() as guard:
         dirty(x)
     assert guard.names() == DIRTY_NAMES
-    assert guard.count == len(DIRTY_NAMES) == 11
+    assert guard.count == len(DIRTY_NAMES) == 13
     assert all("test_sync_guard.py" in call.where for call in guard.calls)  # call sites, not torch internals
-    assert "11 host-synchronising calls" in guard.report()
+    assert "13 host-synchronising calls" in guard.report()
 
 
 def test_counts_nothing_in_clean_code():

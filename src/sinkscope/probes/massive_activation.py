@@ -38,14 +38,13 @@ def _float_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def _fresh(n_layers: int, device: torch.device) -> dict[str, Tensor]:
-    """Empty accumulators: top -1 (below any |h|), zero sums and counts, each (L,)."""
-    f, i = _float_dtype(device), torch.int64
-    return {"top": torch.full((n_layers,), -1.0, dtype=f, device=device),
-            "channel": torch.zeros(n_layers, dtype=i, device=device),
-            "position": torch.zeros(n_layers, dtype=i, device=device),
-            "median_sum": torch.zeros(n_layers, dtype=f, device=device),
-            "n_seqs": torch.zeros(n_layers, dtype=i, device=device)}
+def _fresh(n_layers: int) -> dict[str, Tensor]:
+    """Empty CPU accumulators: top -1 (below any |h|), zero sums and counts, each (L,)."""
+    return {"top": torch.full((n_layers,), -1.0, dtype=torch.float64),
+            "channel": torch.zeros(n_layers, dtype=torch.int64),
+            "position": torch.zeros(n_layers, dtype=torch.int64),
+            "median_sum": torch.zeros(n_layers, dtype=torch.float64),
+            "n_seqs": torch.zeros(n_layers, dtype=torch.int64)}
 
 
 def _combine(first: dict[str, Tensor], later: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -60,11 +59,29 @@ def _combine(first: dict[str, Tensor], later: dict[str, Tensor]) -> dict[str, Te
     return out
 
 
-def _to_cpu(acc: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Device accumulators to CPU float64/int64: two copies (floats stacked, integers stacked)."""
-    floats = torch.stack([acc[k] for k in _FLOAT_KEYS]).to("cpu").double()  # (2, L) (MPS: float32 there)
-    ints = torch.stack([acc[k] for k in _INT_KEYS]).to("cpu")  # (3, L)
-    return {**dict(zip(_FLOAT_KEYS, floats.unbind(0))), **dict(zip(_INT_KEYS, ints.unbind(0)))}
+class _Live:
+    """Accumulators of the windows observed on one device since the last load/merge.
+
+    On the device: ``top`` and ``median_sum`` (L,) float64 (float32 on MPS) and ``within`` (L,)
+    int64, the top entry's index t*C + c in its window. On the host (known without asking the
+    device): windows per layer and each layer's width C, to split ``within`` at the end.
+    """
+
+    def __init__(self, n_layers: int, device: torch.device):
+        f = _float_dtype(device)
+        self.top = torch.full((n_layers,), -1.0, dtype=f, device=device)
+        self.median_sum = torch.zeros(n_layers, dtype=f, device=device)
+        self.within = torch.zeros(n_layers, dtype=torch.int64, device=device)
+        self.n_seqs = [0] * n_layers
+        self.width = [1] * n_layers
+
+    def to_cpu(self) -> dict[str, Tensor]:
+        """The CPU state: two device-to-host copies (floats stacked, the indices)."""
+        floats = torch.stack([self.top, self.median_sum]).to("cpu").double()  # (2, L)
+        within = self.within.to("cpu")  # (L,)
+        width = torch.tensor(self.width, dtype=torch.int64)  # (L,) host data, stays on the host
+        return {"top": floats[0], "median_sum": floats[1], "channel": within % width, "position": within // width,
+                "n_seqs": torch.tensor(self.n_seqs, dtype=torch.int64)}
 
 
 class MassiveActivation(Probe):
@@ -92,38 +109,37 @@ class MassiveActivation(Probe):
     def __init__(self, spec):
         super().__init__(spec)
         #: windows already folded on the CPU (loaded, merged): the earliest windows.
-        self._base: dict[str, Tensor] = _fresh(spec.n_layers, torch.device("cpu"))
-        #: windows observed since, one accumulator set per device (sharded models span several),
-        #: in the order the devices were first seen.
-        self._live: dict[torch.device, dict[str, Tensor]] = {}
+        self._base: dict[str, Tensor] = _fresh(spec.n_layers)
+        #: windows observed since, one set per device (a sharded model spans several), in the
+        #: order the devices were first seen.
+        self._live: dict[torch.device, _Live] = {}
 
     def observe_residual(self, layer: int, hidden: Tensor) -> None:
         """Fold one layer's output hidden state (B, T, C) in, on its device, without a host sync."""
         magnitude = hidden.detach().abs()  # (B, T, C) in the model's dtype: |h| is exact
         B, T, C = magnitude.shape
         flat = magnitude.reshape(B, T * C)  # (B, T*C)
-        acc = self._live.get(hidden.device)
-        if acc is None:
-            acc = self._live[hidden.device] = _fresh(self.spec.n_layers, hidden.device)
-        f = acc["top"].dtype
-        # the exact per-window median, mean of the middle pair in float32 (as ever)
-        acc["median_sum"][layer] += median(flat, dim=-1, dtype=torch.float32).to(f).sum()
-        acc["n_seqs"][layer] += B
+        live = self._live.get(hidden.device)
+        if live is None:
+            live = self._live[hidden.device] = _Live(self.spec.n_layers, hidden.device)
+        f = live.top.dtype
+        # the exact per-window median (the middle pair averaged in float32, as ever), summed
+        live.median_sum[layer] += median(flat, dim=-1, dtype=torch.float32).sum(dtype=f)
+        live.n_seqs[layer] += B
+        live.width[layer] = C
         # first maximal entry in (window, position, channel) order: the earliest window wins ties
         top, index = flat.reshape(-1).max(dim=0)  # (), () flat index b*T*C + t*C + c
         top = top.to(f)
-        better = top > acc["top"][layer]  # () strictly larger: earlier windows keep ties
-        within = index % (T * C)  # () t*C + c
-        acc["top"][layer] = torch.where(better, top, acc["top"][layer])
-        acc["position"][layer] = torch.where(better, within // C, acc["position"][layer])
-        acc["channel"][layer] = torch.where(better, within % C, acc["channel"][layer])
+        better = top > live.top[layer]  # () strictly larger: earlier windows keep ties
+        live.top[layer] = torch.where(better, top, live.top[layer])
+        live.within[layer] = torch.where(better, index % (T * C), live.within[layer])
 
     # ---- accumulator state: CPU tensors, the format earlier versions wrote ----------------------
     def state_dict(self) -> dict[str, Tensor]:
         """Every accumulator on the CPU: top/median_sum float64, channel/position/n_seqs int64, (L,)."""
         state = self._base
-        for acc in self._live.values():
-            state = _combine(state, _to_cpu(acc))
+        for live in self._live.values():
+            state = _combine(state, live.to_cpu())
         return {key: value.clone() for key, value in state.items()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:

@@ -148,7 +148,8 @@ def _select(x: Tensor, dim: int, ranks: list[int]) -> Tensor:
 def _select_by_sort(rows: Tensor, ranks: list[int]) -> Tensor:
     """(R, n) -> (R, K): one batched sort (NaN sorts last: a row holding one gives NaN)."""
     ordered = torch.sort(rows, dim=-1).values  # (R, n)
-    return ordered[:, ranks].masked_fill(ordered[:, -1:].isnan(), float("nan"))  # (R, K)
+    picked = torch.stack([ordered[:, r] for r in ranks], dim=-1)  # (R, K) slices: no host index copied in
+    return picked.masked_fill(ordered[:, -1:].isnan(), float("nan"))  # (R, K)
 
 
 def _select_by_band(rows: Tensor, ranks: list[int]) -> Tensor:
@@ -215,12 +216,26 @@ def _histogram(index: Tensor, rows: int, width: int) -> Tensor:
     return counts.view(rows, parts // rows, width).sum(dim=1)  # (rows, width)
 
 
-def _pick(counts: Tensor, remaining: Tensor) -> tuple[Tensor, Tensor]:
+def _pick(counts: Tensor, remaining: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """For counts (R, 65536) in value order and ranks ``remaining`` (R, K): the bin holding each
-    rank and the rank within that bin, ((R, K), (R, K))."""
+    rank, the rank within that bin, and the cumulative counts: ((R, K), (R, K), (R, 65536))."""
     cumulative = counts.cumsum(dim=-1)  # (R, 65536)
     position = (cumulative.unsqueeze(1) <= remaining.unsqueeze(-1)).sum(dim=-1)  # (R, K)
-    return position, remaining - (cumulative - counts).gather(-1, position)
+    return position, remaining - (cumulative - counts).gather(-1, position), cumulative
+
+
+_TOP_ORDER: dict[torch.device, Tensor] = {}
+
+
+def _top_order(device: torch.device) -> Tensor:
+    """(65536,) biased top words in value order: negative ones (below 32768) reversed, then the
+    positive ones. Built once per device, on the device."""
+    if device not in _TOP_ORDER:
+        half = _BINS // 2
+        with torch.inference_mode(False), torch.no_grad():
+            _TOP_ORDER[device] = torch.cat([torch.arange(half - 1, -1, -1, device=device),
+                                            torch.arange(half, _BINS, device=device)])
+    return _TOP_ORDER[device]
 
 
 def _select_by_radix(rows: Tensor, ranks: list[int]) -> Tensor:
@@ -246,17 +261,21 @@ def _select_by_radix(rows: Tensor, ranks: list[int]) -> Tensor:
     parts = R * lanes
     half = _BINS // 2
     raw = rows.contiguous().view(int_dtype).view(parts, n // lanes)  # (P, n/lanes) bit patterns
-    part = torch.arange(parts, device=device, dtype=torch.int32).unsqueeze(-1)  # (P, 1)
-    top = (raw >> (bits - DIGIT_BITS)) + (part * _BINS + half)  # (P, n/lanes) int32+: biased top word + part bins
+    offsets = torch.arange(half, half + parts * _BINS, _BINS, device=device, dtype=torch.int32)  # (P,) bins + bias
+    top = (raw >> (bits - DIGIT_BITS)) + offsets.unsqueeze(-1)  # (P, n/lanes) int32+: biased top word + part bins
 
     def per_part(chosen: Tensor, width: int) -> Tensor:  # (R, K) chosen word -> (K, P, 1) in index space
-        return chosen.t().repeat_interleave(lanes, dim=1).to(torch.int32).unsqueeze(-1) + part * width
+        part = torch.arange(0, parts * width, width, device=device, dtype=torch.int32).unsqueeze(-1)  # (P, 1)
+        return chosen.t().repeat_interleave(lanes, dim=1).to(torch.int32).unsqueeze(-1) + part
 
     top_counts = _histogram(top, R, _BINS)  # (R, 65536) by biased top word
-    in_order = torch.cat([top_counts[:, :half].flip(-1), top_counts[:, half:]], dim=-1)  # (R, 65536)
-    # built on the device (a host tensor copied in would make torch wait for the stream)
-    remaining = torch.stack([torch.full((R,), r, dtype=torch.int64, device=device) for r in ranks], dim=-1)  # (R, K)
-    position, remaining = _pick(in_order, remaining)  # (R, K), (R, K)
+    in_order = top_counts.index_select(-1, _top_order(device))  # (R, 65536) in value order
+    # ranks made on the device (a host tensor copied in would make torch wait for the stream)
+    if ranks == list(range(ranks[0], ranks[0] + K)):
+        remaining = torch.arange(ranks[0], ranks[0] + K, device=device).expand(R, K)  # (R, K)
+    else:
+        remaining = torch.stack([torch.full((R,), r, dtype=torch.int64, device=device) for r in ranks], -1)  # (R, K)
+    position, remaining, cumulative = _pick(in_order, remaining)  # (R, K), (R, K), (R, 65536)
     biased = torch.where(position < half, half - 1 - position, position)  # (R, K) top word + 32768
     negative = biased < half  # (R, K)
     key = biased - half  # (R, K) the signed top word
@@ -266,7 +285,8 @@ def _select_by_radix(rows: Tensor, ranks: list[int]) -> Tensor:
         shift = bits - DIGIT_BITS * (level + 1)
         word = ((raw >> shift) if shift else raw) & (_BINS - 1)  # (P, n/lanes) unsigned
         if parts > 1:
-            word = word + part * (2 * _BINS)  # (P, n/lanes) each part's two banks
+            banks = torch.arange(0, parts * 2 * _BINS, 2 * _BINS, device=device, dtype=torch.int32)  # (P,)
+            word = word + banks.unsqueeze(-1)  # (P, n/lanes) each part's two banks
         rank_bank = torch.arange(K, device=device, dtype=torch.int32).view(K, 1, 1) * (parts * 2 * _BINS)
         index = (word + rank_bank).add(mismatch, alpha=_BINS)  # (K, P, n/lanes) each rank's bins
         counts = _histogram(index.view(K * parts, -1), K * R, 2 * _BINS)  # (K*R, 131072)
@@ -278,10 +298,11 @@ def _select_by_radix(rows: Tensor, ranks: list[int]) -> Tensor:
         if level + 1 < levels:
             mismatch = mismatch | (word != per_part(unsigned, 2 * _BINS))  # (K, P, n/lanes)
     values = key.to(int_dtype).view(rows.dtype)  # (R, K)
-    if bits == 16:  # NaN words, counted in the top histogram (biased: s + 32768)
+    if bits == 16:  # NaN words, counted in the top histogram: the two ends of the value order
         inf_word = 0x7F80 if rows.dtype == torch.bfloat16 else 0x7C00
-        # positive NaN words inf_word+1..0x7FFF -> bins half+inf_word+1.., negative ones -> bins inf_word+1..half-1
-        nan = top_counts[:, half + inf_word + 1:].sum(-1) + top_counts[:, inf_word + 1:half].sum(-1)  # (R,)
+        # negative NaN words 0x8000+inf_word+1.. come first (value order 0..half-inf_word-2), positive
+        # ones inf_word+1..0x7FFF last (value order half+inf_word+1..65535)
+        nan = cumulative[:, half - inf_word - 2] + cumulative[:, -1] - cumulative[:, half + inf_word]  # (R,)
     else:
         nan = torch.isnan(rows).any(dim=-1)  # (R,)
     return values.masked_fill(nan.unsqueeze(-1) > 0, float("nan"))  # (R, K)
