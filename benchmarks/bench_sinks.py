@@ -109,14 +109,15 @@ def worker(method: str, length: int, repeats: int) -> dict:
                 model(input_ids=ids, use_cache=False, logits_to_keep=1)
     elif method in ("sinkscope", "explicit"):
         from sinkscope.capture import ModelSpec
-        from sinkscope.probes import PROBES, SINKS_PROBES
+        from sinkscope.commands.sinks import SINKS_PROBES
+        from sinkscope.probes import get_probe
         from sinkscope.runner import run_probes
 
         spec = ModelSpec.from_model(model)
         mode = "fused" if method == "sinkscope" else "explicit"
 
         def call(ids):
-            probes = [PROBES[name](spec) for name in SINKS_PROBES]
+            probes = [get_probe(name)(spec) for name in SINKS_PROBES]
             run_probes(model, ids.numpy(), probes, batch_size=1, progress=False, attention=mode)
             [p.rows() for p in probes]
     elif method == "hf-eager":

@@ -58,6 +58,7 @@ def test_sinks_end_to_end_on_a_saved_model(tiny_llama_dir, text_file, tmp_path):
     assert manifest["corpus"]["kind"] == "text_file" and len(manifest["corpus"]["sha256"]) == 64
     assert manifest["versions"]["transformers"].startswith("5.")
     assert manifest["dtype"] == "float32" and manifest["device"] == "cpu"
+    assert {k["kernel"] for k in manifest["kernels"]} == {"cpu_flash"}  # the fused kernel that ran, recorded
 
     # The same command again is refused (nothing is touched) ...
     before = (out / "results.csv").read_bytes()

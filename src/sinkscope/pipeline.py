@@ -474,10 +474,18 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
         },
         probes={p.name: {"options": p.options(), "metrics": {m: asdict(i) for m, i in p.metrics.items()}}
                 for p in probes},
+        kernels=_kernel_choices(),
         timing={"load_s": round(loaded.load_s, 3), "run_s": round(run_s, 3),
                 "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
     )
     return Result(frame, manifest, windows.tokens)
+
+
+def _kernel_choices() -> list[dict]:
+    """Which fused attention kernel ran for each kind of call (capture/kernels.py), for the manifest."""
+    from sinkscope.capture.kernels import kernel_choices
+
+    return kernel_choices()
 
 
 def _corpus_record(plan_: Plan, windows: corpus_mod.Windows) -> dict | None:

@@ -55,7 +55,9 @@ class Dispatcher:
 
     def emit(self, template: str, layer: int | None, value) -> None:
         if template == hp.ATTN:  # checked on the device, read once per batch (check_finite)
-            self.finite.append((layer, torch.isfinite(value.query).all()))
+            # a fused record's LSE is D times smaller than q, and a NaN or inf in q reaches it
+            inputs = value.kernel_lse if value.kernel_lse is not None else value.query
+            self.finite.append((layer, torch.isfinite(inputs).all()))
         for observe in self._observers.get(template, ()):
             observe(layer, value)
 
@@ -70,7 +72,8 @@ class Dispatcher:
         """One host read per batch: the first layer whose attention inputs were not finite."""
         if not self.finite:
             return
-        flags = torch.stack([flag.to("cpu") for _, flag in self.finite]).tolist()
+        first = self.finite[0][1].device  # a sharded model's flags meet on one device, then one read
+        flags = torch.stack([flag.to(first) for _, flag in self.finite]).tolist()
         layers = [layer for layer, _ in self.finite]
         self.finite = []
         for layer, ok in zip(layers, flags):
@@ -131,7 +134,7 @@ def is_native(model: torch.nn.Module) -> bool:
 
 
 def _passes(probes: Sequence[Probe]) -> list[str | None]:
-    labels: list[str | None] = []
+    labels: list[str | None] = [] if probes else [None]  # no probe: one plain pass
     for probe in probes:
         labels += [p for p in probe.passes() if p not in labels]
     return sorted(labels, key=lambda p: (p is not None, "" if p is None else str(p)))

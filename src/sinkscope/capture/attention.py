@@ -185,13 +185,10 @@ def sinkscope_fused_attention(
     active = _ACTIVE.get()
     if active is not None:
         value = active.values(module.layer_idx, value)  # (B, Hkv, S, D)
-    groups = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # (B, H, S, D)
-    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value  # (B, H, S, D)
     S = key.shape[-2]
     mask = None if attention_mask is None else _additive(attention_mask[:, :, :, :S], query.dtype)
     scale = _scale(query, kwargs)
-    out, lse = attention_with_lse(query, k, v, scale, mask)  # (B, H, T, D), (B, H, T)
+    out, lse = attention_with_lse(query, key, value, scale, mask)  # (B, H, T, D), (B, H, T); GQA inside
     sinks = getattr(module, "sinks", None)
     if isinstance(sinks, Tensor):
         phi = torch.sigmoid(sinks.float().view(1, -1, 1) - lse)  # (B, H, T)

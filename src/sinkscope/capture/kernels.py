@@ -4,27 +4,248 @@
 ``LSE_i = log sum_j exp(s_ij)`` over real keys. With the LSE every row reduction the sink
 probes need is exact and cheap: the mass on key p is ``exp(s_ip - LSE_i)`` (one dot product
 per query), the phantom mass is ``sigmoid(b_h - LSE_i)``. Memory is linear in the sequence
-length (the mask of a sliding-window layer aside).
+length (an explicit mask aside).
 
-Kernels, in order of preference:
-- CPU: ``aten._scaled_dot_product_flash_attention_for_cpu`` (returns the LSE);
-- CUDA: ``aten._scaled_dot_product_efficient_attention(compute_log_sumexp=True)``;
-- anything else (or if those refuse the inputs): a blocked explicit computation, one block of
-  queries at a time (memory B*H*block*S).
+Kernels (:func:`candidate_kernels` orders them per device, dtype, head size and masking; the
+first that runs is used and :func:`kernel_choices` / the ``sinkscope.capture.kernels`` logger
+say which, once per kind of call):
+
+==============  =====================================================  ==========================
+name            op (all return the LSE)                                 when
+==============  =====================================================  ==========================
+``cpu_flash``   ``aten._scaled_dot_product_flash_attention_for_cpu``    CPU; any mask
+``flash``       ``aten._scaled_dot_product_flash_attention``            CUDA sm80+, fp16/bf16,
+                                                                        head dim <= 256, causal
+``flash_window`` ``aten._flash_attention_forward(window_size_left=W-1)`` same, causal sliding window
+``cudnn``       ``aten._scaled_dot_product_cudnn_attention``            CUDA sm80+, fp16/bf16,
+                                                                        head dim <= 128; any mask
+``efficient``   ``aten._scaled_dot_product_efficient_attention``        CUDA; any mask, any float
+``blocked``     exact matmuls, one block of queries at a time           anything, the fallback
+==============  =====================================================  ==========================
+
+Every private op is called from one function, :func:`_private_attention`, and only after
+:func:`private_op_available` has checked the torch version and the op's schema (argument
+names and order), so a torch release that changes one of them falls back instead of
+miscomputing. On an accelerator each fused kernel is also checked once per (device, dtype,
+head size, masking) against the blocked path on a small random problem before it is trusted
+(:func:`_agrees_with_reference`: the LSE convention, shape and padding of the private ops are
+not documented); one that disagrees or raises is logged and skipped from then on. Out of
+memory is never swallowed (the runner halves the batch).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import re
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+log = logging.getLogger(__name__)
 
 #: queries per block in the blocked fallback.
 QUERY_BLOCK = 256
 
+CPU_FLASH, FLASH, FLASH_WINDOW, CUDNN, EFFICIENT, BLOCKED = (
+    "cpu_flash", "flash", "flash_window", "cudnn", "efficient", "blocked")
+KERNELS = (CPU_FLASH, FLASH, FLASH_WINDOW, CUDNN, EFFICIENT, BLOCKED)
 
+#: per private kernel: (aten op name, minimum torch (major, minor), leading argument names the
+#: call below relies on, in order). Checked against the installed op's schema before any call.
+_PRIVATE_OPS: dict[str, tuple[str, tuple[int, int], tuple[str, ...]]] = {
+    CPU_FLASH: ("_scaled_dot_product_flash_attention_for_cpu", (2, 3),
+                ("query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale")),
+    FLASH: ("_scaled_dot_product_flash_attention", (2, 2),
+            ("query", "key", "value", "dropout_p", "is_causal", "return_debug_mask", "scale")),
+    FLASH_WINDOW: ("_flash_attention_forward", (2, 6),
+                   ("query", "key", "value", "cum_seq_q", "cum_seq_k", "max_q", "max_k", "dropout_p", "is_causal",
+                    "return_debug_mask", "scale", "window_size_left", "window_size_right")),
+    CUDNN: ("_scaled_dot_product_cudnn_attention", (2, 5),
+            ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal",
+             "return_debug_mask", "scale")),
+    EFFICIENT: ("_scaled_dot_product_efficient_attention", (2, 2),
+                ("query", "key", "value", "attn_bias", "compute_log_sumexp", "dropout_p", "is_causal", "scale")),
+}
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", text).groups()
+    return int(major), int(minor)
+
+
+TORCH_VERSION = _version(torch.__version__)
+
+
+# ---- what the choice depends on -------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the kernel choice needs to know about a device (injectable in tests).
+
+    Attributes:
+        type: ``"cpu"``, ``"cuda"`` (also ROCm), ``"mps"``, ...
+        capability: CUDA compute capability (major, minor), None elsewhere.
+        torch_version: (major, minor) of the running torch.
+        enabled: the SDPA backends the user left enabled (``torch.backends.cuda.*_sdp_enabled``):
+            a subset of {"flash", "cudnn", "efficient"}; the CPU ignores it.
+    """
+
+    type: str
+    capability: tuple[int, int] | None = None
+    torch_version: tuple[int, int] = TORCH_VERSION
+    enabled: frozenset[str] = frozenset({FLASH, CUDNN, EFFICIENT})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the kernel choice needs to know about one call.
+
+    Attributes:
+        dtype: q's dtype.
+        head_dim: D.
+        masked: an explicit additive mask is given.
+        window: the causal sliding window W (keys with i - j >= W hidden) when no mask is given.
+        same_length: T == S (the fused causal kernels align the causal mask top-left, which is
+            the record's bottom-right convention only then).
+    """
+
+    dtype: torch.dtype
+    head_dim: int
+    masked: bool
+    window: int | None
+    same_length: bool
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def device_info(device: torch.device) -> DeviceInfo:
+    """The :class:`DeviceInfo` of a real device (capability cached, SDPA toggles read now)."""
+    if device.type != "cuda":
+        return DeviceInfo(device.type)
+    backends = torch.backends.cuda
+    toggles = {FLASH: "flash_sdp_enabled", CUDNN: "cudnn_sdp_enabled", EFFICIENT: "mem_efficient_sdp_enabled"}
+    enabled = {name for name, toggle in toggles.items() if getattr(backends, toggle, lambda: False)()}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return DeviceInfo("cuda", _capability(index), TORCH_VERSION, frozenset(enabled))
+
+
+def candidate_kernels(info: DeviceInfo, problem: Problem) -> tuple[str, ...]:
+    """The kernels worth trying for ``problem`` on ``info``, fastest first; always ends in blocked.
+
+    Pure: depends only on its arguments (tests inject devices that are not there).
+    """
+    if info.type == "cpu":
+        plain = [CPU_FLASH] if problem.masked or problem.same_length else []
+        return tuple(k for k in plain if info.torch_version >= _PRIVATE_OPS[k][1]) + (BLOCKED,)
+    if info.type != "cuda":
+        return (BLOCKED,)
+    sm = info.capability or (0, 0)
+    half = problem.dtype in _HALF
+    flash_ok = half and sm >= (8, 0) and problem.head_dim <= 256 and problem.head_dim % 8 == 0
+    cudnn_ok = half and sm >= (8, 0) and problem.head_dim <= 128 and problem.head_dim % 8 == 0
+    if problem.masked:  # an explicit bias: the flash kernels take none
+        order = [EFFICIENT] + ([CUDNN] if cudnn_ok else [])
+    elif not problem.same_length:  # bottom-right causal: only the blocked path says so
+        order = []
+    elif problem.window is not None:  # causal sliding window
+        order = ([FLASH_WINDOW] if flash_ok else []) + [EFFICIENT]
+    else:  # plain causal
+        order = ([FLASH] if flash_ok else []) + ([CUDNN] if cudnn_ok else []) + [EFFICIENT]
+    backend = {FLASH: FLASH, FLASH_WINDOW: FLASH, CUDNN: CUDNN, EFFICIENT: EFFICIENT}
+    return tuple(k for k in order if backend[k] in info.enabled and info.torch_version >= _PRIVATE_OPS[k][1]) + (
+        BLOCKED,)
+
+
+# ---- the private ops: one function, behind a version and schema check -----------------------
+@functools.lru_cache(maxsize=None)
+def private_op_available(kernel: str) -> bool:
+    """Whether this torch has ``kernel``'s private op with the arguments :func:`_private_attention` passes."""
+    if kernel not in _PRIVATE_OPS:
+        return False
+    name, minimum, expected = _PRIVATE_OPS[kernel]
+    if TORCH_VERSION < minimum:
+        return False
+    try:
+        schema = getattr(torch.ops.aten, name).default._schema
+    except (AttributeError, RuntimeError):
+        return False
+    return tuple(argument.name for argument in schema.arguments)[: len(expected)] == expected
+
+
+def _private_attention(kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float, bias: Tensor | None,
+                       window: int | None) -> tuple[Tensor, Tensor]:
+    """Run one private aten attention op; the only caller of any of them.
+
+    Shapes: q (B, H, T, D), k/v (B, H, S, D), bias None or additive, broadcastable to
+    (B, H, T, S) and already aligned for the kernel. ``bias`` None means causal (``window``:
+    causal sliding window). Returns out (B, H, T, D) and the op's raw LSE, whose layout
+    differs per op (:func:`_lse_bht` normalises it).
+    """
+    if not private_op_available(kernel):
+        raise NotImplementedError(f"this torch ({torch.__version__}) has no usable {kernel} op")
+    aten = torch.ops.aten
+    causal = bias is None
+    if kernel == CPU_FLASH:
+        if window is not None and bias is None:
+            bias = _window_bias(q.shape[-2], k.shape[-2], window, q.dtype, q.device)
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, bias is None, attn_mask=bias, scale=scale)
+        return out, lse
+    if kernel == FLASH:
+        out, lse = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False, scale=scale)[:2]
+        return out, lse
+    if kernel == FLASH_WINDOW:  # (B, T, H, D) layout; keys j >= i - (W - 1) and j <= i
+        out, lse = aten._flash_attention_forward(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, q.shape[-2], k.shape[-2], 0.0, True,
+            False, scale=scale, window_size_left=window - 1, window_size_right=0)[:2]
+        return out.transpose(1, 2), lse
+    if window is not None and bias is None:  # a bias-taking kernel: spell the window out
+        bias, causal = _aligned_bias(_window_bias(q.shape[-2], k.shape[-2], window, q.dtype, q.device), q), False
+    if kernel == CUDNN:
+        out, lse = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True, 0.0, causal, False, scale=scale)[:2]
+        return out, lse
+    if kernel == EFFICIENT:
+        out, lse = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, causal, scale=scale)[:2]
+        return out, lse
+    raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def _lse_bht(lse: Tensor, B: int, H: int, T: int) -> Tensor:
+    """A kernel's LSE as (B, H, T) float32: cuDNN adds a trailing 1, efficient pads T to 32."""
+    if lse.dim() == 4:
+        lse = lse[..., 0]  # (B, H, T)
+    return lse[:, :, :T].float()  # (B, H, T)
+
+
+def _window_bias(T: int, S: int, window: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Additive (1, 1, T, S) mask of a causal sliding window: key j visible to query i iff
+    i' - W < j <= i' with i' = i + S - T (0 visible, dtype's lowest value hidden)."""
+    rows = torch.arange(T, device=device).unsqueeze(-1) + (S - T)  # (T, 1)
+    cols = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    hidden = (cols > rows) | (cols <= rows - window)  # (T, S)
+    return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)[None, None]
+
+
+def _aligned_bias(mask: Tensor, q: Tensor) -> Tensor:
+    """``mask`` expanded to (B, H, T, S) with its rows 16-element aligned (as SDPA pads it)."""
+    B, H, T = q.shape[:3]
+    S = mask.shape[-1]
+    if S % 16:
+        mask = F.pad(mask, (0, 16 - S % 16))[..., :S]  # (B|1, 1, T, S) view of an aligned buffer
+    return mask.expand(B, H, T, S)
+
+
+# ---- the exact fallback -----------------------------------------------------------------------
 def blocked_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None,
-                               block: int = QUERY_BLOCK) -> tuple[Tensor, Tensor]:
-    """Reference-exact attention by query blocks; mask None means causal.
+                               block: int = QUERY_BLOCK, *, window: int | None = None) -> tuple[Tensor, Tensor]:
+    """Reference-exact attention by query blocks; mask None means causal (sliding if ``window``).
 
     Shapes: q (B, H, T, D), k/v (B, H, S, D), mask (B|1, 1, T, S) additive or None.
     Returns out (B, H, T, D) in q's dtype and lse (B, H, T) float32.
@@ -39,7 +260,10 @@ def blocked_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, ma
             s = s + mask[:, :, start:stop].float()
         else:
             rows = torch.arange(start, stop, device=q.device).unsqueeze(-1) + (S - T)  # (b, 1)
-            hidden = torch.arange(S, device=q.device).unsqueeze(0) > rows  # (b, S)
+            cols = torch.arange(S, device=q.device).unsqueeze(0)  # (1, S)
+            hidden = cols > rows  # (b, S)
+            if window is not None:
+                hidden = hidden | (cols <= rows - window)  # (b, S)
             s = s.masked_fill(hidden, float("-inf"))
         lse = torch.logsumexp(s, dim=-1)  # (B, H, b)
         p = torch.exp(s - lse.unsqueeze(-1))  # (B, H, b, S)
@@ -48,23 +272,139 @@ def blocked_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, ma
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
-def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+# ---- choice, trust, and the log ---------------------------------------------------------------
+#: (kernel, device, dtype, head_dim, masked, windowed) -> why the kernel is not used ("" = trusted)
+_verdicts: dict[tuple, str] = {}
+#: the kinds of call seen and the kernel that ran for each, in order of first use
+_choices: dict[tuple, str] = {}
+#: how a fused kernel is checked before it is trusted (replaced in tests)
+_runner: Callable[..., tuple[Tensor, Tensor]] = _private_attention
+
+
+def kernel_choices() -> list[dict]:
+    """Which kernel ran for each kind of call so far (device, dtype, head_dim, masking), in order."""
+    return [dict(zip(("device", "dtype", "head_dim", "masked", "window"), key), kernel=kernel)
+            for key, kernel in _choices.items()]
+
+
+def reset_kernel_state() -> None:
+    """Forget verdicts and choices (tests; after changing SDPA backend toggles)."""
+    _verdicts.clear()
+    _choices.clear()
+
+
+def _agrees_with_reference(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int, masked: bool,
+                           windowed: bool) -> str:
+    """Run ``kernel`` once on a small random problem like the real one; "" if it matches the
+    blocked path (output and LSE), else why not. One host sync, once per kind of call."""
+    g = torch.Generator().manual_seed(0)
+    B, H, T, W = 2, 2, 80, 8
+    q, k, v = (torch.randn(B, H, T, head_dim, generator=g).to(device, dtype) for _ in range(3))
+    scale = head_dim ** -0.5
+    mask = None
+    if masked:  # a sliding window plus a padded first key in window 1: what real masks hold
+        bias = _window_bias(T, T, W, dtype, device).expand(B, 1, T, T).clone()  # (B, 1, T, T)
+        bias[1, :, 1:, 0] = torch.finfo(dtype).min
+        mask = bias
+    window = W if windowed and not masked else None
+    try:
+        out, lse = _run_fused(kernel, q, k, v, scale, mask, window)
+    except torch.OutOfMemoryError:
+        raise
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
+        return f"raised {type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
+    ref_out, ref_lse = blocked_attention_with_lse(q, k, v, scale, mask, window=window)
+    if tuple(lse.shape) != (B, H, T) or tuple(out.shape) != (B, H, T, head_dim):
+        return f"returned shapes {tuple(out.shape)} / {tuple(lse.shape)}"
+    out_tol, lse_tol = (3e-2, 2e-3) if dtype in _HALF else (1e-4, 1e-4)
+    out_err = (out.float() - ref_out.float()).abs().max().item()
+    lse_err = (lse - ref_lse).abs().max().item()
+    if not (out_err <= out_tol and lse_err <= lse_tol):  # also False for NaN
+        return f"disagrees with the exact path (max |d out| {out_err:.2e}, max |d lse| {lse_err:.2e})"
+    return ""
+
+
+def _run_fused(kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None,
+               window: int | None) -> tuple[Tensor, Tensor]:
+    """A fused kernel end to end: bias alignment, the op, the LSE as (B, H, T) float32."""
+    bias = mask
+    if bias is not None and kernel in (EFFICIENT, CUDNN):
+        bias = _aligned_bias(bias, q)
+    out, lse = _runner(kernel, q, k, v, scale, bias, window)
+    B, H, T = q.shape[:3]
+    return out, _lse_bht(lse, B, H, T)
+
+
+def _trusted(kernel: str, key: tuple, q: Tensor, masked: bool, windowed: bool) -> bool:
+    """Whether ``kernel`` may run for this kind of call (checked once per kind)."""
+    verdict = _verdicts.get(key)
+    if verdict is None:  # the CPU kernel is covered by the test suite; the others are checked here
+        verdict = "" if kernel == CPU_FLASH else _agrees_with_reference(
+            kernel, q.device, q.dtype, q.shape[-1], masked, windowed)
+        _verdicts[key] = verdict
+        if verdict:
+            log.warning("sinkscope: attention kernel %r not used on %s (%s, head dim %d, %s): %s", kernel, q.device,
+                        str(q.dtype).removeprefix("torch."), q.shape[-1], _masking(masked, windowed), verdict)
+    return verdict == ""
+
+
+def _masking(masked: bool, windowed: bool) -> str:
+    return "explicit mask" if masked else ("causal sliding window" if windowed else "causal")
+
+
+def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, *,
+                       window: int | None = None,
+                       kernels: Sequence[str] | None = None) -> tuple[Tensor, Tensor]:
     """Fused attention returning (out (B, H, T, D), lse (B, H, T) float32); mask None = causal.
 
-    ``k`` and ``v`` must already have H heads (repeat KV heads for GQA first). ``mask`` is an
-    additive float mask broadcastable to (B, H, T, S) in q's dtype.
+    Args:
+        q: (B, H, T, D) queries.
+        k, v: (B, H or Hkv, S, D); with Hkv < H heads each is used by H / Hkv query heads.
+        scale: the factor multiplying q . k.
+        mask: additive float mask broadcastable to (B, H, T, S) in q's dtype (it must hold the
+            causal part too), or None for causal: key j visible to query i iff j <= i + S - T.
+        window: with ``mask`` None, a causal sliding window W: also hide keys j <= i + S - T - W
+            (transformers' ``sliding_window``). Ignored when a mask is given.
+        kernels: try only these (in this order; "blocked" is always last); default
+            :func:`candidate_kernels` for q's device.
+
+    The first kernel that runs and is trusted is used; see the module docstring.
     """
-    is_causal = mask is None
-    try:
-        if q.device.type == "cpu":
-            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
-            return out, lse.float()
-        if q.device.type == "cuda":
-            bias = None if mask is None else mask.expand(q.shape[0], q.shape[1], -1, -1)
-            out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-                q, k, v, bias, True, 0.0, is_causal, scale=scale)
-            return out, lse[..., : q.shape[-2]].float()
-    except (RuntimeError, NotImplementedError):  # unsupported dtype/shape: fall through, stay exact
-        pass
-    return blocked_attention_with_lse(q, k, v, scale, mask)
+    if k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+        v = v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    masked = mask is not None
+    window = None if masked else window
+    T, S = q.shape[-2], k.shape[-2]
+    problem = Problem(q.dtype, q.shape[-1], masked, window, T == S)
+    order = tuple(kernels) if kernels is not None else candidate_kernels(device_info(q.device), problem)
+    kind = (str(q.device), str(q.dtype).removeprefix("torch."), q.shape[-1], masked, window)
+    for kernel in order:
+        if kernel == BLOCKED:
+            break
+        key = (kernel, *kind)
+        if not _trusted(kernel, key, q, masked, window is not None):
+            continue
+        try:
+            out, lse = _run_fused(kernel, q, k, v, scale, mask, window)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError) as error:  # unsupported here: next, stay exact
+            _verdicts[key] = f"raised {type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
+            log.warning("sinkscope: attention kernel %r failed on %s; falling back: %s", kernel, q.device,
+                        _verdicts[key])
+            continue
+        _note(kind, kernel)
+        return out, lse
+    _note(kind, BLOCKED)
+    return blocked_attention_with_lse(q, k, v, scale, mask, window=window)
+
+
+def _note(kind: tuple, kernel: str) -> None:
+    """Log the kernel the first time a kind of call runs (and when it changes)."""
+    if _choices.get(kind) != kernel:
+        _choices[kind] = kernel
+        device, dtype, head_dim, masked, window = kind
+        log.info("sinkscope: attention kernel %r on %s (%s, head dim %d, %s)", kernel, device, dtype, head_dim,
+                 _masking(masked, window is not None))

@@ -87,11 +87,15 @@ class AttentionRecord:
     def is_fused(self) -> bool:
         return self.weights is None
 
-    def _causal_fill(self, s: Tensor, keys: Tensor) -> Tensor:
-        """-inf where key index ``keys`` (S',) is after query i (plain causal mask)."""
+    def _causal_fill(self, s: Tensor, keys: slice) -> Tensor:
+        """-inf where a key of the slice ``keys`` is after query i (plain causal mask).
+
+        Key positions are built on the device: no host data is copied into the layer loop.
+        """
         T, S = self.query.shape[-2], self.key.shape[-2]
         rows = torch.arange(T, device=s.device).unsqueeze(-1) + (S - T)  # (T, 1)
-        return s.masked_fill(keys.to(s.device).unsqueeze(0) > rows, float("-inf"))
+        positions = torch.arange(S, device=s.device)[keys]  # (S',)
+        return s.masked_fill(positions.unsqueeze(0) > rows, float("-inf"))
 
     def _capped(self, s: Tensor) -> Tensor:
         """c * tanh(s / c) under soft-capping, else ``s`` unchanged."""
@@ -107,12 +111,13 @@ class AttentionRecord:
             if self.mask is not None:
                 s = s + self.mask.float()  # (B, 1, T, S) broadcast over heads
             else:
-                s = self._causal_fill(s, torch.arange(s.shape[-1]))
+                s = self._causal_fill(s, slice(None))
             self._cache["logits"] = s
         return self._cache["logits"]
 
-    def key_logits(self, keys: Tensor) -> Tensor:
-        """s_ij for the listed key positions only, float32, (B, H, T, len(keys)): linear memory."""
+    def key_logits(self, keys: int | slice) -> Tensor:
+        """s_ij for a key position or a slice of them only, float32, (B, H, T, K): linear memory."""
+        keys = _as_slice(keys)
         groups = self.n_heads // self.n_kv_heads
         k = self.key[:, :, keys].float().repeat_interleave(groups, dim=1)  # (B, H, K, D)
         s = self._capped(torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale)  # (B, H, T, K)
@@ -156,8 +161,11 @@ class AttentionRecord:
         if over not in ("real", "all"):
             raise ValueError(f"over must be 'real' or 'all', not {over!r}")
         if self.is_fused:  # w_ij = exp(s_ij - LSE_i) over real keys, a_ij = w_ij (1 - phi_i)
-            index = torch.arange(self.key.shape[-2])[keys].reshape(-1)  # (K,)
-            w = torch.exp(self.key_logits(index) - self.lse().unsqueeze(-1)).sum(-1)  # (B, H, T)
+            sl = _as_slice(keys)
+            cached = ("key_mass", sl.start, sl.stop, sl.step)  # p0_mass and sink_rate share key 0's
+            if cached not in self._cache:
+                self._cache[cached] = torch.exp(self.key_logits(sl) - self.lse().unsqueeze(-1)).sum(-1)  # (B, H, T)
+            w = self._cache[cached]
             return w if over == "real" else w * self.real_mass()
         mass = self.weights[..., keys]  # (B, H, T) or (B, H, T, |keys|)
         if mass.dim() == 4:
@@ -183,3 +191,12 @@ class AttentionRecord:
     def value_norms(self) -> Tensor:
         """||v_j|| per value head and key, float32, (B, Hkv, S)."""
         return self.value.float().norm(dim=-1)
+
+
+def _as_slice(keys: int | slice) -> slice:
+    """A key position as the one-element slice that indexes it (a view, no index tensor)."""
+    if isinstance(keys, slice):
+        return keys
+    if keys < 0:
+        raise ValueError(f"key positions are counted from 0, not {keys}")
+    return slice(keys, keys + 1)
