@@ -541,3 +541,49 @@ def test_a_phantom_that_takes_almost_all_the_mass_leaves_the_real_key_moments_ex
             block.attn.sink_logit.fill_(SINK_LOGIT_RANGE[1] + 5.0)  # clamped in the forward pass
     ids = windows(3, 16)
     assert_equal_to_reference(measured(model, ids, "fused"), reference(model, ids))
+
+
+def test_several_models_resume_keeps_the_finished_runs(tmp_path, text_file, tokenizer):
+    models = [str(_checkpoint(tmp_path / v, v, tokenizer)) for v in ("normgate", "routing-norm")]
+    common = ["--text-file", str(text_file), "--seq-len", "24", "--n-seqs", "3", "--no-progress", "--no-figures",
+              "--out", str(tmp_path / "cmp")]
+    first = runner.invoke(app, ["selectivity", *models, *common])
+    assert first.exit_code == 0, first.output
+    kept = (tmp_path / "cmp" / "normgate" / "results.csv").read_bytes()
+    again = runner.invoke(app, ["selectivity", *models, *common])
+    assert again.exit_code == 1 and "--overwrite" in again.output  # the first run folder is refused, nothing ran
+    import shutil
+
+    shutil.rmtree(tmp_path / "cmp" / "routing-norm")  # as if killed before the second model was written
+    resumed = runner.invoke(app, ["selectivity", *models, *common, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "Keeping the finished run" in resumed.output
+    assert (tmp_path / "cmp" / "normgate" / "results.csv").read_bytes() == kept
+    table = pd.read_csv(tmp_path / "cmp" / "routing-norm" / "results.csv")
+    assert set(table.variant) == {"routing-norm"} and "gated_value_norm_ratio" not in set(table.metric)
+
+
+@pytest.mark.slow
+def test_data_parallel_runs_of_several_models_equal_one_process(tmp_path, text_file, tokenizer):
+    """torchrun with 2 processes: the token sums and every mean merge into the one-process tables."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    models = [str(_checkpoint(tmp_path / v, v, tokenizer)) for v in ("sink+norm", "outgate")]
+    common = ["--text-file", str(text_file), "--seq-len", "24", "--n-seqs", "7", "--batch-size", "2",
+              "--min-count", "3", "--no-progress", "--no-figures", "--device", "cpu"]
+    one = tmp_path / "one"
+    assert runner.invoke(app, ["selectivity", *models, *common, "--out", str(one)]).exit_code == 0
+    two = tmp_path / "two"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           "29531", "-m", "sinkscope", "selectivity", *models, *common, "--out", str(two)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("sink+norm", "outgate"):
+        a, b = pd.read_csv(one / name / "results.csv"), pd.read_csv(two / name / "results.csv")
+        pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
+        np.testing.assert_allclose(a["value"].to_numpy(), b["value"].to_numpy(), rtol=1e-6, atol=1e-7)
+        assert json.loads((two / name / "manifest.json").read_text())["processes"] == 2

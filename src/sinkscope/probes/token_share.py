@@ -169,14 +169,14 @@ def sums_of_squares(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray,
                   check=lambda v: None if v >= 1 else "must be at least 1"),),
     metrics={
         "token_share": MetricInfo(
-            "Token-identity share of gate variance", "share of variance",
+            "Token-identity share", "share of gate variance",
             "between-token SS / total SS of the value gate g_j over every position j and window, with the "
             "token at j as the group; per head, pooled over the heads of a layer (layer rows) and over every head "
             "(model row): sum of between SS over heads / sum of total SS over heads",
             SOURCE, "1 = the gate is a function of the token id alone; near (K-1)/(N-1) = independent of it",
             per="layer x KV head"),
         f"token_share[n>={DEFAULT_MIN_COUNT}]": MetricInfo(
-            "Token-identity share, frequent tokens", "share of variance",
+            "Token-identity share, frequent tokens", "share of gate variance",
             f"token_share over the positions whose token occurs at least {DEFAULT_MIN_COUNT} times in the run "
             "(min_count), pooled the same way",
             SOURCE, "as token_share, less inflated by tokens seen a few times", per="layer x KV head"),

@@ -484,7 +484,7 @@ def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str) -> Figure:
                    label=label if len(series) > 1 else None, zorder=3)
         ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
         ax.set_xlabel("layer")
-        ax.set_ylabel(metric_axis_label(metric))
+        ax.set_ylabel(metric_axis_label(metric, wrap=True))
         ax.grid(True, axis="y", linewidth=0.4, alpha=0.4)
         if len(series) > 1:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=min(4, len(series)), borderaxespad=0.0)
@@ -527,7 +527,7 @@ def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run")
                       if max(map(len, xs)) > 10 else "center")
         ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.set_xlabel(x_label)
-        ax.set_ylabel(metric_axis_label(metric))
+        ax.set_ylabel(metric_axis_label(metric, wrap=True))
         ax.grid(True, axis="y", linewidth=0.4, alpha=0.4)
         if len(groups) > 1:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=min(4, len(groups)), borderaxespad=0.0)
