@@ -587,3 +587,43 @@ def test_data_parallel_runs_of_several_models_equal_one_process(tmp_path, text_f
         pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
         np.testing.assert_allclose(a["value"].to_numpy(), b["value"].to_numpy(), rtol=1e-6, atol=1e-7)
         assert json.loads((two / name / "manifest.json").read_text())["processes"] == 2
+
+
+def test_a_comparison_across_tiers_draws_one_line_per_variant():
+    """Seed 000 Fig. 1d: the model value by tier (in size order), one line per variant, layer range as bars."""
+    from pathlib import Path
+
+    from sinkscope.report import figures
+    from sinkscope.report.build import RunData, _across_runs
+
+    def run(variant, tier, value):
+        rows = [Row("gate_selectivity", "gate_selectivity", 0, None, value - 0.01, 1),
+                Row("gate_selectivity", "gate_selectivity", 1, None, value + 0.01, 1),
+                Row("gate_selectivity", "gate_selectivity", None, None, value, 2)]
+        manifest = {"conditions": {"variant": variant, "tier": tier, "seed": 0}}
+        return RunData(Path(f"{variant}-{tier}"), f"{variant}-{tier}", manifest, rows_to_frame(rows))
+
+    runs = [run("normgate", "50M", 0.17), run("normgate", "10M", 0.054), run("sink+proj", "10M", 0.05),
+            run("sink+proj", "50M", 0.217), run("sink+proj", "124M", 0.228)]
+    points, axis = _across_runs(runs, "gate_selectivity")
+    assert axis == "tier" and list(dict.fromkeys(points["x"])) == ["10M", "50M", "124M"]
+    fig = figures.model_value_plot(points, "gate_selectivity", x_label=axis)
+    lines = {line.get_label(): line for line in fig.axes[0].lines}
+    np.testing.assert_allclose(lines["normgate"].get_ydata(), [0.054, 0.17])
+    np.testing.assert_allclose(lines["sink+proj"].get_xdata(), [0, 1, 2])
+    np.testing.assert_allclose(lines["sink+proj"].get_ydata(), [0.05, 0.217, 0.228])
+    one_tier, axis = _across_runs(runs[1:3], "gate_selectivity")
+    assert axis == "run" and list(one_tier["x"]) == ["normgate-10M", "sink+proj-10M"]
+
+
+def test_token_share_bars_are_the_layer_rows():
+    from sinkscope.report import figures
+
+    a = rows_to_frame([Row("token_share", "token_share", 0, None, 0.8, 4), Row("token_share", "token_share", 1, None,
+                                                                              0.5, 4),
+                       Row("token_share", "token_share", 0, 0, 0.9, 2)])
+    b = rows_to_frame([Row("token_share", "token_share", 1, None, 0.3, 4)])
+    fig = figures.per_layer_bars({"a": a, "b": b}, "token_share")
+    bars = fig.axes[0].containers
+    assert [round(r.get_height(), 6) for r in bars[0]] == [0.8, 0.5] and [r.get_height() for r in bars[1]] == [0.3]
+    assert bars[1][0].get_x() > bars[0][1].get_x()  # run b's bar sits beside run a's at layer 1
