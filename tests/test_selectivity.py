@@ -627,3 +627,17 @@ def test_token_share_bars_are_the_layer_rows():
     bars = fig.axes[0].containers
     assert [round(r.get_height(), 6) for r in bars[0]] == [0.8, 0.5] and [r.get_height() for r in bars[1]] == [0.3]
     assert bars[1][0].get_x() > bars[0][1].get_x()  # run b's bar sits beside run a's at layer 1
+
+
+def test_a_rolled_back_batch_leaves_the_token_sums_as_they_were():
+    """Out-of-memory retries restore the snapshot taken before the batch (TokenSums shares its arrays)."""
+    model = make("normgate")
+    spec = model.model_spec()
+    probes = make_probes(SELECTIVITY, SelectivityOptions(min_count=2), spec)
+    run_probes(model, windows(2, 16), probes, batch_size=2, progress=False)
+    before = rows_to_frame(r for p in probes for r in p.rows())
+    saved = [p.snapshot() for p in probes]
+    run_probes(model, windows(3, 16, seed=9), probes, batch_size=2, progress=False)  # the batch to undo
+    for probe, state in zip(probes, saved):
+        probe.restore(state)
+    pd.testing.assert_frame_equal(rows_to_frame(r for p in probes for r in p.rows()), before)

@@ -188,10 +188,14 @@ def _accumulate_dtype(device: torch.device) -> torch.dtype:
 class Accumulator:
     """What a probe's accumulator object offers so checkpoints, retries and merging handle it.
 
-    ``state_dict`` (a CPU copy), ``load_state_dict``, and ``merge`` (add another share's
-    state, as if its windows came after these); ``copy.deepcopy`` must give an independent copy
-    (``Probe.snapshot``). Plain tensors attributes of a probe are accumulators too (added).
+    ``state_dict`` (a CPU copy), ``load_state_dict``, ``merge`` (add another share's state, as
+    if its windows came after these) and ``snapshot`` (an independent copy where it lives, for
+    rolling back a batch; a deep copy unless the accumulator never changes a tensor in place).
+    Plain tensor attributes of a probe are accumulators too (added).
     """
+
+    def snapshot(self) -> "Accumulator":
+        return copy.deepcopy(self)
 
     def state_dict(self) -> dict:
         raise NotImplementedError
@@ -375,7 +379,7 @@ class Probe:
 
     def snapshot(self) -> dict:
         """A copy of every accumulator where it lives (no host transfer): for rolling back a batch."""
-        return {k: copy.deepcopy(v) if isinstance(v, Accumulator) else v.clone() for k, v in self._accumulators().items()}
+        return {k: v.snapshot() if isinstance(v, Accumulator) else v.clone() for k, v in self._accumulators().items()}
 
     def restore(self, snapshot: dict) -> None:
         for key, value in snapshot.items():

@@ -92,6 +92,12 @@ class TokenSums(Accumulator):
         self.squares[layer] = self.squares[layer].index_add(1, flat_ids, x * x)  # (H, V)
         self.counts[layer] = self.counts[layer] + torch.bincount(flat_ids, minlength=self.counts[layer].numel())  # (V,)
 
+    def snapshot(self) -> "TokenSums":
+        """A copy sharing the arrays: ``add`` and ``merge`` replace them and never write into them."""
+        copy_ = TokenSums(self.n_layers, self.n_heads, self.vocab_size)
+        copy_.sums, copy_.squares, copy_.counts = dict(self.sums), dict(self.squares), dict(self.counts)
+        return copy_
+
     @property
     def layers(self) -> list[int]:
         return sorted(self.sums)
