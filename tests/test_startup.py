@@ -42,7 +42,9 @@ def _imports(args: list[str], cwd=None) -> tuple[int, set[str], str]:
 
 @pytest.mark.parametrize("args", [["--help"], ["sinks", "--help"], ["ls", "hooks"], ["ls", "families"],
                                   ["ls", "commands"], ["sinks", "--seed", "-1"], ["sinks", "--n-seqs", "0"],
-                                  ["sinks", "--bos", "maybe"], ["sinks", "--sink-layer-start", "-2"]])
+                                  ["sinks", "--bos", "maybe"], ["sinks", "--sink-layer-start", "-2"],
+                                  ["selectivity", "--help"], ["selectivity", "a", "--min-count", "0"],
+                                  ["selectivity", "a", "--group-by", "variant"]])
 def test_help_listings_and_option_mistakes_import_no_torch(args):
     status, heavy, stderr = _imports(args)
     assert not heavy, f"{args} imported {heavy}"
@@ -60,3 +62,27 @@ def test_report_reads_a_run_without_torch(tmp_path):
     assert status == 0, stderr
     assert not heavy, f"report imported {heavy}"
     assert (run / "report.html").is_file() and (run / "figures" / "heatmap_p0_mass.png").is_file()
+
+
+def test_report_reads_a_selectivity_comparison_without_torch(tmp_path, text_file, tokenizer):
+    """Per-token tables, share bars and the comparison come from the tables alone."""
+    from test_selectivity import _checkpoint
+    from typer.testing import CliRunner
+
+    from sinkscope.cli import app
+
+    runs = []
+    for variant in ("normgate", "sink+proj", "outgate"):
+        ckpt = _checkpoint(tmp_path / variant, variant, tokenizer)
+        runs.append(tmp_path / f"run-{variant}")
+        result = CliRunner().invoke(app, ["selectivity", str(ckpt), "--text-file", str(text_file), "--seq-len", "24",
+                                          "--n-seqs", "3", "--min-count", "2", "--out", str(runs[-1]),
+                                          "--no-progress", "--no-figures"])
+        assert result.exit_code == 0, result.output
+    status, heavy, stderr = _imports(["report", *map(str, runs[:2]), "--out", str(tmp_path / "cmp")])
+    assert status == 0 and not heavy, (heavy, stderr)
+    html = (tmp_path / "cmp" / "report.html").read_text()
+    assert 'class="tokens"' in html and (tmp_path / "cmp" / "figures" / "bars_token_share.png").is_file()
+    status, heavy, stderr = _imports(["report", str(runs[2])])
+    assert status == 0 and not heavy, (heavy, stderr)
+    assert "within-row selectivity" in (runs[2] / "report.html").read_text()

@@ -280,10 +280,11 @@ def test_routing_norm_rows_sum_to_one():
     model = perturb(make("routing-norm"))
     for record in recorded(model, batch()[0]).records:
         assert torch.allclose(record.weights.sum(-1), torch.ones(B, H, T), atol=1e-6)
-        # the record's logits are the plain scale * q.k + mask; the weights add log g_j (documented)
-        routed = torch.softmax(record.logits() + torch.log(record.value_gate).unsqueeze(2), dim=-1)
-        assert torch.allclose(record.weights, routed, atol=1e-6)
-        assert not torch.allclose(record.weights, torch.softmax(record.logits(), dim=-1), atol=1e-3)
+        # the record's logits carry the routing slot's log g_j (key_bias), as the weights do
+        assert record.routing_gate and torch.allclose(record.key_bias, torch.log(record.value_gate), atol=1e-6)
+        assert torch.allclose(record.weights, torch.softmax(record.logits(), dim=-1), atol=1e-6)
+        plain = record.logits() - torch.log(record.value_gate).unsqueeze(2)  # (B, H, T, S): scale * q.k + mask
+        assert not torch.allclose(record.weights, torch.softmax(plain, dim=-1), atol=1e-3)
 
 
 @pytest.mark.parametrize("variant", ["normgate", "projgate", "sink+norm"])
@@ -396,7 +397,7 @@ def test_records_feed_the_probes(variant, mode):
     S = T + 1 if variant == "sinktoken" else T
     spec = ModelSpec(family="sinkscope-gpt", n_layers=L, n_heads=H, n_kv_heads=H, head_dim=D, hidden_size=C,
                      attention_layers=tuple(range(L)), has_phantom=variant in PHANTOM,
-                     has_output_gate=variant == "outgate")
+                     has_output_gate=variant == "outgate", has_value_gate=variant in VALUE_GATED, vocab_size=VOCAB)
     assert model.model_spec() == spec
     assert [r.layer for r in tap.records] == list(range(L))
     for r in tap.records:
@@ -413,8 +414,8 @@ def test_records_feed_the_probes(variant, mode):
         assert torch.allclose(r.key_mass(slice(None), over="real"), torch.ones(B, H, S), atol=1e-6)
         real = r.weights.sum(-1)  # (B, H, T): 1 - phi
         assert torch.allclose(real, 1 - r.phantom_mass(), atol=1e-6)
-        if variant != "routing-norm":  # a_ij = (1 - phi_i) softmax_j(s_ij)
-            assert torch.allclose(r.weights, real.unsqueeze(-1) * torch.softmax(r.logits(), -1), atol=1e-6)
+        # a_ij = (1 - phi_i) softmax_j(s_ij), s_ij with routing-norm's log g_j
+        assert torch.allclose(r.weights, real.unsqueeze(-1) * torch.softmax(r.logits(), -1), atol=1e-6)
     probes = sinks_probes(spec)
     dispatcher = Dispatcher(probes)
     for r in tap.records:
@@ -426,3 +427,33 @@ def test_records_feed_the_probes(variant, mode):
     assert {"p0_mass", "sink_rate", "phantom_mass", "value_norm_ratio", "massive_activation"} <= set(model_rows)
     assert (model_rows["phantom_mass"] > 0) == (variant in PHANTOM)
     assert ("sink_logit" in model_rows) == (variant in PHANTOM)
+
+
+@pytest.mark.parametrize("pattern", ["full", "sliding,full"])
+@pytest.mark.parametrize("variant,mode", CASES, ids=CASE_IDS)
+def test_fused_records_answer_like_explicit_ones(variant, mode, pattern):
+    """A probe run's fused record (kernel LSE, gate moments as value columns, no weights) gives the
+    explicit record's row reductions and the same logits, within 1e-5."""
+    from collect import Collect
+
+    model = perturb(make(variant, mode, layer_pattern=pattern, window=5))
+    idx = batch()[0]
+    records, logits = {}, {}
+    for attention in ("explicit", "fused"):
+        sink = Collect(hooks.ATTN)
+        sink.record_columns = frozenset({"value_gate"})
+        with torch.no_grad():
+            logits[attention], _ = model(idx, attention=attention, hooks=sink)
+        records[attention] = sink.records
+    torch.testing.assert_close(logits["fused"], logits["explicit"], atol=1e-5, rtol=0)
+    for e, f in zip(records["explicit"], records["fused"]):
+        assert f.is_fused and f.weights is None and not e.is_fused
+        assert (f.mask is None) == (f.sliding_window is None)  # a full layer keeps no (T, S) mask
+        pairs = [(e.lse(), f.lse()), (e.phantom_mass(), f.phantom_mass()), (e.key_mass(0), f.key_mass(0)),
+                 (e.key_mass(0, over="all"), f.key_mass(0, over="all")), (e.key_mass(slice(1, 4)), f.key_mass(slice(1, 4)))]
+        if variant in VALUE_GATED:
+            pairs += list(zip(e.gate_moments(), f.gate_moments()))
+        else:
+            assert f.gate_columns is None
+        for a, b in pairs:
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=0)

@@ -130,22 +130,82 @@ def sinks(
 
 def _run(name: str, values: dict) -> None:
     """Build the command's options from the CLI's values (lists become tuples), check them before
-    torch is imported, run the command through the pipeline, print the run folder."""
+    torch is imported, run the command through the pipeline, print the run folder.
+
+    A command taking ``MODEL [MODEL ...]`` passes a list: one model runs as usual; several run one
+    after the other into ``--out/<model>/`` and are compared on one page (``--group-by``).
+    """
     from dataclasses import fields
 
     from sinkscope.commands import get_command
     from sinkscope.options import check_options
 
     command = get_command(name)
+    models = values.get("model")
+    several = isinstance(models, list) and len(models) > 1
+    if isinstance(models, list):
+        values = {**values, "model": None if several or not models else models[0]}
+    if values.get("group_by") and not several:
+        raise SinkscopeError("--group-by averages runs of several models; give more than one MODEL.")
     names = {f.name for f in fields(command.options)}
     options = command.options(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
     check_options(options)
     command.check(options)
-    from sinkscope.pipeline import execute
+    from sinkscope.pipeline import execute, execute_several
 
+    if several:
+        page = execute_several(command, options, models, group_by=values.get("group_by"))
+        if page is not None:
+            typer.echo(str(page))
+        return
     result = execute(command, options)
     if result is not None:  # None on data-parallel processes other than 0
         typer.echo(str(result.path))
+
+
+@app.command()
+@_friendly_errors
+def selectivity(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more gated models: trainer checkpoints with a value or output gate, or Hugging Face models with an output gate (Qwen3-Next). Several give one comparison page.")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    min_count: Annotated[int, typer.Option("--min-count", help="token_share[n>=K] and the token tables count tokens seen at least K times.")] = 50,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Measure gates: selectivity, mean gate, token-identity share, per-token gates, output-gate statistics.
+
+    A trainer checkpoint without a text is measured on its own validation windows.
+
+    Examples:
+
+        sinkscope selectivity ckpt/normgate
+
+        sinkscope selectivity ckpt/normgate ckpt/sink+proj --out runs/gates
+
+        sinkscope selectivity ckpt/*-s0 ckpt/*-s1 --group-by variant --out runs/by-variant
+
+        sinkscope selectivity ckpt/outgate --n-seqs 64 --attention explicit
+
+    With several models, --out holds one run folder per model and report.html compares them.
+    """
+    _run("selectivity", locals())
 
 
 @app.command()
@@ -345,7 +405,7 @@ def list_things(
         from sinkscope.commands import discover as commands
 
         for name, command in sorted(commands().items()):
-            typer.echo(f"{name:10s} {command.summary}")
+            typer.echo(f"{name:12s} {command.summary}")
     else:
         from sinkscope.errors import suggest
 

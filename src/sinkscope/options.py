@@ -81,6 +81,8 @@ class Command:
         check: cheap checks of the options, before anything is loaded.
         check_source: checks against the model's config file, before the weights load.
         check_model: checks needing the model's sizes, right after it loads.
+        check_sources: checks across the models of one comparison (``MODEL [MODEL ...]``, see
+            ``pipeline.execute_several``), before any of them loads.
     """
 
     name: str
@@ -90,6 +92,7 @@ class Command:
     check: Callable[[Any], None] = lambda options: None
     check_source: Callable[[Any, "Source"], None] = lambda options, source: None
     check_model: Callable[[Any, "ModelSpec"], None] = lambda options, spec: None
+    check_sources: Callable[[Any, list["Source"]], None] = lambda options, sources: None
 
 
 def check_options(options: RunOptions) -> None:

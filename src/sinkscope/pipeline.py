@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -449,6 +450,7 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
     conditions = run_conditions(source)
     frame = rows_to_frame((row for probe in probes for row in probe.rows()), run_conditions=conditions)
     model = loaded.model
+    decode_token_ids(frame, model.tokenizer)
     manifest = base_manifest(plan_.command.name, asdict(options))
     manifest.update(
         model={
@@ -488,6 +490,21 @@ def _kernel_choices() -> list[dict]:
     return kernel_choices()
 
 
+def decode_token_ids(frame: pd.DataFrame, tokenizer) -> None:
+    """Rows that carry a ``token_id`` (per-token rows, e.g. ``token_gate``) get its text in ``token``.
+
+    The column goes right after ``token_id``: ``tokenizer.decode([id])`` as the model's tokenizer
+    writes that one token (special tokens kept, no clean-up); empty without a tokenizer.
+    """
+    if "token_id" not in frame.columns:
+        return
+    ids = frame["token_id"]
+    texts = [None if pd.isna(i) or tokenizer is None else
+             tokenizer.decode([int(i)], skip_special_tokens=False, clean_up_tokenization_spaces=False) for i in ids]
+    frame["token_id"] = ids.astype("Int64")
+    frame.insert(frame.columns.get_loc("token_id") + 1, "token", pd.Series(texts, dtype="string", index=frame.index))
+
+
 def _corpus_record(plan_: Plan, windows: corpus_mod.Windows) -> dict | None:
     corpus = plan_.corpus
     if plan_.checkpoint_split:
@@ -524,6 +541,11 @@ def execute(command: Command, options: RunOptions, inputs: Inputs | None = None,
 def _execute(command: Command, options: RunOptions, inputs: Inputs | None, write: bool, log,
              cleanup: contextlib.ExitStack) -> Result | None:
     plan_ = plan(command, options, inputs, write=write, cleanup=cleanup)
+    return _carry_out(plan_, write, log)
+
+
+def _carry_out(plan_: Plan, write: bool, log, *, finish: bool = True) -> Result | None:
+    """load -> run -> assemble -> (write) for a plan; ``finish`` ends the data-parallel group after."""
     if plan_.world_size > 1:
         distributed.init()
         if plan_.rank != 0:
@@ -531,7 +553,8 @@ def _execute(command: Command, options: RunOptions, inputs: Inputs | None, write
     loaded = load(plan_, log)
     finished = run(plan_, loaded, log)
     if finished is None:
-        distributed.finish()
+        if finish:
+            distributed.finish()
         return None
     result = assemble(plan_, loaded, *finished)
     if write:
@@ -540,9 +563,87 @@ def _execute(command: Command, options: RunOptions, inputs: Inputs | None, write
         if plan_.progress_file is not None:
             plan_.progress_file.unlink(missing_ok=True)
         log(f"Wrote {plan_.out_dir}")
-    if plan_.world_size > 1:
+    if plan_.world_size > 1 and finish:
         distributed.finish()
     return result
+
+
+# ---- several models, one comparison ------------------------------------------------------------------
+
+
+def run_folder_names(sources: list[Source]) -> list[str]:
+    """One folder name per model: its label (a checkpoint's folder name), made safe and distinct."""
+    names: list[str] = []
+    for source in sources:
+        base = re.sub(r"[^A-Za-z0-9._+-]+", "-", source.label or source.location).strip("-.") or "model"
+        name, k = base, 2
+        while name in names:
+            name, k = f"{base}-{k}", k + 1
+        names.append(name)
+    return names
+
+
+def execute_several(command: Command, options: RunOptions, models: list[str], *, group_by: str | None = None,
+                    labels: list[str] | None = None, log: Callable[[str], None] | None = None) -> Path | None:
+    """Run ``command`` on each of ``models`` and compare them on one page (``MODEL [MODEL ...]``).
+
+    ``options.out`` (default ``reports/<time>-<command>-s<seed>-<hex>``) becomes a folder holding
+    one run folder per model, named after the model (``<out>/<checkpoint folder name>/``: tables,
+    manifest and tokens; ``sinkscope report <out>/<model>`` draws its own page), and the
+    comparison ``<out>/report.html`` with its ``figures/``, built from them
+    (``report.build_report``; ``group_by`` a condition column such as ``variant`` or ``tier``
+    averages the runs sharing its value). Every model is resolved and checked
+    (``Command.check_sources``, then each one's own checks and run folder) before the first
+    loads. ``resume`` keeps the runs already written, continues an interrupted one and runs the
+    rest. Under torchrun every process takes part in each run; process 0 writes.
+
+    Returns:
+        The comparison page (the folder with ``figures`` off), or None on processes other than 0.
+    """
+    from sinkscope.results import is_run_folder
+
+    log = log or (lambda message: print(message, file=sys.stderr))
+    check_options(options)
+    command.check(options)
+    if labels is not None and len(labels) != len(models):
+        raise SinkscopeError(f"give one label per model ({len(models)}), not {len(labels)}.")
+    sources = [resolve_source(model, options.revision) for model in models]
+    command.check_sources(options, sources)
+    parent = Path(options.out) if options.out else default_run_dir(command.name, options.seed)
+    if is_run_folder(parent):
+        raise SinkscopeError(f"--out {parent} is a run folder; several models need a folder of their own "
+                             "(each model's run goes into a subfolder).")
+    rank, world_size = distributed.world()
+    children = [parent / name for name in run_folder_names(sources)]
+    with contextlib.ExitStack() as cleanup:
+        plans: list[Plan | None] = []
+        for source, child in zip(sources, children):
+            # the figures are drawn once, on the comparison page (`sinkscope report <out>/<model>` draws a run's own)
+            each = replace(options, model=source.location, out=str(child), figures=False)
+            if options.resume:
+                progress = child.parent / f".{child.name}.progress.pt"
+                if is_run_folder(child) and not progress.is_file():
+                    log(f"Keeping the finished run {child}.")
+                    plans.append(None)
+                    continue
+                each = replace(each, resume=progress.is_file())
+            plans.append(plan(command, each, write=True, cleanup=cleanup))
+        if world_size > 1:
+            distributed.init()
+        for plan_ in plans:
+            if plan_ is not None:
+                _carry_out(plan_, True, log, finish=False)
+    if world_size > 1:
+        distributed.finish()
+    if rank != 0:
+        return None
+    if not options.figures:
+        return parent
+    from sinkscope.report import build_report
+
+    page = build_report(children, out=parent, labels=labels, group_by=group_by)
+    log(f"Wrote the comparison {page}")
+    return page
 
 
 def option_fields(options_cls: type[RunOptions]) -> list[str]:

@@ -40,6 +40,8 @@ class Dispatcher:
     probes: list[Probe]
     observed: frozenset[str] = field(init=False)
     intervened: frozenset[str] = field(init=False)
+    #: crafted value columns some probe reads from fused attention records (``Probe.record_columns``).
+    record_columns: frozenset[str] = field(init=False)
 
     def __post_init__(self):
         self._observers: dict[str, list[Callable]] = {}
@@ -51,6 +53,7 @@ class Dispatcher:
                 self._interveners.setdefault(template, []).append(getattr(probe, method))
         self.observed = frozenset(self._observers)
         self.intervened = frozenset(self._interveners)
+        self.record_columns = frozenset().union(*(p.record_columns for p in self.probes))
         self.finite: list[tuple[int, Tensor]] = []
 
     def emit(self, template: str, layer: int | None, value) -> None:
@@ -89,6 +92,7 @@ class _PassSwitch:
     def __init__(self, dispatchers: Sequence[Dispatcher]):
         self.observed = frozenset().union(*(d.observed for d in dispatchers))
         self.intervened = frozenset().union(*(d.intervened for d in dispatchers))
+        self.record_columns = frozenset().union(*(d.record_columns for d in dispatchers))
         self.current = dispatchers[0]
 
     def emit(self, template: str, layer: int | None, value) -> None:

@@ -341,6 +341,12 @@ def _config(source: Source) -> dict | None:
     return config
 
 
+def config_file_dict(source: Source) -> dict | None:
+    """The model's config as a dict (a trainer checkpoint's ``model`` section), read from disk without
+    loading weights; None when there is no config file to read yet (a hub id not cached)."""
+    return _config(source)
+
+
 def context_length(source: Source) -> int | None:
     """The model's context length from its config file, without loading weights (None if unknown)."""
     config = _config(source) or {}

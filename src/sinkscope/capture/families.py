@@ -158,6 +158,9 @@ class ModelSpec:
         attention_layers: indices of layers that emit an attention record.
         has_phantom: whether attention has a learned phantom key (gpt-oss sinks).
         has_output_gate: whether heads are gated before the output projection.
+        has_value_gate: whether each value read is gated, g_j v_j (the trainer's ``normgate``,
+            ``projgate``, ``sink+*``; ``routing-norm`` holds the same gate in the routing slot).
+        vocab_size: rows of the input embedding (token ids are below it), when known.
     """
 
     family: str
@@ -169,6 +172,8 @@ class ModelSpec:
     attention_layers: tuple[int, ...]
     has_phantom: bool
     has_output_gate: bool
+    has_value_gate: bool = False
+    vocab_size: int | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ModelSpec":
@@ -196,4 +201,5 @@ class ModelSpec:
             attention_layers=layers,
             has_phantom=family.model_type == "gpt_oss",
             has_output_gate=family.gate_module is not None,
+            vocab_size=getattr(config, "vocab_size", None),
         )

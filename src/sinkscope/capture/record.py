@@ -10,9 +10,13 @@ reductions* (the mass on a set of keys, the phantom mass, the log-sum-exp, weigh
 of a per-key quantity). A record comes in two forms that answer identically (tests check
 1e-5): *explicit*, holding the weights the model's own eager attention returned, and *fused*,
 holding only the log-sum-exp from a fused kernel, from which the mass on key p is
-``exp(s_ip - LSE_i)`` and the phantom mass ``sigmoid(b_h - LSE_i)``. Notation follows SPEC.md:
+``exp(s_ip - LSE_i)`` and the phantom mass ``sigmoid(b_h - LSE_i)``. Row moments of the value
+gate (``gate_moments``) come, in a fused record, from crafted value columns the same kernel
+call returned (DESIGN.md "Probes: streaming reductions"; ``moment_columns``). Notation follows
+SPEC.md:
 
-    s_ij  = scale * q_i . k_j + mask_ij                   (real keys j)
+    s_ij  = scale * q_i . k_j + mask_ij + beta_hj         (real keys j; beta = key_bias, e.g.
+                                                           routing-norm's log g_j, else 0)
     LSE_i = log sum_j exp(s_ij)
     a_ij  = exp(s_ij) / (exp(b_h) + sum_k exp(s_ik))      (phantom in the normaliser, if any)
     phi_i = sigmoid(b_h - LSE_i)                          (phantom mass)
@@ -53,6 +57,14 @@ class AttentionRecord:
             logits carry + log g_j instead), or None.
         softcap: logit soft-capping c (Gemma): the logit is c * tanh(scale * q . k / c) before
             the mask, or None.
+        key_bias: (B, Hkv, S) a per-key term added to every logit of the key (the trainer's
+            ``routing-norm``: log g_j, the gate in the routing slot), or None.
+        routing_gate: the value gate acts in the routing slot (``key_bias`` = log g_j; the reads
+            themselves are ungated), not on the reads g_j v_j.
+        gate_columns: (B, H, T, 2) float32, fused records only: sum_j w_ij x_j and
+            sum_j w_ij x_j^2 for the value gate's centred values x_j (``moment_columns``), two
+            extra value columns of the kernel call that computed the layer's output; None when
+            no probe asked for them (``Probe.record_columns``) or there is no value gate.
     """
 
     layer: int
@@ -68,6 +80,9 @@ class AttentionRecord:
     value_gate: Tensor | None = None
     kernel_lse: Tensor | None = None
     softcap: float | None = None
+    key_bias: Tensor | None = None
+    routing_gate: bool = False
+    gate_columns: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ---- shapes ---------------------------------------------------------------------------
@@ -101,6 +116,21 @@ class AttentionRecord:
         """c * tanh(s / c) under soft-capping, else ``s`` unchanged."""
         return s if self.softcap is None else self.softcap * torch.tanh(s / self.softcap)
 
+    def _per_query_head(self, x: Tensor) -> Tensor:
+        """A per-key quantity (B, Hkv|H, S) repeated over each KV group: (B, H, S)."""
+        if x.shape[1] != self.n_heads:
+            x = x.repeat_interleave(self.n_heads // x.shape[1], dim=1)  # (B, H, S)
+        return x
+
+    def _biased(self, s: Tensor, keys: slice | None = None) -> Tensor:
+        """``s`` (B, H, T, K) plus ``key_bias`` of those keys (all keys when ``keys`` is None)."""
+        if self.key_bias is None:
+            return s
+        bias = self._per_query_head(self.key_bias.float())  # (B, H, S)
+        if keys is not None:
+            bias = bias[..., keys]  # (B, H, K)
+        return s + bias.unsqueeze(2)  # (B, H, T, K)
+
     # ---- row reductions ---------------------------------------------------------------------
     def logits(self) -> Tensor:
         """s_ij = scale * q_i . k_j + mask_ij, float32, (B, H, T, S); GQA keys repeated per group."""
@@ -108,6 +138,7 @@ class AttentionRecord:
             groups = self.n_heads // self.n_kv_heads
             k = self.key.float().repeat_interleave(groups, dim=1)  # (B, H, S, D)
             s = self._capped(torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale)  # (B, H, T, S)
+            s = self._biased(s)  # (B, H, T, S)
             if self.mask is not None:
                 s = s + self.mask.float()  # (B, 1, T, S) broadcast over heads
             else:
@@ -121,6 +152,7 @@ class AttentionRecord:
         groups = self.n_heads // self.n_kv_heads
         k = self.key[:, :, keys].float().repeat_interleave(groups, dim=1)  # (B, H, K, D)
         s = self._capped(torch.matmul(self.query.float(), k.transpose(-1, -2)) * self.scale)  # (B, H, T, K)
+        s = self._biased(s, keys)  # (B, H, T, K)
         if self.mask is not None:
             return s + self.mask[..., keys].float()  # (B, 1, T, K) broadcast over heads
         return self._causal_fill(s, keys)
@@ -179,10 +211,9 @@ class AttentionRecord:
         (B, Hkv, S) (repeated over each KV group).
         """
         if self.is_fused:
-            raise NotImplementedError("weighted moments need an explicit record (--attention explicit)")
-        x = per_key.float()
-        if x.shape[1] != self.n_heads:
-            x = x.repeat_interleave(self.n_heads // x.shape[1], dim=1)  # (B, H, S)
+            raise NotImplementedError("weighted moments of an arbitrary per-key quantity need an explicit record "
+                                      "(--attention explicit); the value gate's come from gate_moments()")
+        x = self._per_query_head(per_key.float())  # (B, H, S)
         w = self.weights / self.real_mass().unsqueeze(-1)  # (B, H, T, S)
         first = torch.matmul(w, x.unsqueeze(-1)).squeeze(-1)  # (B, H, T)
         second = torch.matmul(w, (x * x).unsqueeze(-1)).squeeze(-1)  # (B, H, T)
@@ -191,6 +222,47 @@ class AttentionRecord:
     def value_norms(self) -> Tensor:
         """||v_j|| per value head and key, float32, (B, Hkv, S)."""
         return self.value.float().norm(dim=-1)
+
+    # ---- the value gate -------------------------------------------------------------------------
+    @staticmethod
+    def moment_columns(gate: Tensor) -> Tensor:
+        """The crafted value columns behind ``gate_moments``: (x_j, x_j^2), (B, Hkv, S, 2) float32.
+
+        x_j = g_j - g_0 is the gate centred on its value at the first key of the sequence and
+        head. Centring changes no moment (the weights of a row sum to 1) but makes a gate that
+        is constant within its rows give x = 0 exactly, so its selectivity is exactly 0, and it
+        keeps E[x^2] - E[x]^2 away from cancellation.
+        """
+        g = gate.float()  # (B, Hkv, S)
+        x = g - g[..., :1]  # (B, Hkv, S)
+        return torch.stack([x, x * x], dim=-1)  # (B, Hkv, S, 2)
+
+    def gate_moments(self) -> tuple[Tensor, Tensor]:
+        """The value gate's weighted mean and variance within each row, each (B, H, T) float32.
+
+            m_i   = sum_j w_ij g_j
+            var_i = sum_j w_ij (g_j - m_i)^2 = E_w[x^2] - E_w[x]^2,  x_j = g_j - g_0
+
+        with w_ij the real-key weights (phantom excluded; SPEC.md "Gate selectivity", seed 000
+        §4.2). An explicit record reduces its weights; a fused one reads the two value columns
+        its kernel call returned (``gate_columns``), which the capture computes only when a
+        probe asked for them (``Probe.record_columns``). var is clamped at 0 (rounding).
+        """
+        if self.value_gate is None:
+            raise ValueError(f"layer {self.layer} has no value gate")
+        g = self.value_gate.float()  # (B, Hkv, S)
+        if self.is_fused:
+            if self.gate_columns is None:
+                raise NotImplementedError(
+                    "this fused record carries no gate moments: declare record_columns = frozenset({'value_gate'}) "
+                    "on the probe, or use --attention explicit")
+            first, second = self.gate_columns.float().unbind(-1)  # (B, H, T) each
+        else:
+            columns = self._per_query_head(self.moment_columns(g))  # (B, H, S, 2)
+            w = self.weights / self.real_mass().unsqueeze(-1)  # (B, H, T, S): w_ij, real keys only
+            first, second = torch.matmul(w, columns).unbind(-1)  # (B, H, T) each
+        g0 = self._per_query_head(g[..., :1])  # (B, H, 1)
+        return g0 + first, (second - first * first).clamp_min(0.0)  # (B, H, T) each
 
 
 def _as_slice(keys: int | slice) -> slice:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from sinkscope.errors import suggest
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import PROBES, HeadMeans, MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
+from sinkscope.probes.base import (PROBES, Accumulator, HeadMeans, MetricInfo, Param, Probe, Row, intervenes, observes,
+                                   register_probe)
 
 _discovered = False
 
@@ -69,6 +70,7 @@ def metric_info() -> dict[str, MetricInfo]:
 
 __all__ = [
     "PROBES",
+    "Accumulator",
     "HeadMeans",
     "MetricInfo",
     "Param",

@@ -23,6 +23,11 @@ inside the same forward pass. A probe that needs forward passes under conditions
 the clean one (an injection sweep) lists them in ``passes()``; the runner runs each batch once
 per pass and tells the probe which pass it is in (``self.pass_label``).
 
+A probe that reads the value gate's row moments from the attention record
+(``record.gate_moments()``) says so with ``record_columns = frozenset({"value_gate"})``: a fused
+capture then appends the gate's columns to the values of the kernel call that computes the
+layer's output (DESIGN.md "Probes: streaming reductions"), and computes nothing extra otherwise.
+
 A probe keeps accumulators of sums and counts shaped by (layer, head), on the device of the
 tensors it reduces (float64 where the device has it), and finalises them in ``rows()``. Because
 accumulators only add, the numbers do not depend on the batch size, a run can be checkpointed
@@ -51,7 +56,8 @@ from sinkscope.capture.families import ModelSpec
 from sinkscope.errors import SinkscopeError, suggest
 from sinkscope.results import MetricInfo, Row
 
-__all__ = ["HeadMeans", "MetricInfo", "Param", "Probe", "Row", "intervenes", "observes", "register_probe"]
+__all__ = ["Accumulator", "HeadMeans", "MetricInfo", "Param", "Probe", "Row", "intervenes", "observes",
+           "register_probe"]
 
 
 # ---- parameters ------------------------------------------------------------------------------------
@@ -179,7 +185,29 @@ def _accumulate_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-class HeadMeans:
+class Accumulator:
+    """What a probe's accumulator object offers so checkpoints, retries and merging handle it.
+
+    ``state_dict`` (a CPU copy), ``load_state_dict``, ``merge`` (add another share's state, as
+    if its windows came after these) and ``snapshot`` (an independent copy where it lives, for
+    rolling back a batch; a deep copy unless the accumulator never changes a tensor in place).
+    Plain tensor attributes of a probe are accumulators too (added).
+    """
+
+    def snapshot(self) -> "Accumulator":
+        return copy.deepcopy(self)
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def merge(self, other: "Accumulator") -> None:
+        raise NotImplementedError
+
+
+class HeadMeans(Accumulator):
     """Sums and counts per (layer, head), finalised into per-head means and aggregates.
 
     Sums stay on the device of the values added (per layer, so a model sharded over devices
@@ -291,6 +319,9 @@ class Probe:
     observers: ClassVar[dict[str, str]] = {}
     interventions: ClassVar[dict[str, str]] = {}
     hooks: ClassVar[tuple[str, ...]] = ()
+    #: crafted value columns this probe reads from fused attention records ("value_gate":
+    #: ``AttentionRecord.gate_moments``); the capture computes them only when some probe asks.
+    record_columns: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, spec: ModelSpec, **params):
         self.spec = spec
@@ -331,24 +362,24 @@ class Probe:
         return {p.name: getattr(self, p.name) for p in self.params}
 
     # ---- accumulator state: checkpoints (resume), retries (OOM), merging (data parallel) ----
-    def _accumulators(self) -> dict[str, "HeadMeans | Tensor"]:
-        return {k: v for k, v in vars(self).items() if isinstance(v, (HeadMeans, Tensor))}
+    def _accumulators(self) -> dict[str, "Accumulator | Tensor"]:
+        return {k: v for k, v in vars(self).items() if isinstance(v, (Accumulator, Tensor))}
 
     def state_dict(self) -> dict:
         """A CPU copy of every accumulator (small: per layer and head)."""
-        return {k: v.state_dict() if isinstance(v, HeadMeans) else v.detach().cpu().clone()
+        return {k: v.state_dict() if isinstance(v, Accumulator) else v.detach().cpu().clone()
                 for k, v in self._accumulators().items()}
 
     def load_state_dict(self, state: dict) -> None:
         for key, value in self._accumulators().items():
-            if isinstance(value, HeadMeans):
+            if isinstance(value, Accumulator):
                 value.load_state_dict(state[key])
             else:
                 setattr(self, key, state[key].clone().to(value.device))
 
     def snapshot(self) -> dict:
         """A copy of every accumulator where it lives (no host transfer): for rolling back a batch."""
-        return {k: copy.deepcopy(v) if isinstance(v, HeadMeans) else v.clone() for k, v in self._accumulators().items()}
+        return {k: v.snapshot() if isinstance(v, Accumulator) else v.clone() for k, v in self._accumulators().items()}
 
     def restore(self, snapshot: dict) -> None:
         for key, value in snapshot.items():
@@ -359,7 +390,7 @@ class Probe:
         windows after this one's. Probes with non-additive state override this."""
         for key, value in self._accumulators().items():
             theirs = getattr(other, key)
-            if isinstance(value, HeadMeans):
+            if isinstance(value, Accumulator):
                 value.merge(theirs)
             else:
                 setattr(self, key, value + theirs.to(value.device))

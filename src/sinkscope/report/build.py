@@ -18,6 +18,14 @@ corpus or BOS policy get a warning (their numbers are not directly comparable).
 The p0-mass figures carry the uniform floor (what p0 would be if every query spread its
 attention evenly) as a dashed reference; a model without a learned phantom key gets no
 phantom-mass figures (the value is 0 by construction), only a line saying so.
+
+Gate runs (``sinkscope selectivity``): token-identity shares are drawn as bars per layer beside
+their heatmap; per-token rows (``token_gate``, a ``token_id`` column) become tables of the most
+and least attenuated tokens among those seen at least ``min_count`` times (the run's
+``token_share`` option) instead of figures; an output-gate section says that within-row
+selectivity is not defined for a query-controlled gate; and a comparison plots the model value
+of the gate metrics per run, by tier with one line per variant when the runs span tiers
+(seed 000 Fig. 1d).
 """
 
 from __future__ import annotations
@@ -167,6 +175,17 @@ def _has_layers(table: pd.DataFrame, metric: str) -> bool:
 
 #: metrics that only mean something for a model with a learned phantom key (gpt-oss sinks, sinklogit).
 PHANTOM_METRICS = ("phantom_mass", "sink_logit")
+#: per-layer shares drawn as bars (with their heatmap) rather than lines.
+BAR_METRIC_PREFIXES = ("token_share",)
+#: gate metrics whose model value gets one plot across the runs of a comparison (seed 000 Fig. 1d).
+ACROSS_RUN_METRICS = ("gate_selectivity", "gate_mean", "token_share", "out_gate_mean", "out_gate_first")
+#: tiers in size order, for the x axis of a comparison across tiers (the trainer's TIERS).
+TIER_ORDER = ("micro", "tiny", "10M", "50M", "124M", "350M")
+#: rows per token table (most and least attenuated).
+TOKEN_TABLE_ROWS = 15
+OUTPUT_GATE_NOTE = ("An output gate is query-controlled (one value per query position and channel or head), so "
+                    "within-row selectivity, the spread of the gate over the keys one query reads, is not defined "
+                    "for it; these are its mean, first-token and sparsity statistics.")
 
 
 def _has_phantom(run: RunData) -> bool:
@@ -219,7 +238,15 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
         runs = [r for r in runs if _has_phantom(r)]  # zeros by construction say nothing
         if not runs:
             return out
-    if all(_has_layers(r.table, metric) for r in runs):
+    if comparing and metric in ACROSS_RUN_METRICS:
+        points, x_label = _across_runs(runs, metric)
+        if len(points):
+            keep(figures.model_value_plot(points, metric, x_label=x_label), f"runs_{stem}",
+                 f"model value per {x_label} (bars: range over layers)")
+    if metric.startswith(BAR_METRIC_PREFIXES) and all(_has_layers(r.table, metric) for r in runs):
+        keep(figures.per_layer_bars({r.label: r.table for r in runs}, metric), f"bars_{stem}",
+             "per layer" + (", one bar per run" if comparing else "") + " (pooled over the layer's heads)")
+    elif all(_has_layers(r.table, metric) for r in runs):
         drawn: set[int] = set()
 
         def reference_kwargs(run: RunData) -> dict:
@@ -256,7 +283,90 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
     return out
 
 
+def _across_runs(runs: list[RunData], metric: str) -> tuple[pd.DataFrame, str]:
+    """One point per run: its model value and the range of its layer values; by tier when the runs span tiers."""
+    rows = []
+    for run in runs:
+        table = run.table[run.table.metric == metric]
+        model = table[table.layer.isna() & table["head"].isna()]["value"]
+        layers = table[table.layer.notna() & table["head"].isna()]["value"]
+        if model.empty:
+            continue
+        rows.append({"run": run.label, "tier": _condition(run, "tier"), "variant": _condition(run, "variant"),
+                     "value": float(model.iloc[0]), "lo": float(layers.min()) if len(layers) else float("nan"),
+                     "hi": float(layers.max()) if len(layers) else float("nan")})
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame, "run"
+    tiers = [t for t in frame["tier"] if t is not None]
+    if len(tiers) == len(frame) and len(set(tiers)) > 1 and frame["variant"].notna().all():
+        order = {t: i for i, t in enumerate(TIER_ORDER)}
+        frame = frame.assign(x=frame["tier"].astype(str), series=frame["variant"].astype(str))
+        frame = frame.sort_values("x", key=lambda col: col.map(lambda t: (order.get(t, len(order)), t)), kind="stable")
+        return frame, "tier"
+    return frame.assign(x=frame["run"], series="runs"), "run"
+
+
+def _condition(run: RunData, key: str):
+    """A run's condition (variant, tier, ...) from its manifest, its grouping, or None."""
+    conditions = run.manifest.get("conditions") or {}
+    grouped = run.manifest.get("grouped") or {}
+    if grouped.get("by") == key:
+        return grouped.get("value")
+    value = conditions.get(key)
+    return None if value is None else str(value)
+
+
 # ---- tables ----------------------------------------------------------------------------------
+
+
+def _is_token_metric(runs: list[RunData], metric: str) -> bool:
+    """Per-token rows (``token_gate``): they carry a ``token_id`` and are shown as token tables."""
+    for run in runs:
+        if "token_id" in run.table.columns:
+            rows = run.table[run.table.metric == metric]
+            if len(rows) and rows["token_id"].notna().any():
+                return True
+    return False
+
+
+def _min_count(run: RunData) -> int:
+    """The run's token threshold (the ``token_share`` probe's ``min_count``; 50 by default)."""
+    probe = (run.manifest.get("probes") or {}).get("token_share") or {}
+    value = (probe.get("options") or {}).get("min_count")
+    return int(value) if isinstance(value, (int, float)) and value >= 1 else 50
+
+
+def _token_text(row) -> str:
+    """A token as the table shows it: its decoded text, quoted with escapes (``"\\n"``, ``" the"``)."""
+    text = row.get("token") if hasattr(row, "get") else None
+    if text is None or pd.isna(text):
+        return f"id {int(row['token_id'])}"
+    return json.dumps(str(text), ensure_ascii=False)
+
+
+def _token_tables(run: RunData, metric: str) -> dict:
+    """The most and least attenuated tokens of one run: lowest and highest mean gate among frequent tokens."""
+    rows = run.table[(run.table.metric == metric) & run.table["token_id"].notna()]
+    threshold = _min_count(run)
+    frequent = rows[rows["n"] >= threshold]
+    note = None
+    if frequent.empty:
+        note = (f"No token occurs {threshold} times or more in this run's {int(rows['n'].sum())} positions; the "
+                "tables rank every token seen (add windows with --n-seqs for steadier means).")
+        frequent = rows
+    elif len(frequent) < 2 * TOKEN_TABLE_ROWS:
+        note = f"Only {len(frequent)} tokens occur {threshold} times or more; the two tables overlap."
+    ordered = frequent.sort_values(["value", "token_id"], kind="stable")
+    columns = ["rank", "token", "id", "count", "mean gate"]
+
+    def body(part: pd.DataFrame) -> list[list[str]]:
+        return [[str(k + 1), _token_text(r), str(int(r["token_id"])), str(int(r["n"])), fmt(r["value"])]
+                for k, (_, r) in enumerate(part.iterrows())]
+
+    return {"label": run.label, "threshold": threshold, "note": note, "n_tokens": len(rows),
+            "most": {"columns": columns, "rows": body(ordered.head(TOKEN_TABLE_ROWS))},
+            "least": {"columns": columns, "rows": body(ordered.iloc[::-1].head(TOKEN_TABLE_ROWS))}}
 
 
 def _model_value(table: pd.DataFrame, metric: str):
@@ -400,7 +510,13 @@ def group_runs(runs: list[RunData], key: str) -> list[RunData]:
         groups.setdefault(run_condition(run, key), []).append(run)
     out = []
     for value, members in groups.items():
-        keys = ["probe", "metric", "layer", "head"]
+        # rows that differ in a probe's condition (a token_id, an injection dose) stay apart;
+        # the run's own conditions (variant, seed, ...) are what is averaged over
+        run_keys = set().union(*[set((m.manifest.get("conditions") or {})) for m in members])
+        extra = [c for c in dict.fromkeys(c for m in members for c in m.table.columns)
+                 if c not in ("probe", "metric", "layer", "head", "value", "n") and c not in run_keys
+                 and all(c in m.table.columns for m in members)]
+        keys = ["probe", "metric", "layer", "head", *extra]
         stacked = pd.concat([m.table[keys + ["value", "n"]] for m in members])
         table = (stacked.groupby(keys, dropna=False, sort=False)
                  .agg(value=("value", "mean"), n=("n", "sum")).reset_index())
@@ -465,6 +581,10 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         entries = []
         for metric in metrics:
             info = docs.get(metric, MetricInfo(metric, "", "", ""))
+            if _is_token_metric(runs, metric):
+                entries.append({"metric": metric, "info": info, "note": None, "figures": [], "table": None,
+                                "token_tables": [_token_tables(r, metric) for r in runs]})
+                continue
             summary.append({"metric": metric, "label": info.label, "direction": info.direction,
                             "values": [fmt(_model_value(r.table, metric)) for r in runs]})
             no_phantom = [r for r in runs if not _has_phantom(r)] if metric in PHANTOM_METRICS else []
@@ -479,8 +599,15 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
                 "table": _layer_table(runs, metric) if all(_has_layers(r.table, metric) for r in runs)
                 and len(no_phantom) < len(runs) else None,
             })
-        sections.append({"probe": probe, "entries": entries})
+        note = OUTPUT_GATE_NOTE if any(m.startswith("out_gate_") for m in metrics) else None
+        sections.append({"probe": probe, "entries": entries, "note": note})
 
+    exceptions = [text for prefix, text in (("massive_activation", "massive activations: the largest over layers"),
+                                            ("token_share", "token-identity shares: pooled over every head of every "
+                                                            "layer, sum of between SS / sum of total SS"))
+                  if any(row["metric"].startswith(prefix) for row in summary)]
+    aggregates_note = ("Model-level values: the mean over layers of per-layer means over heads"
+                       + (f" ({'; '.join(exceptions)})" if exceptions else "") + ".")
     notes = []
     if not_shared:
         for metric in not_shared:
@@ -499,6 +626,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     html = env.get_template("report.html.j2").render(
         title=title, runs=runs, trainings=trainings, training=training,
         run_info=_run_info(runs) if runs else None, summary=summary, sections=sections, notes=notes,
+        aggregates_note=aggregates_note,
         warnings=_differences(runs) if len(runs) > 1 else [],
         generated=datetime.now().isoformat(timespec="seconds"), version=__version__,
     )

@@ -49,6 +49,8 @@ __all__ = [
     "layer_head_grid",
     "layer_head_heatmap",
     "metric_axis_label",
+    "model_value_plot",
+    "per_layer_bars",
     "per_layer_line",
     "register_metric_docs",
     "save_figure",
@@ -441,6 +443,94 @@ def per_layer_line(
                 ncols=max(1, min(4, n_entries // per_run)),
                 borderaxespad=0.0,
             )
+    return fig
+
+
+def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str) -> Figure:
+    """Bars of a metric's per-layer rows, one bar per layer and run (grouped, one colour per run).
+
+    Made for per-layer shares (the token-identity share of gate variance): the bar height is
+    the layer row (``head`` empty); a legend names the runs when there are several.
+
+    Args:
+        tables: ``label -> tidy table`` of each run (one run: a single entry).
+        metric: the metric to draw.
+
+    Returns:
+        The figure; bars of run k are ``fig.axes[0].containers[k]``, in layer order.
+
+    Raises:
+        SinkscopeError: If no run has per-layer rows of the metric.
+    """
+    series: dict[str, pd.Series] = {}
+    for label, df in tables.items():
+        _check_columns(df)
+        rows = _per_layer_rows(df, metric)
+        if not rows.empty:
+            _raise_on_duplicates(rows, ["layer"], metric)
+            series[label] = pd.Series(rows["value"].astype("float64").to_numpy(),
+                                      index=rows["layer"].astype("int64").to_numpy()).sort_index()
+    if not series:
+        raise SinkscopeError(f"metric {metric!r} has no per-layer rows (layer set, head empty) to draw bars from.")
+    layers = sorted(set().union(*[set(s.index) for s in series.values()]))
+    width = 0.8 / len(series)
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_title(_metric_title(metric))
+        for k, (label, values) in enumerate(series.items()):
+            x = np.array([layers.index(layer) for layer in values.index], dtype=float)
+            ax.bar(x + (k - (len(series) - 1) / 2) * width, values.to_numpy(), width=width * 0.95,
+                   label=label if len(series) > 1 else None, zorder=3)
+        ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
+        ax.set_xlabel("layer")
+        ax.set_ylabel(metric_axis_label(metric, wrap=True))
+        ax.grid(True, axis="y", linewidth=0.4, alpha=0.4)
+        if len(series) > 1:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=min(4, len(series)), borderaxespad=0.0)
+    return fig
+
+
+def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run") -> Figure:
+    """Model-level values of one metric across runs (seed 000 Fig. 1d: selectivity by tier and variant).
+
+    Args:
+        points: one row per run with columns ``x`` (category on the x axis, in order of first
+            appearance), ``series`` (one line per value; a single series draws points only),
+            ``value`` (the model row) and ``lo``/``hi`` (the range of the layer rows, drawn as
+            an error bar; NaN for none).
+        metric: the metric (axis label, title).
+        x_label: the x axis's name (``tier``, ``run``, ...).
+
+    Returns:
+        The figure; series k is ``fig.axes[0].lines[k]`` (x positions 0, 1, ...).
+    """
+    xs = list(dict.fromkeys(points["x"].astype(str)))
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_title(_metric_title(metric))
+        groups = list(dict.fromkeys(points["series"].astype(str)))
+        for name in groups:
+            rows = points[points["series"].astype(str) == name]
+            x = np.array([xs.index(v) for v in rows["x"].astype(str)], dtype=float)
+            order = np.argsort(x)
+            y = rows["value"].to_numpy(dtype=float)[order]
+            (line,) = ax.plot(x[order], y, marker="o", markersize=4, linewidth=1.4 if len(groups) > 1 else 0.0,
+                              label=name if len(groups) > 1 else None, zorder=3)
+            lo, hi = rows["lo"].to_numpy(dtype=float)[order], rows["hi"].to_numpy(dtype=float)[order]
+            ok = np.isfinite(lo) & np.isfinite(hi)
+            if ok.any():
+                ax.errorbar(x[order][ok], y[ok], yerr=[y[ok] - lo[ok], hi[ok] - y[ok]], fmt="none",
+                            ecolor=line.get_color(), elinewidth=0.8, capsize=2.5, zorder=2)
+        ax.set_xticks(range(len(xs)), xs, rotation=20 if max(map(len, xs)) > 10 else 0, ha="right"
+                      if max(map(len, xs)) > 10 else "center")
+        ax.set_xlim(-0.5, len(xs) - 0.5)
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(metric_axis_label(metric, wrap=True))
+        ax.grid(True, axis="y", linewidth=0.4, alpha=0.4)
+        if len(groups) > 1:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=min(4, len(groups)), borderaxespad=0.0)
     return fig
 
 

@@ -53,8 +53,16 @@ Every variant runs on two paths that compute the same function (tests hold them 
               mask, so flash kernels apply. A sliding layer passes its boolean mask (phantom
               column visible). routing-norm folds log g_j into the extra key coordinate the
               same way.
-    explicit  materialised logits and weights, in float32: the reference path, and the one a
-              record of ``blocks.{l}.attn`` observes (an attention record implies the explicit path).
+    explicit  materialised logits and weights, in float32: the reference path.
+
+A probe run that observes the attention record (``blocks.{l}.attn``) takes the path it asks
+for: ``explicit`` hands over the weights; ``fused`` runs ``capture.kernels.attention_with_lse``
+in float32 on the real keys only (the phantom's share 1 - phi_i = 1 - sigmoid(b_h - LSE_i)
+is applied to the output afterwards, as for gpt-oss) and hands over the log-sum-exp, so memory
+stays linear in the sequence length. When a probe asks for the value gate's row moments
+(``record_columns``), the gate's centred values x_j and x_j^2 ride along as two extra value
+columns of that same kernel call (DESIGN.md "Probes: streaming reductions"). Both record paths
+give the same output and the same probe numbers (tests: 1e-5).
 
 Training-objective options of ``GPT.forward`` (SPEC.md; seeds 003 and 004): ``tnlm`` drops the
 cross-entropy term at position 0, ``config.force_sink_k`` partitions the residual channels
@@ -455,6 +463,48 @@ class CausalSelfAttention(nn.Module):
             y = torch.matmul(att, vf)  # (B, H, T, D)
         return y.to(v.dtype), att
 
+    def attend_recorded(
+        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, gate_columns: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Fused attention for probe runs: outputs (B, H, T, D), LSE_i (B, H, T), gate columns or None.
+
+        One ``attention_with_lse`` call in float32 over the real keys (no weights kept):
+
+            value columns  [g_j v_j | x_j | x_j^2]  (value-slot gate; routing-norm: v_j), x_j = g_j - g_0
+            logits         s_ij (+ log g_j for routing-norm: q gets sqrt(D) in one extra
+                           coordinate and key j gets log g_j there, with the scale 1/sqrt(D))
+
+        q, k and v are zero-padded to one width, a multiple of 8 (the CPU kernel wants equal
+        head sizes; zero coordinates change no logit). The kernel's LSE is over real keys, so
+        with a phantom the output is scaled by 1 - phi_i = 1 - sigmoid(b_h - LSE_i); the gate
+        columns are moments under w_ij (real keys only) and need no such factor. A sliding layer
+        passes its (T, S) mask; a full layer the plain causal kernel.
+        """
+        from sinkscope.capture.kernels import attention_with_lse
+
+        B, H, T, D = q.shape
+        with _fp32(q):
+            qf, kf, vf = q.float(), k.float(), v.float()  # (B, H, T|S, D)
+            g = None if z is None else torch.sigmoid(z)  # (B, H, S)
+            if g is not None and not self.variant.routing:
+                vf = g.unsqueeze(-1) * vf  # (B, H, S, D): the read g_j v_j
+            if gate_columns and g is not None:
+                vf = torch.cat([vf, AttentionRecord.moment_columns(g)], dim=-1)  # (B, H, S, D+2)
+            if self.variant.routing:
+                qf = torch.cat([qf, qf.new_full((B, H, T, 1), math.sqrt(D))], dim=-1)  # (B, H, T, D+1)
+                kf = torch.cat([kf, F.logsigmoid(z).unsqueeze(-1)], dim=-1)  # (B, H, S, D+1): log g_j
+            width = max(qf.shape[-1], vf.shape[-1])
+            width += -width % HEAD_DIM_MULTIPLE
+            qf, kf, vpad = (F.pad(t, (0, width - t.shape[-1])) for t in (qf, kf, vf))  # (B, H, T|S, W)
+            mask = None if self.window is None else _additive(self.visible(T, q.device))  # (1, 1, T, S)
+            out, lse = attention_with_lse(qf, kf, vpad, 1.0 / math.sqrt(D), mask)  # (B, H, T, W), (B, H, T)
+            y = out[..., :D]  # (B, H, T, D): real-key outputs
+            b = self.sink_logits()
+            if b is not None:
+                y = y * (1.0 - torch.sigmoid(b.float().view(1, H, 1) - lse)).unsqueeze(-1)  # (B, H, T, D)
+        columns = out[..., D:D + 2] if vf.shape[-1] == D + 2 else None  # (B, H, T, 2)
+        return y.to(v.dtype), lse, columns
+
     def attend_fused(
         self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, want_importance: bool
     ) -> tuple[Tensor, Tensor | None]:
@@ -514,7 +564,9 @@ class CausalSelfAttention(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of the (pre-normed) stream ``x`` (B, T, C).
 
-        Emits the hook points ``blocks.{layer}.attn`` (the record; it implies the explicit path),
+        Emits the hook points ``blocks.{layer}.attn`` (the record: explicit, or fused from
+        :meth:`attend_recorded` when ``explicit`` is False; training with the load-balancing
+        loss records explicitly),
         ``attn.hook_v`` (values before any gate, replaceable: the gate then reads the
         replacement), ``attn.hook_z`` (per-head output after any output gate, replaceable) and
         ``attn.hook_result`` (z_h W_O[h]) when ``hooks`` asks for them.
@@ -534,9 +586,14 @@ class CausalSelfAttention(nn.Module):
         gate_out = self.output_gate(x)  # (B, H, T, D|1) float32, or None
         record = hooks is not None and hp.ATTN in hooks.observed
 
-        if explicit or record:
+        lse = columns = att = None
+        if explicit or (record and want_importance):
             y, att = self.attend_explicit(q, k, v, z)  # (B, H, T, D), (B, H, T, S)
             G = att.sum(-1) if self.variant.has_phantom else 1.0 - att[..., 0]  # (B, H, T)
+        elif record:  # a probe run: linear memory, the gate's moments from the same kernel call
+            asked = "value_gate" in getattr(hooks, "record_columns", ())
+            y, lse, columns = self.attend_recorded(q, k, v, z, asked)  # (B, H, T, D), (B, H, T), (B, H, T, 2)|None
+            G = None
         else:
             implicit = want_importance and gate_out is None  # outgate's G is its explicit gate
             y, G = self.attend_fused(q, k, v, z, implicit)  # (B, H, T, D), (B, H, T) | None
@@ -555,11 +612,16 @@ class CausalSelfAttention(nn.Module):
                     key=k.detach(),  # (B, H, S, D)
                     value=v.detach(),  # (B, H, S, D), before any gate
                     scale=1.0 / math.sqrt(D),
-                    mask=_additive(self.visible(T, x.device)),  # (1, 1, T, S): causal (+ window)
-                    weights=att.detach(),  # (B, H, T, S)
+                    # (1, 1, T, S): causal (+ window); a fused record of a full layer: None (plain causal)
+                    mask=_additive(self.visible(T, x.device)) if att is not None or self.window is not None else None,
+                    weights=None if att is None else att.detach(),  # (B, H, T, S), or None (fused)
+                    kernel_lse=lse,  # (B, H, T) over real keys, fused records only
                     sliding_window=self.window,
                     sink_logits=None if b is None else b.detach().float(),  # (H,)
                     value_gate=None if z is None else torch.sigmoid(z).detach(),  # (B, H, S)
+                    key_bias=F.logsigmoid(z).detach() if self.variant.routing else None,  # (B, H, S): log g_j
+                    routing_gate=self.variant.routing,
+                    gate_columns=columns,  # (B, H, T, 2) or None
                     output_gate=None
                     if gate_out is None
                     else gate_out.detach().transpose(1, 2).expand(B, T, H, D),  # (B, T, H, D)
@@ -731,6 +793,8 @@ class GPT(nn.Module):
             attention_layers=tuple(range(c.n_layer)),
             has_phantom=c.variant_spec.has_phantom,
             has_output_gate=c.variant_spec.output_gate,
+            has_value_gate=c.variant_spec.value_gate is not None,
+            vocab_size=c.vocab_size,
         )
 
     def force_sink_mask(self, T: int, like: Tensor) -> Tensor | None:
@@ -767,7 +831,8 @@ class GPT(nn.Module):
             hooks: receives the named hook points it observes (``capture/hooks.py``: residual
                 stream, ln1 output, attention record, hook_v, hook_z, hook_result, attn_out,
                 mlp.hook_pre) and replaces the intervenable ones (hook_v before any value gate,
-                hook_z); an attention record implies the explicit path. For ``sinktoken`` every
+                hook_z); the attention record follows ``attention`` (fused: kernel LSE and, when
+                asked, the gate's moment columns; explicit: the weights). For ``sinktoken`` every
                 point includes the sink token at position 0 (T + 1 positions).
             tap: the older form of ``hooks``: one :class:`AttentionRecord` per layer through
                 ``on_attention`` and each block's output stream through ``on_residual``.
@@ -788,7 +853,7 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
         if tap is not None:
             hooks = TapHooks(tap)
-        explicit = attention == "explicit" or (hooks is not None and hp.ATTN in hooks.observed)
+        explicit = attention == "explicit" or tap is not None  # the older tap always saw the weights
         want_importance = lb_lambda > 0 and targets is not None
 
         pos = torch.arange(T, device=idx.device)  # (T,)
