@@ -130,7 +130,10 @@ def sinks(
 
 def _run(name: str, values: dict) -> None:
     """Build the command's options from the CLI's values (lists become tuples), check them before
-    torch is imported, run the command through the pipeline, print the run folder."""
+    torch is imported, run the command through the pipeline, print the run folder.
+
+    ``values["model"]`` may be a list (``heads MODEL [MODEL ...]``): several models give one run
+    each and a comparison page (``pipeline.execute_models``)."""
     from dataclasses import fields
 
     from sinkscope.commands import get_command
@@ -138,14 +141,71 @@ def _run(name: str, values: dict) -> None:
 
     command = get_command(name)
     names = {f.name for f in fields(command.options)}
+    given = values.get("model")
+    models = list(given) if isinstance(given, (list, tuple)) and given else [given or None]
+    values = {**values, "model": models[0]}
     options = command.options(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
     check_options(options)
     command.check(options)
+    if len(models) > 1:
+        from sinkscope.pipeline import execute_models
+
+        results, page = execute_models(command, options, models)
+        for result in results:
+            typer.echo(str(result.path))
+        if page is not None:
+            typer.echo(str(page))
+        return
     from sinkscope.pipeline import execute
 
     result = execute(command, options)
     if result is not None:  # None on data-parallel processes other than 0
         typer.echo(str(result.path))
+
+
+@app.command()
+@_friendly_errors
+def heads(
+    model: Annotated[Optional[list[str]], typer.Argument(help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: OutOpt = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom.")] = "auto",
+    dormant_below: Annotated[float, typer.Option("--dormant-below", help="A head whose importance is below this is dormant.")] = 0.1,
+    ablate_dormant: Annotated[bool, typer.Option("--ablate-dormant", help="Then zero the dormant heads (found on all windows) and report the loss change: a second pass, clean and ablated.")] = False,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Measure implicit gates, head importance, load imbalance (CV) and dormant heads (seed 004).
+
+    Several models or checkpoints give one run each and one comparison page; --out is then the
+    folder holding the runs (1-<name>, 2-<name>, ...) and the page.
+
+    Examples:
+
+        sinkscope heads                                          # SmolLM2-135M on the bundled corpus
+
+        sinkscope heads --ablate-dormant --dormant-below 0.2     # zero the dormant heads: loss change
+
+        sinkscope heads openai/gpt-oss-20b --sink-set first+phantom --device-map auto
+
+        sinkscope heads ckpt/base ckpt/lb --ablate-dormant --out runs/lb-vs-base
+    """
+    _run("heads", locals())
 
 
 @app.command()

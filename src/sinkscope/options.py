@@ -81,6 +81,10 @@ class Command:
         check: cheap checks of the options, before anything is loaded.
         check_source: checks against the model's config file, before the weights load.
         check_model: checks needing the model's sizes, right after it loads.
+        followup: ``(options, spec, probes) -> [(probe name, parameters), ...]``: probes of a
+            second stage over the same windows, chosen from the first stage's finished probes
+            (merged over processes), e.g. zeroing the heads the first stage found dormant
+            (``heads --ablate-dormant``); None or an empty list: one stage.
     """
 
     name: str
@@ -90,6 +94,7 @@ class Command:
     check: Callable[[Any], None] = lambda options: None
     check_source: Callable[[Any, "Source"], None] = lambda options, source: None
     check_model: Callable[[Any, "ModelSpec"], None] = lambda options, spec: None
+    followup: Callable[[Any, "ModelSpec", list], list[tuple[str, dict]]] | None = None
 
 
 def check_options(options: RunOptions) -> None:
