@@ -91,14 +91,19 @@ def gate_from_lse(lse: Tensor, *, first_logit: Tensor | None, sink_logit: Tensor
         sink_logit: the model's phantom logit b_h, (H,), or None without a phantom. A phantom
             outside the sink set still takes part in the normaliser (it belongs to ``rest``).
         first, phantom: the sink set (:func:`sink_parts`).
+
+    Computed in the inputs' precision (at least float32). Near G = 0 (a row almost all on the
+    sink) the absolute error is that of LSE itself, about one ulp of |LSE| (2e-6 at LSE = 30 in
+    float32), since G then rests on the small difference LSE - s_i0.
     """
-    lse = lse.float()
-    b = None if sink_logit is None else sink_logit.float().view(1, -1, 1)  # (1, H, 1)
+    dtype = torch.promote_types(lse.dtype, torch.float32)
+    lse = lse.to(dtype)
+    b = None if sink_logit is None else sink_logit.to(dtype).view(1, -1, 1)  # (1, H, 1)
     if phantom and b is None:
         raise ValueError("the phantom is in the sink set but the model has no phantom logit")
     rest, sink = lse, None  # (B, H, T)
     if first:
-        s0 = first_logit.float()  # (B, H, T)
+        s0 = first_logit.to(dtype)  # (B, H, T)
         rest = lse + log1mexp(s0 - lse)  # (B, H, T): LSE over the real keys j >= 1
         sink = s0
     if phantom:

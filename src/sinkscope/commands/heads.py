@@ -24,6 +24,7 @@ from sinkscope.options import Command, RunOptions
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
+    from sinkscope.sources import Source
 
 #: ``--sink-set`` values; ``auto`` is the model's own (its phantom if it has one, else key 0).
 SINK_SET_CHOICES = ("auto", "first", "phantom", "first+phantom")  # = ("auto",) + gates.SINK_SETS
@@ -54,6 +55,16 @@ def _check(options: HeadsOptions) -> None:
         raise SinkscopeError(f"--dormant-below must lie in [0, 1] (got {options.dormant_below}).")
 
 
+def _check_source(options: HeadsOptions, source: Source) -> None:
+    """A phantom sink set on a model whose config shows no phantom fails before the weights load."""
+    from sinkscope.probes.head_importance import check_sink_set
+    from sinkscope.sources import has_phantom_key
+
+    has_phantom = has_phantom_key(source)
+    if has_phantom is not None:
+        check_sink_set(options.sink_set, has_phantom)
+
+
 def _check_model(options: HeadsOptions, spec: ModelSpec) -> None:
     from sinkscope.probes.head_importance import check_sink_set
 
@@ -79,6 +90,7 @@ HEADS = register_command(Command(
     options=HeadsOptions,
     probes=_probes,
     check=_check,
+    check_source=_check_source,
     check_model=_check_model,
     followup=_followup,
 ))
