@@ -500,3 +500,29 @@ def test_mistakes_are_one_sentence(tiny_llama_dir, text_file, tmp_path):
         result = runner.invoke(app, [*args, "--out", str(tmp_path / "x")] if "--out" not in args else args)
         assert result.exit_code == 1, (args, result.output)
         assert message in result.output and result.output.count("error:") == 1, (args, result.output)
+
+
+@pytest.mark.slow
+def test_two_process_ablation_run_equals_one_process(tiny_llama_dir, text_file, tmp_path):
+    """Under torchrun the dormant set is chosen from the merged importance and sent to every process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    args = [str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "16", "--n-seqs", "5", "--batch-size",
+            "2", "--no-figures", "--no-progress", "--device", "cpu", "--dormant-below", "0.8414", "--ablate-dormant"]
+    one = tmp_path / "one"
+    assert runner.invoke(app, ["heads", *args, "--out", str(one)]).exit_code == 0
+    two = tmp_path / "two"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           "29531", "-m", "sinkscope", "heads", *args, "--out", str(two)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a, b = pd.read_csv(one / "results.csv"), pd.read_csv(two / "results.csv")
+    pd.testing.assert_frame_equal(a.drop(columns="value"), b.drop(columns="value"))
+    np.testing.assert_allclose(a["value"], b["value"], rtol=1e-6, atol=1e-7)
+    heads = [json.loads((f / "manifest.json").read_text())["probes"]["head_ablation"]["options"]["heads"]
+             for f in (one, two)]
+    assert heads[0] == heads[1] and 0 < len(heads[0]) < 12
