@@ -139,14 +139,16 @@ def test_recipe_runs_with_overrides(tiny_llama_dir, text_file, tmp_path):
 def test_bundled_recipes_parse():
     from pathlib import Path
 
+    from sinkscope.commands import discover
     from sinkscope.recipes import load_steps
 
+    known = {"train", "report", *discover()}  # the trainer, the page, every measuring command
     for path in sorted((Path(__file__).parents[1] / "probes").glob("*.toml")):
         steps = load_steps(str(path))
         if path.name.startswith("sinks-"):
             assert [(command, options.seq_len) for command, options in steps] == [("sinks", 512)]
         else:  # multi-step recipes (tests/test_recipe_steps.py runs one)
-            assert {command for command, _ in steps} <= {"train", "sinks", "report"}
+            assert {command for command, _ in steps} <= known
 
 
 def test_train_then_probe_the_checkpoint(text_file, tmp_path):

@@ -44,7 +44,9 @@ def _imports(args: list[str], cwd=None) -> tuple[int, set[str], str]:
                                   ["ls", "commands"], ["sinks", "--seed", "-1"], ["sinks", "--n-seqs", "0"],
                                   ["sinks", "--bos", "maybe"], ["sinks", "--sink-layer-start", "-2"],
                                   ["selectivity", "--help"], ["selectivity", "a", "--min-count", "0"],
-                                  ["selectivity", "a", "--group-by", "variant"]])
+                                  ["selectivity", "a", "--group-by", "variant"],
+                                  ["heads", "--help"], ["heads", "--sink-set", "sink"],
+                                  ["heads", "--dormant-below", "2"]])
 def test_help_listings_and_option_mistakes_import_no_torch(args):
     status, heavy, stderr = _imports(args)
     assert not heavy, f"{args} imported {heavy}"

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from sinkscope.errors import SinkscopeError
 from sinkscope.train import checkpoint as ckpt
 from sinkscope.train import data as tdata
-from sinkscope.train.loop import LOG_COLUMNS, TrainOptions, apply_overrides, lr_at, read_log, resolve_options, train
+from sinkscope.train.loop import LOG_COLUMNS, TrainOptions, log_columns, apply_overrides, lr_at, read_log, resolve_options, train
 from sinkscope.train.model import GPT, TIERS, GPTConfig
 
 SMALL = ["n_layer=2", "n_head=2", "n_embd=32", "block_size=32"]
@@ -216,7 +216,8 @@ def test_variants_with_one_seed_see_identical_batches(env, monkeypatch):
 def test_training_lowers_val_loss_and_logs(trained):
     rows = read_log(trained)
     header = (trained / "log.csv").read_text().splitlines()[0]
-    assert header == ",".join(LOG_COLUMNS)
+    assert header == ",".join(log_columns(2))  # LOG_COLUMNS, then the load imbalance and its value per layer
+    assert header.startswith(",".join(LOG_COLUMNS) + ",load_imbalance,load_imbalance_l0,load_imbalance_l1")
     evals = [(int(r["step"]), float(r["val_loss"])) for r in rows if r["val_loss"]]
     assert [s for s, _ in evals] == [0, 10, 20, 30]
     assert evals[0][1] > 5.0  # about ln(300) at init

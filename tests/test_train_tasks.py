@@ -263,14 +263,18 @@ def test_validation_loss_excludes_position_zero():
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 50, (5, 16), generator=g)
     y = torch.randint(0, 50, (5, 16), generator=g)
-    val_loss, val_loss_all = evaluate(model, x, y, chunk=2, device=torch.device("cpu"),
-                                      autocast=lambda: torch.autocast("cpu", enabled=False))
+    val_loss, val_loss_all, importance = evaluate(model, x, y, chunk=2, device=torch.device("cpu"),
+                                                  autocast=lambda: torch.autocast("cpu", enabled=False))
     with torch.no_grad():
         logits, _ = model(x)  # (5, 16, 50)
     ce = F.cross_entropy(logits.reshape(-1, 50), y.reshape(-1), reduction="none").view(5, 16)  # (5, 16)
     assert val_loss == pytest.approx(ce[:, 1:].mean().item(), abs=1e-6)
     assert val_loss_all == pytest.approx(ce.mean().item(), abs=1e-6)
     assert abs(val_loss - val_loss_all) > 1e-4
+    # Imp over chunks of 2, 2 and 1 windows is the mean over all five (weighted by windows)
+    with torch.no_grad():
+        model(x, importance=True)
+    torch.testing.assert_close(importance, model.last_importance.double(), atol=1e-6, rtol=0)
     # TNLM's training loss is the same quantity: val_loss is the fair comparison (seed 003 Table 1(b))
     with torch.no_grad():
         assert model(x, y, tnlm=True)[1].item() == pytest.approx(val_loss, abs=1e-6)

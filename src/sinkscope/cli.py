@@ -210,6 +210,52 @@ def selectivity(
 
 @app.command()
 @_friendly_errors
+def heads(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom.")] = "auto",
+    dormant_below: Annotated[float, typer.Option("--dormant-below", help="A head whose importance is below this is dormant.")] = 0.1,
+    ablate_dormant: Annotated[bool, typer.Option("--ablate-dormant", help="Then zero the dormant heads (found on all windows) and report the loss change: a second pass, clean and ablated.")] = False,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Measure implicit gates, head importance, load imbalance (CV) and dormant heads (seed 004).
+
+    Several models or checkpoints give one run each and one comparison page; --out is then the
+    folder holding one run folder per model (named after it) and the page.
+
+    Examples:
+
+        sinkscope heads                                          # SmolLM2-135M on the bundled corpus
+
+        sinkscope heads --ablate-dormant --dormant-below 0.2     # zero the dormant heads: loss change
+
+        sinkscope heads openai/gpt-oss-20b --sink-set first+phantom --device-map auto
+
+        sinkscope heads ckpt/base ckpt/lb --ablate-dormant --out runs/lb-vs-base
+    """
+    _run("heads", locals())
+
+
+@app.command()
+@_friendly_errors
 def measure(
     model: ModelArg = None,
     probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006

@@ -75,6 +75,15 @@ def merge_into_rank0(probes: Sequence[Probe], make_probes) -> bool:
     return True
 
 
+def broadcast_from_rank0(value):
+    """Process 0's ``value`` (any picklable object) on every process."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def finish() -> None:
     import torch.distributed as dist
 

@@ -83,6 +83,10 @@ class Command:
         check_model: checks needing the model's sizes, right after it loads.
         check_sources: checks across the models of one comparison (``MODEL [MODEL ...]``, see
             ``pipeline.execute_several``), before any of them loads.
+        followup: ``(options, spec, probes) -> [(probe name, parameters), ...]``: probes of a
+            second stage over the same windows, chosen from the first stage's finished probes
+            (merged over processes), e.g. zeroing the heads the first stage found dormant
+            (``heads --ablate-dormant``); None or an empty list: one stage.
     """
 
     name: str
@@ -93,6 +97,7 @@ class Command:
     check_source: Callable[[Any, "Source"], None] = lambda options, source: None
     check_model: Callable[[Any, "ModelSpec"], None] = lambda options, spec: None
     check_sources: Callable[[Any, list["Source"]], None] = lambda options, sources: None
+    followup: Callable[[Any, "ModelSpec", list], list[tuple[str, dict]]] | None = None
 
 
 def check_options(options: RunOptions) -> None:

@@ -376,59 +376,100 @@ def _fingerprint(options: RunOptions, tokens_sha256: str, source: Source) -> str
 
 
 def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
-    """Run the probes; returns (probes with merged accumulators, seconds), or None on processes > 0."""
+    """Run the probes; returns (probes with merged accumulators, seconds), or None on processes > 0.
+
+    A command with a ``followup`` runs in two stages over the same windows: the first stage's
+    probes see every window (and are merged over processes) before the followup chooses the
+    second stage's probes from them, so a choice such as "the dormant heads" is made on all the
+    windows, never on a first batch. The checkpoint for ``--resume`` records the stage; a run
+    killed in the second stage resumes there with the first stage's finished accumulators.
+    The table holds the rows of both stages.
+    """
     options, windows = plan_.options, loaded.windows
     rank, world_size = plan_.rank, plan_.world_size
-    probes = make_probes(plan_.command, options, loaded.spec)
+    spec, model = loaded.spec, loaded.model
     fingerprint = _fingerprint(options, windows.sha256, plan_.source)
     progress_file = plan_.progress_file
     first, stop = distributed.share(len(windows.tokens), rank, world_size)
+    state = None
     if options.resume:
         state = torch.load(progress_file, weights_only=False)
         if state.get("fingerprint") != fingerprint:
             raise SinkscopeError(
                 f"the interrupted run at {plan_.out_dir} was started with other options, model or tokens; "
                 "rerun it with the same options, or without --resume.")
-        for probe, probe_state in zip(probes, state["probes"]):
-            probe.load_state_dict(probe_state)
-        first = state["next"]
-        log(f"Resuming at window {first} of {stop}.")
     elif progress_file is not None and rank == 0:
         progress_file.unlink(missing_ok=True)  # a stale checkpoint of an abandoned run
 
     last_save = [time.monotonic()]
 
-    def checkpoint(next_window: int) -> None:
-        if progress_file is None or world_size > 1 or next_window >= stop:
-            return
-        if time.monotonic() - last_save[0] < options.checkpoint_seconds:
-            return
-        payload = {"fingerprint": fingerprint, "next": next_window, "probes": [p.state_dict() for p in probes]}
-        buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        progress_file.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(progress_file, buffer.getvalue())
-        last_save[0] = time.monotonic()
+    def checkpointer(probes: list[Probe], stage: int, done: list[Probe]):
+        def checkpoint(next_window: int) -> None:
+            if progress_file is None or world_size > 1 or next_window >= stop:
+                return
+            if time.monotonic() - last_save[0] < options.checkpoint_seconds:
+                return
+            payload = {"fingerprint": fingerprint, "stage": stage, "next": next_window,
+                       "probes": [p.state_dict() for p in probes], "done": [p.state_dict() for p in done]}
+            buffer = io.BytesIO()
+            torch.save(payload, buffer)
+            progress_file.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(progress_file, buffer.getvalue())
+            last_save[0] = time.monotonic()
+        return checkpoint
 
-    spec, model = loaded.spec, loaded.model
+    def run_stage(probes: list[Probe], stage: int, done: list[Probe]) -> None:
+        start = first
+        if state is not None and state.get("stage", 0) == stage:
+            for probe, probe_state in zip(probes, state["probes"]):
+                probe.load_state_dict(probe_state)
+            start = state["next"]
+            log(f"Resuming at window {start} of {stop}" + (f" (stage {stage + 1})." if stage else "."))
+        try:
+            run_probes(model.model, windows.tokens[:stop], probes, batch_size=options.batch_size,
+                       device=None if options.device_map else model.device, progress=options.progress and rank == 0,
+                       attention=options.attention, start=start, on_batch_done=checkpointer(probes, stage, done),
+                       log=log)
+        except KeyboardInterrupt:
+            if progress_file is not None and progress_file.is_file():
+                raise Interrupted(f"interrupted; rerun the same command with --resume to continue from "
+                                  f"{plan_.out_dir}'s last checkpoint.") from None
+            raise
+
+    def build(specs: list[tuple[str, dict]]) -> list[Probe]:
+        return [get_probe(name)(spec, **params) for name, params in specs]
+
     log(f"Running {spec.family} ({spec.n_layers} layers x {spec.n_heads} heads) over "
         f"{windows.tokens.shape[0]} windows of {windows.tokens.shape[1]} tokens on {model.device} in "
         f"{str(model.dtype)[6:]}" + (f", {world_size} processes" if world_size > 1 else "") + " ...")
     started = time.perf_counter()
-    try:
-        run_probes(model.model, windows.tokens[:stop], probes, batch_size=options.batch_size,
-                   device=None if options.device_map else model.device, progress=options.progress and rank == 0,
-                   attention=options.attention, start=first, on_batch_done=checkpoint, log=log)
-    except KeyboardInterrupt:
-        if progress_file is not None and progress_file.is_file():
-            raise Interrupted(f"interrupted; rerun the same command with --resume to continue from "
-                              f"{plan_.out_dir}'s last checkpoint.") from None
-        raise
-    run_s = time.perf_counter() - started
+    first_specs = plan_.command.probes(options, spec)
+    probes = build(first_specs)
+    if state is not None and state.get("stage", 0) == 1:  # the first stage had finished
+        for probe, probe_state in zip(probes, state["done"]):
+            probe.load_state_dict(probe_state)
+    else:
+        run_stage(probes, 0, [])
+    is_main = True
     if world_size > 1:
-        if not distributed.merge_into_rank0(probes, lambda: make_probes(plan_.command, options, spec)):
-            return None
-    return probes, run_s
+        is_main = distributed.merge_into_rank0(probes, lambda: build(first_specs))
+    second: list[Probe] = []
+    if plan_.command.followup is not None:
+        specs = plan_.command.followup(options, spec, probes) if is_main else None
+        if world_size > 1:
+            specs = distributed.broadcast_from_rank0(specs)
+        if specs:
+            second = build(specs)
+            log("Second stage over the same windows: " + "; ".join(
+                f"{p.name} ({', '.join(f'{k}={v}' for k, v in p.options().items()) or 'no parameters'})"
+                for p in second) + " ...")
+            run_stage(second, 1, probes)
+            if world_size > 1:
+                distributed.merge_into_rank0(second, lambda: build(specs))
+    run_s = time.perf_counter() - started
+    if not is_main:
+        return None
+    return probes + second, run_s
 
 
 # ---- assemble and write ------------------------------------------------------------------------

@@ -359,6 +359,20 @@ def layer_count(source: Source) -> int | None:
     return config.get("num_hidden_layers") or config.get("n_layer") or config.get("num_layers")
 
 
+def has_phantom_key(source: Source) -> bool | None:
+    """Whether the model has a learned phantom key (gpt-oss sinks; the trainer's phantom variants),
+    from its config file without loading weights; None when there is no config to read yet."""
+    config = _config(source)
+    if config is None:
+        return None
+    if source.kind == "checkpoint":
+        from sinkscope.train.model import VARIANTS
+
+        variant = VARIANTS.get(config.get("variant"))
+        return None if variant is None else variant.has_phantom
+    return config.get("model_type") == "gpt_oss" if "model_type" in config else None
+
+
 def vocab_size(source: Source) -> int | None:
     """The model's embedding rows from its config file, without loading weights (None if unknown)."""
     return (_config(source) or {}).get("vocab_size")

@@ -79,13 +79,19 @@ def _training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
 
     fig = figures.loss_curves({t.label: t.log for t in logs})
     png, svg = figures.save_figure(fig, fig_dir / "training_loss")
+    drawn = [{"title": "loss curves", "src": _embed_png(png), "files": [png.name, svg.name], "kind": "line"}]
+    with_cv = {t.label: t.log for t in logs if "load_imbalance" in t.log and t.log["load_imbalance"].notna().any()}
+    if with_cv:  # logs written before the trainer logged it have no such column
+        png, svg = figures.save_figure(figures.imbalance_curves(with_cv), fig_dir / "training_imbalance")
+        drawn.append({"title": "head load imbalance (CV of head importance) at each evaluation",
+                      "src": _embed_png(png), "files": [png.name, svg.name], "kind": "line"})
     rows = []
     for t in logs:
         val = t.log.dropna(subset=["val_loss"]).sort_values("step")
         rows.append([t.label, str(t.config.get("variant", "—")), str(t.config.get("tier", "—")),
                      str(t.config.get("seed", "—")), str(int(t.log["step"].max())),
                      fmt(val["val_loss"].iloc[0]) if len(val) else "—", fmt(val["val_loss"].iloc[-1]) if len(val) else "—"])
-    return {"figure": {"title": "loss curves", "src": _embed_png(png), "files": [png.name, svg.name], "kind": "line"},
+    return {"figures": drawn,
             "table": {"columns": ["checkpoint", "variant", "tier", "seed", "steps", "first val loss", "last val loss"],
                       "rows": rows}}
 
@@ -211,6 +217,58 @@ def _seq_len(run: RunData) -> int | None:
     return value if isinstance(value, int) else None
 
 
+def _probe_options(run: RunData, probe: str) -> dict:
+    """The options a probe of the run recorded in the manifest (empty if it did not run)."""
+    node = (run.manifest.get("probes") or {}).get(probe)
+    options = node.get("options") if isinstance(node, dict) else None
+    return options if isinstance(options, dict) else {}
+
+
+def _dormant_below(run: RunData) -> float | None:
+    value = _probe_options(run, "head_importance").get("dormant_below")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _heads_note(runs: list[RunData], metric: str) -> str | None:
+    """The ``heads`` command's sentences under a metric: which heads are dormant, what zeroing them did."""
+    def per_run(run: RunData, text: str) -> str:
+        return text if len(runs) == 1 else f"{run.label}: {text}"
+
+    if metric == "dormant":
+        parts = []
+        for run in runs:
+            rows = run.table[(run.table.metric == "dormant") & run.table["head"].notna()]
+            imp = run.table[(run.table.metric == "head_importance") & run.table["head"].notna()]
+            imp = imp.set_index(["layer", "head"])["value"]
+            hit = rows[rows["value"] > 0.5].sort_values(["layer", "head"])
+            names = [f"{int(r.layer)}.{int(r['head'])} ({fmt(imp.get((r.layer, r['head'])))})" for _, r in hit.iterrows()]
+            shown = ", ".join(names[:60]) + (f", ... ({len(names) - 60} more)" if len(names) > 60 else "")
+            below = _dormant_below(run)
+            parts.append(per_run(run, f"{len(names)} of {len(rows)} heads have importance below "
+                                      f"{fmt(below)}" + (f": {shown} (layer.head (importance))" if names else "")))
+        return "Dormant heads — " + "; ".join(parts) + "."
+    if metric == "loss_delta":
+        parts = []
+        for run in runs:
+            heads = _probe_options(run, "head_ablation").get("heads") or []
+            value = {m: _model_value(run.table, m) for m in ("loss_clean", "loss_ablated", "loss_delta")}
+            parts.append(per_run(run, f"zeroing {len(heads)} head(s) at hook_z "
+                                      f"({', '.join(map(str, heads[:30]))}{', ...' if len(heads) > 30 else ''}) moves "
+                                      f"the loss from {fmt(value['loss_clean'])} to {fmt(value['loss_ablated'])} nats "
+                                      f"per token ({float(value['loss_delta']):+.4g})"))
+        return "; ".join(parts) + "."
+    if _figures_replaced(runs, metric):
+        return ("Without output gates the head importance is this implicit gate, so its figures are drawn once, "
+                "under head_importance.")
+    return None
+
+
+def _figures_replaced(runs: list[RunData], metric: str) -> bool:
+    """Whether a note replaces the metric's figures: ``implicit_gate`` where it is the head importance."""
+    return metric == "implicit_gate" and all(_probe_options(r, "head_importance").get("gate") == "implicit"
+                                             for r in runs)
+
+
 def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list[dict]:
     """Draw and save this metric's figures; return [{title, src, files}] for the page."""
     from sinkscope.report import figures
@@ -218,16 +276,25 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
     stem = figures._file_stem(metric)
     out: list[dict] = []
     comparing, position = len(runs) > 1, {id(run): i for i, run in enumerate(runs)}
-    references: dict[int, float] = {}
+    # A dashed reference per run, keyed so runs sharing it draw it once: the uniform p0 floor per
+    # seq-len, or the dormancy threshold of head importance.
+    references: dict = {}
+    key_of = _seq_len
+    what = "uniform attention"
     if metric == "p0_mass":  # the uniform floor, per seq-len in the runs
         references = {t: uniform_p0(t) for t in sorted({_seq_len(r) for r in runs} - {None})}
+    elif metric == "head_importance":  # heads below the line are dormant
+        key_of, what = _dormant_below, "dormant below"
+        references = {b: b for b in sorted({_dormant_below(r) for r in runs} - {None})}
 
     def reference_of(run: RunData) -> float | None:
-        return references.get(_seq_len(run))
+        return references.get(key_of(run))
 
-    def reference_label(seq_len: int) -> str:
-        where = f", seq-len {seq_len}" if len(references) > 1 else ""
-        return f"uniform attention{where} ({references[seq_len]:.3g})"
+    def reference_label(key) -> str:
+        if metric != "p0_mass":
+            return f"{what} {key:g}"
+        where = f", seq-len {key}" if len(references) > 1 else ""
+        return f"uniform attention{where} ({references[key]:.3g})"
 
     def keep(fig, name: str, title: str) -> None:
         png, svg = figures.save_figure(fig, fig_dir / name)
@@ -250,15 +317,15 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
         drawn: set[int] = set()
 
         def reference_kwargs(run: RunData) -> dict:
-            seq_len = _seq_len(run)
-            if seq_len not in references or seq_len in drawn:
+            key = key_of(run)
+            if key not in references or key in drawn:
                 return {}
-            drawn.add(seq_len)
-            return {"reference": references[seq_len], "reference_label": reference_label(seq_len)}
+            drawn.add(key)
+            return {"reference": references[key], "reference_label": reference_label(key)}
 
         if not comparing:
             keep(figures.per_layer_line(runs[0].table, metric, **reference_kwargs(runs[0])), f"layers_{stem}",
-                 "per layer" + (" (dashed: uniform attention)" if drawn else ""))
+                 "per layer" + (f" (dashed: {what})" if drawn else ""))
         else:
             fig = None
             for run in runs:
@@ -268,7 +335,7 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
                 else:
                     figures.per_layer_line(run.table, metric, label=run.label, ax=ax, **reference_kwargs(run))
             keep(fig, f"overlay_{stem}",
-                 "per layer, one line per run" + (" (dashed: uniform attention)" if drawn else ""))
+                 "per layer, one line per run" + (f" (dashed: {what})" if drawn else ""))
     heads = [r for r in runs if _has_heads(r.table, metric)]
     if heads:
         values = pd.concat([r.table[(r.table.metric == metric) & r.table["head"].notna()]["value"] for r in heads])
@@ -278,7 +345,7 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
             fig = figures.layer_head_heatmap(run.table, metric, title=title, vmin=vmin, vmax=vmax,
                                              reference=reference_of(run))
             suffix = f"_run{position[id(run)]}" if comparing else ""
-            mark = " (dashed on the colour bar: uniform attention)" if reference_of(run) is not None else ""
+            mark = f" (dashed on the colour bar: {what})" if reference_of(run) is not None else ""
             keep(fig, f"heatmap_{stem}{suffix}", f"layer x head{': ' + run.label if comparing else ''}{mark}")
     return out
 
@@ -588,16 +655,17 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
             summary.append({"metric": metric, "label": info.label, "direction": info.direction,
                             "values": [fmt(_model_value(r.table, metric)) for r in runs]})
             no_phantom = [r for r in runs if not _has_phantom(r)] if metric in PHANTOM_METRICS else []
-            note = None
+            note = _heads_note(runs, metric)
             if no_phantom:
                 names = ", ".join(r.label for r in no_phantom)
                 note = (f"{'The model' if len(runs) == 1 else names} has no learned phantom key, so its {metric} is 0 "
                         f"by construction; no figures are drawn{' for it' if len(runs) > 1 else ''}.")
+            replaced = _figures_replaced(runs, metric)
             entries.append({
                 "metric": metric, "info": info, "note": note,
-                "figures": _figures_for_metric(runs, metric, fig_dir),
+                "figures": [] if replaced else _figures_for_metric(runs, metric, fig_dir),
                 "table": _layer_table(runs, metric) if all(_has_layers(r.table, metric) for r in runs)
-                and len(no_phantom) < len(runs) else None,
+                and len(no_phantom) < len(runs) and not replaced else None,
             })
         note = OUTPUT_GATE_NOTE if any(m.startswith("out_gate_") for m in metrics) else None
         sections.append({"probe": probe, "entries": entries, "note": note})

@@ -644,3 +644,36 @@ def loss_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
         ax.grid(True, linewidth=0.4, alpha=0.4)
         ax.legend(loc="upper right")
     return fig
+
+
+def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
+    """Head load imbalance against optimizer step (seed 004 Fig. 5), one colour per checkpoint:
+    the model's imbalance (mean over layers of the CV of head importance; solid, markers) and
+    each layer's CV (thin, same colour).
+
+    Args:
+        logs: ``label -> log.csv`` table with ``step``, ``load_imbalance`` and
+            ``load_imbalance_l{l}`` columns (empty cells where a row has no evaluation).
+
+    Returns:
+        The figure.
+    """
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_title("Head load imbalance")
+        for label, log in logs.items():
+            log = log.sort_values("step")
+            rows = log.dropna(subset=["load_imbalance"])
+            (line,) = ax.plot(rows["step"], rows["load_imbalance"], marker="o", markersize=3, linewidth=1.4,
+                              label=f"{label}: mean over layers", zorder=3)
+            layers = sorted((c for c in log.columns if re.fullmatch(r"load_imbalance_l\d+", str(c))),
+                            key=lambda c: int(str(c).rsplit("_l", 1)[1]))
+            for i, column in enumerate(layers):
+                ax.plot(rows["step"], rows[column], linewidth=0.7, alpha=0.45, color=line.get_color(),
+                        label=f"{label}: per layer" if i == 0 else None, zorder=2)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("CV of head importance")
+        ax.grid(True, linewidth=0.4, alpha=0.4)
+        ax.legend(loc="upper left")
+    return fig

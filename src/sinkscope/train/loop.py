@@ -52,7 +52,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -62,8 +62,17 @@ from sinkscope.train.checkpoint import is_checkpoint, load_checkpoint, save_chec
 from sinkscope.train.data import DEFAULT_TOKENIZER, WINDOW_POLICIES, load_tokenizer
 
 #: Columns of log.csv (one row every ``log_every`` steps, at every evaluation and checkpoint).
-#: ``val_loss`` excludes position 0 (the fair comparison); ``val_loss_all`` includes it.
+#: ``val_loss`` excludes position 0 (the fair comparison); ``val_loss_all`` includes it. The
+#: head load imbalance follows (``log_columns``).
 LOG_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "val_loss_all", "lr", "tokens_per_s", "elapsed_s")
+#: The model's head load imbalance at each evaluation (seed 004 Fig. 5): the mean over layers of
+#: the per-layer CV of head importance, then one column per layer (``load_imbalance_l{l}``).
+IMBALANCE_COLUMN = "load_imbalance"
+
+
+def log_columns(n_layer: int) -> tuple[str, ...]:
+    """The columns of a model's log.csv: ``LOG_COLUMNS``, the imbalance, then its value per layer."""
+    return LOG_COLUMNS + (IMBALANCE_COLUMN, *(f"{IMBALANCE_COLUMN}_l{layer}" for layer in range(n_layer)))
 #: Default tier of each task.
 TASK_TIERS = {"text": "tiny", "trigger": "micro"}
 
@@ -366,7 +375,8 @@ def _fmt(value, spec: str) -> str:
 def read_log(folder: str | os.PathLike) -> list[dict]:
     """The rows of ``folder/log.csv`` as dicts of strings (complete rows only).
 
-    Columns an older log lacks (``val_loss_all``) read as empty strings.
+    Every column of ``LOG_COLUMNS`` is there (those an older log lacks, ``val_loss_all``, read
+    as empty strings), followed by the log's other columns (the load imbalance).
     """
     path = Path(folder) / "log.csv"
     if not path.is_file():
@@ -375,20 +385,21 @@ def read_log(folder: str | os.PathLike) -> list[dict]:
     rows = list(reader)
     header = reader.fieldnames or []
     complete = [r for r in rows if all(r.get(c) is not None for c in header) and (r.get("step") or "").isdigit()]
-    return [{c: r.get(c, "") for c in LOG_COLUMNS} for r in complete]
+    columns = list(LOG_COLUMNS) + [c for c in header if c not in LOG_COLUMNS]
+    return [{c: r.get(c) or "" for c in columns} for r in complete]
 
 
-def _write_log(folder: Path, rows: list[dict]) -> None:
+def _write_log(folder: Path, rows: list[dict], columns: tuple[str, ...]) -> None:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=LOG_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows({c: r.get(c, "") for c in LOG_COLUMNS} for r in rows)
+    writer.writerows({c: r.get(c, "") for c in columns} for r in rows)
     atomic_write_text(folder / "log.csv", buffer.getvalue())
 
 
-def _append_log(folder: Path, row: dict) -> None:
+def _append_log(folder: Path, row: dict, columns: tuple[str, ...]) -> None:
     """One complete line in one write (O_APPEND), flushed to disk."""
-    line = ",".join(str(row.get(c, "")) for c in LOG_COLUMNS) + "\n"
+    line = ",".join(str(row.get(c, "")) for c in columns) + "\n"
     fd = os.open(folder / "log.csv", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
         os.write(fd, line.encode("utf-8"))
@@ -410,29 +421,52 @@ def _check_out(out: Path, overwrite: bool) -> None:
                       is_ours=lambda folder: is_checkpoint(folder) or {p.name for p in folder.iterdir()} <= {"log.csv"})
 
 
+class Evaluation(NamedTuple):
+    """What one evaluation on the fixed validation windows measures."""
+
+    val_loss: float  # mean next-token cross-entropy at positions i >= 1
+    val_loss_all: float  # ... at every position
+    importance: torch.Tensor  # (L, H) float64 on the CPU: Imp^{l,h} over the validation windows
+
+
 @torch.no_grad()
 def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, chunk: int, device: torch.device,
-             autocast) -> tuple[float, float]:
-    """``(val_loss, val_loss_all)``: mean next-token cross-entropy over the fixed validation
-    windows at positions i >= 1, and at every position (module docstring).
+             autocast) -> Evaluation:
+    """Validation losses and head importance over the fixed validation windows (module docstring).
 
-    The mean is over tokens, so windows of one length weigh equally; the model's own loss terms
-    (load balancing) are not part of it.
+    The losses are means over tokens, so windows of one length weigh equally; the model's own
+    loss terms (load balancing) are not part of them. ``importance`` is Imp^{l,h} (seed 004;
+    ``sinkscope.gates``) from the same forward passes, the mean over the chunks weighted by their
+    windows (every window adds the same number of queries), so it is the mean over all windows.
     """
     import torch.nn.functional as F
 
     after0, total, n_after0, n_total = 0.0, 0.0, 0, 0
+    importance, windows = None, 0
     for start in range(0, inputs.shape[0], chunk):
         x = inputs[start:start + chunk].to(device)  # (b, T)
         y = targets[start:start + chunk].to(device)  # (b, T)
         with autocast():
-            logits, _ = model(x)  # (b, T, V)
+            logits, _ = model(x, importance=True)  # (b, T, V)
         ce = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none")  # (b, T)
         after0 += float(ce[:, 1:].sum())
         total += float(ce.sum())
         n_after0 += ce[:, 1:].numel()
         n_total += ce.numel()
-    return after0 / max(n_after0, 1), total / n_total
+        part = model.last_importance.to("cpu", torch.float64) * x.shape[0]  # (L, H): chunk mean x windows
+        importance = part if importance is None else importance + part
+        windows += x.shape[0]
+    return Evaluation(after0 / max(n_after0, 1), total / n_total, importance / max(windows, 1))
+
+
+def imbalance_columns(importance: torch.Tensor) -> dict[str, str]:
+    """log.csv's imbalance cells from Imp (L, H): the mean over layers of CV, and each layer's CV."""
+    from sinkscope.gates import load_imbalance
+
+    cv = load_imbalance(importance)  # (L,)
+    cells = {IMBALANCE_COLUMN: _fmt(float(cv.mean()), ".6f")}
+    cells.update({f"{IMBALANCE_COLUMN}_l{layer}": _fmt(float(value), ".6f") for layer, value in enumerate(cv)})
+    return cells
 
 
 def train(options: TrainOptions, log: Callable[[str], None] | None = None) -> Path:
@@ -538,15 +572,16 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
 
     # -- the folder and the log (rank 0) --
     last_ckpt = start if options.resume else None
+    columns = log_columns(config.n_layer)
     if env.is_main:
         if options.resume:
             rows = [r for r in read_log(out) if int(r["step"]) <= start]
-            _write_log(out, rows)  # drops rows logged after the checkpoint by an interrupted run
+            _write_log(out, rows, columns)  # drops rows logged after the checkpoint by an interrupted run
         else:
             if out.exists() and opts.overwrite:
                 shutil.rmtree(out)
             out.mkdir(parents=True, exist_ok=True)
-            _write_log(out, [])
+            _write_log(out, [], columns)
         n_params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
         if opts.task == "text":
             what = (f"{task.info['corpus']} ({opts.windows} windows): {task.info['train_tokens']:,} training and "
@@ -564,16 +599,19 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
     val_loss: float | None = meta.get("val_loss") if options.resume else None
     val_loss_all: float | None = meta.get("val_loss_all") if options.resume else None
     val_step: int | None = meta.get("val_loss_step") if options.resume else None
+    imbalance: dict[str, str] = {}  # the last evaluation's imbalance cells (log_columns)
+    meta_imbalance: float | None = meta.get("load_imbalance") if options.resume else None
 
     def elapsed() -> float:
         return elapsed_before + time.perf_counter() - run_start
 
     def do_eval(step: int) -> float | None:
-        nonlocal val_loss, val_loss_all, val_step
+        nonlocal val_loss, val_loss_all, val_step, imbalance
         if not env.is_main:
             return None
-        val_loss, val_loss_all = evaluate(model, val_x, val_y, chunk=micro, device=device, autocast=autocast)
-        val_step = step
+        result = evaluate(model, val_x, val_y, chunk=micro, device=device, autocast=autocast)
+        val_loss, val_loss_all, val_step = result.val_loss, result.val_loss_all, step
+        imbalance = imbalance_columns(result.importance)
         return val_loss
 
     def save(step: int) -> None:
@@ -583,6 +621,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
                            "tokens_seen": step * tokens_per_step, "elapsed_s": elapsed()}
             meta_out = {"tier": opts.tier, "task": opts.task, "seed": opts.seed, "tokens_seen": step * tokens_per_step,
                         "val_loss": val_loss, "val_loss_all": val_loss_all, "val_loss_step": val_step,
+                        "load_imbalance": float(imbalance[IMBALANCE_COLUMN]) if imbalance else meta_imbalance,
                         "train_options": recorded, "data": task.info}
             save_checkpoint(out, model, optimizer, step, train_state, task.tokenizer, meta_out,
                             extra_files=task.extra_files())
@@ -592,7 +631,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
         v = do_eval(0)
         _append_log(out, {"step": 0, "tokens": 0, "train_loss": "", "val_loss": _fmt(v, ".6f"),
                           "val_loss_all": _fmt(val_loss_all, ".6f"), "lr": "",
-                          "tokens_per_s": "", "elapsed_s": _fmt(elapsed(), ".2f")})
+                          "tokens_per_s": "", "elapsed_s": _fmt(elapsed(), ".2f"), **imbalance}, columns)
 
     from tqdm import tqdm
 
@@ -651,11 +690,13 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
                                   "train_loss": _fmt(train_loss, ".6f"),
                                   "val_loss": _fmt(val_loss if is_eval else None, ".6f"),
                                   "val_loss_all": _fmt(val_loss_all if is_eval else None, ".6f"), "lr": _fmt(lr, ".6g"),
-                                  "tokens_per_s": _fmt(tokens_per_s, ".1f"), "elapsed_s": _fmt(elapsed(), ".2f")})
+                                  "tokens_per_s": _fmt(tokens_per_s, ".1f"), "elapsed_s": _fmt(elapsed(), ".2f"),
+                                  **(imbalance if is_eval else {})}, columns)
                 window_loss, window_steps, window_time = 0.0, 0, 0.0
                 if is_eval:
                     line = (f"step {step}: train {train_loss:.4f} (mean of the last {train_steps} steps, as in "
-                            f"log.csv), val {val_loss:.4f}, {tokens_per_s:,.0f} tok/s")
+                            f"log.csv), val {val_loss:.4f}, head load imbalance {imbalance[IMBALANCE_COLUMN]}, "
+                            f"{tokens_per_s:,.0f} tok/s")
                     bar.write(line, file=sys.stderr) if not bar.disable else log(line)
             if is_ckpt:
                 save(step)

@@ -91,6 +91,7 @@ from torch import Tensor, nn
 
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec
+from sinkscope import gates
 from sinkscope.capture.record import AttentionRecord
 
 #: ``ModelSpec.family`` of the trainer's model (it has no transformers ``model_type``).
@@ -334,16 +335,14 @@ def _additive(visible: Tensor) -> Tensor:
 
 
 def load_balance_loss(importance: Tensor) -> Tensor:
-    """Seed 004's load-balancing term: mean over layers of CV(Imp^{l,.})^2.
+    """Seed 004's load-balancing term: mean over layers of CV(Imp^{l,.})^2 (``sinkscope.gates``).
 
     ``importance`` is (L, H): Imp^{l,h} = mean over sequences and queries i >= 1 of the head's
     gate G_i. CV = std / mean across the heads of a layer, with the population std (divide by
-    H), so a layer whose heads are equally important contributes exactly 0.
+    H), so a layer whose heads are equally important contributes exactly 0. The CV is the one
+    ``sinkscope heads`` reports (``gates.load_imbalance``); differentiable.
     """
-    mean = importance.mean(dim=-1)  # (L,)
-    std = importance.std(dim=-1, correction=0)  # (L,)
-    cv = std / mean.clamp_min(1e-12)  # (L,)
-    return (cv * cv).mean()
+    return gates.load_balance_loss(importance)
 
 
 def lm_loss(logits: Tensor, targets: Tensor, *, tnlm: bool = False) -> Tensor:
@@ -589,7 +588,8 @@ class CausalSelfAttention(nn.Module):
         lse = columns = att = None
         if explicit or (record and want_importance):
             y, att = self.attend_explicit(q, k, v, z)  # (B, H, T, D), (B, H, T, S)
-            G = att.sum(-1) if self.variant.has_phantom else 1.0 - att[..., 0]  # (B, H, T)
+            phantom = self.variant.has_phantom  # the sink set: the phantom, else key 0 (gates.default_sink_set)
+            G = gates.gate_from_weights(att, first=not phantom, phantom=phantom)  # (B, H, T)
         elif record:  # a probe run: linear memory, the gate's moments from the same kernel call
             asked = "value_gate" in getattr(hooks, "record_columns", ())
             y, lse, columns = self.attend_recorded(q, k, v, z, asked)  # (B, H, T, D), (B, H, T), (B, H, T, 2)|None
@@ -635,8 +635,7 @@ class CausalSelfAttention(nn.Module):
         out = self.c_proj(y.reshape(B, T, C))  # (B, T, C): heads side by side, projected
         if not want_importance:
             return out, None
-        start = 1 if T > 1 else 0  # SPEC "Averages": query 0 is trivial (G_0 = 0 without a phantom)
-        return out, G[:, :, start:].mean(dim=(0, 2))  # (H,)
+        return out, gates.head_importance(G)  # (H,): mean over sequences and queries i >= 1
 
 
 class MLP(nn.Module):
@@ -728,6 +727,8 @@ class GPT(nn.Module):
         self._init_weights()
         #: detached loss terms of the last forward with targets: "ce", and "lb" when lb_lambda > 0.
         self.last_loss_terms: dict[str, Tensor] = {}
+        #: Imp^{l,h} (L, H) of the last forward called with ``importance=True``, detached.
+        self.last_importance: Tensor | None = None
 
     @torch.no_grad()
     def _init_weights(self) -> None:
@@ -823,6 +824,7 @@ class GPT(nn.Module):
         tap: Tap | None = None,
         tnlm: bool = False,
         lb_lambda: float = 0.0,
+        importance: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Logits (B, T, V) for token ids ``idx`` (B, T) and, with ``targets`` (B, T), the loss.
 
@@ -845,6 +847,9 @@ class GPT(nn.Module):
                 routing-norm); for ``outgate`` G_i is the head's mean output-gate value.
                 Differentiable on both paths (the fused path reads it from one extra value
                 column of the same kernel call). Only computed when ``targets`` is given.
+            importance: also compute Imp^{l,h} (as for ``lb_lambda``) without any loss term and
+                keep it, detached, in ``self.last_importance`` (L, H); the trainer's evaluation
+                logs its per-layer CV from there (``sinkscope.gates.load_imbalance``).
         """
         if attention not in ("fused", "explicit"):
             raise ValueError(f"attention must be 'fused' or 'explicit', not {attention!r}")
@@ -854,7 +859,7 @@ class GPT(nn.Module):
         if tap is not None:
             hooks = TapHooks(tap)
         explicit = attention == "explicit" or tap is not None  # the older tap always saw the weights
-        want_importance = lb_lambda > 0 and targets is not None
+        want_importance = (lb_lambda > 0 and targets is not None) or importance
 
         pos = torch.arange(T, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
@@ -867,12 +872,14 @@ class GPT(nn.Module):
 
         importances = []
         for layer, block in enumerate(self.transformer.h):
-            x, importance = block(
+            x, imp = block(
                 x, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance, keep=keep
             )  # (B, T', C), (H,) | None
-            if importance is not None:
-                importances.append(importance)
+            if imp is not None:
+                importances.append(imp)
 
+        if importance:
+            self.last_importance = torch.stack(importances).detach()  # (L, H)
         x = _masked(self.transformer.ln_f(x), keep)  # (B, T', C)
         if self.sink_token is not None:
             x = x[:, 1:]  # (B, T, C): the sink token's output never reaches the LM head

@@ -1,0 +1,157 @@
+"""Implicit gates, head importance, load imbalance and dormant heads (SPEC.md "Implicit gate and
+head importance"; seed 004 §3.1, §4.1, §6.2). The formulas live in ``sinkscope.gates``, shared
+with the trainer's load-balancing loss::
+
+    G_i       = 1 - A_sink,i = sigmoid(LSE_rest,i - LSE_sink,i)      (the head's output gate, if it has one)
+    Imp^{l,h} = mean over windows and queries i >= 1 of G_i
+    CV_l      = std_h Imp^{l,h} / mean_h Imp^{l,h}   (population std); the model's imbalance = mean_l CV_l
+    dormant   = Imp^{l,h} < dormant_below
+
+Two computation paths give the same numbers (tests hold them to 1e-5 on every family): an
+explicit record (``--attention explicit``) subtracts the sink set's weights, ``a_i0`` and the
+phantom mass ``1 - sum_j a_ij``; a fused record (the default) never materialises attention and
+uses ``sigmoid(LSE_rest - LSE_sink)`` from the kernel's log-sum-exp and the logit ``s_i0`` of key
+0 alone (linear memory).
+
+The sink set (``sink_set``): ``first`` (key 0: vanilla attention; for ``sinktoken`` the learned
+token), ``phantom`` (the learned phantom key: gpt-oss, ``sinklogit``, ``offbyone``, ``sink+*``)
+or ``first+phantom`` (seed 004 §6.2: a phantom that does not absorb everything); ``auto`` is what
+the model has, its phantom where it has one, else key 0. A phantom outside the sink set counts as
+active mass (``1 - a_i0`` includes it); on a sliding-window layer queries past the window cannot
+see key 0, so ``first`` gives them G = 1.
+
+Rows: ``implicit_gate`` (mean G from the sink set), ``head_importance`` (Imp: the same number,
+except on models with an output gate, whose G is the head's mean gate value over its D channels,
+SPEC.md), ``load_imbalance`` (per layer; model row = the mean over layers) and ``dormant`` (1 for a
+dormant head; layer row = the share of the layer's heads, model row = the mean of those shares).
+Vanilla attention has ``implicit_gate = 1 - p0_mass`` on the same windows (G_i = 1 - w_i0, both
+averaged over i >= 1): the cross-command check of the tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sinkscope import gates
+from sinkscope.capture import hooks
+from sinkscope.capture.record import AttentionRecord
+from sinkscope.errors import SinkscopeError
+from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
+
+#: seed 004 leaves the dormancy threshold open; 0.1 (a head passing under a tenth of its input).
+DORMANT_BELOW = 0.1
+
+
+def check_sink_set(sink_set: str, has_phantom: bool) -> None:
+    """A sink set naming the phantom needs a model that has one (one sentence otherwise)."""
+    if sink_set in ("phantom", "first+phantom") and not has_phantom:
+        raise SinkscopeError(f"--sink-set {sink_set} needs a model with a learned phantom key (gpt-oss; the "
+                             "trainer's sinklogit, offbyone, sink+norm, sink+proj), and this one has none; use first.")
+
+
+def _threshold(value: float) -> str | None:
+    return None if 0.0 <= value <= 1.0 else "must lie in [0, 1]"
+
+
+@register_probe(
+    "head_importance",
+    params=(
+        Param("sink_set", str, "auto", "auto (the model's own: phantom if it has one, else first) | first | "
+              "phantom | first+phantom", choices=("auto",) + gates.SINK_SETS),
+        Param("dormant_below", float, DORMANT_BELOW, "a head is dormant when its importance is below this",
+              check=_threshold),
+    ),
+    metrics={
+        "implicit_gate": MetricInfo(
+            "Implicit gate", "share of row mass",
+            "G_i = 1 - A_sink,i = sigmoid(LSE_rest,i - LSE_sink,i), A_sink the attention on the sink set (key 0, "
+            "the phantom, or both; --sink-set), averaged over queries i >= 1 and windows; vanilla attention: "
+            "1 - p0_mass",
+            "SPEC.md 'Implicit gate and head importance'; seed 004 §3.1 and Appendix B",
+            "lower = more of the head's attention parked on its sink (the head passes less on)"),
+        "head_importance": MetricInfo(
+            "Head importance", "mean gate",
+            "Imp^{l,h} = mean over windows and queries i >= 1 of G_i: the implicit gate, or for a model with "
+            "output gates (Qwen3-Next, trainer outgate) the head's mean gate value over its channels",
+            "SPEC.md 'Implicit gate and head importance'; seed 004 §4.1 (Fig. 4)",
+            "low = a dormant head; very unequal values within a layer = head collapse"),
+        "load_imbalance": MetricInfo(
+            "Head load imbalance", "CV",
+            "CV_l = std_h Imp^{l,h} / mean_h Imp^{l,h} (population std over the layer's heads); model row: the "
+            "mean over layers (the trainer logs the same number, sinkscope.gates)",
+            "SPEC.md 'Implicit gate and head importance'; seed 004 §4.1 (Fig. 5)",
+            "higher = importance concentrated on fewer heads (head collapse); 0 = balanced", per="layer"),
+        "dormant": MetricInfo(
+            "Dormant heads", "share of heads",
+            "1 where Imp^{l,h} < dormant_below (--dormant-below, default 0.1), else 0; layer row: the share of "
+            "the layer's heads; model row: the mean over layers of those shares",
+            "seed 004 §4.1 (dormant heads, Sandoval-Segura et al. 2025); threshold chosen here",
+            "higher = more heads that pass on almost nothing"),
+    },
+)
+class HeadImportance(Probe):
+    """Implicit gate, head importance, per-layer load imbalance (CV) and dormant heads (seed 004)."""
+
+    def setup(self) -> None:
+        spec = self.spec
+        if self.sink_set == "auto":
+            self.sink_set = gates.default_sink_set(spec.has_phantom)
+        check_sink_set(self.sink_set, spec.has_phantom)
+        self.first, self.phantom = gates.sink_parts(self.sink_set)
+        #: where G comes from: the heads' output gates where the model has them, else the sink set.
+        self.gate = "output" if spec.has_output_gate else "implicit"
+        self.implicit = HeadMeans(spec.n_layers, spec.n_heads)  # sums of 1 - A_sink,i
+        self.output = HeadMeans(spec.n_layers, spec.n_heads)  # sums of the mean output gate (gated models)
+
+    def options(self) -> dict:
+        """The parameters as used (``sink_set`` resolved) and the gate Imp reads."""
+        return {**super().options(), "gate": self.gate}
+
+    @observes(hooks.ATTN)
+    def attention(self, layer: int, record: AttentionRecord) -> None:
+        if record.is_fused:  # linear memory: the kernel's LSE and the logit of key 0 only
+            first_logit = record.key_logits(torch.zeros(1, dtype=torch.long))[..., 0] if self.first else None
+            G = gates.gate_from_lse(record.lse(), first_logit=first_logit, sink_logit=record.sink_logits,
+                                    first=self.first, phantom=self.phantom)  # (B, H, T)
+        else:
+            G = gates.gate_from_weights(record.weights, first=self.first, phantom=self.phantom)  # (B, H, T)
+        self.implicit.add(layer, gates.query_items(G), item_dims=(0, 2))
+        if record.output_gate is not None:
+            g = record.output_gate.float().mean(-1).transpose(1, 2)  # (B, H, T): mean over the head's D gates
+            self.output.add(layer, gates.query_items(g), item_dims=(0, 2))
+
+    # ---- finalising ------------------------------------------------------------------------------
+    def _importance_acc(self) -> HeadMeans:
+        return self.output if self.gate == "output" else self.implicit
+
+    def importance(self) -> tuple[list[int], torch.Tensor]:
+        """(layers seen, Imp (L', H) float64 on the CPU)."""
+        acc = self._importance_acc()
+        layers = [layer for layer in range(self.spec.n_layers) if acc.seen[layer]]
+        return layers, acc.means()[layers]
+
+    def dormant_heads(self) -> list[tuple[int, int]]:
+        """The dormant (layer, head) pairs, in order: Imp^{l,h} < ``dormant_below``."""
+        layers, imp = self.importance()
+        mask = gates.dormant(imp, self.dormant_below)  # (L', H)
+        return [(layers[i], int(h)) for i, h in mask.nonzero().tolist()]
+
+    def rows(self) -> list[Row]:
+        acc = self._importance_acc()
+        out = self.implicit.rows(self.name, "implicit_gate") + acc.rows(self.name, "head_importance")
+        layers, imp = self.importance()
+        if not layers:
+            return out
+        cv = gates.load_imbalance(imp)  # (L',)
+        mask = gates.dormant(imp, self.dormant_below)  # (L', H)
+        total = int(sum(int(acc.counts[layer].sum()) for layer in layers))
+        for i, layer in enumerate(layers):
+            out.append(Row(self.name, "load_imbalance", layer, None, float(cv[i]), int(acc.counts[layer].sum())))
+        out.append(Row(self.name, "load_imbalance", None, None, float(cv.mean()), total))
+        for i, layer in enumerate(layers):
+            for head in range(self.spec.n_heads):
+                out.append(Row(self.name, "dormant", layer, head, float(mask[i, head]), int(acc.counts[layer, head])))
+            out.append(Row(self.name, "dormant", layer, None, float(mask[i].double().mean()),
+                           int(acc.counts[layer].sum())))
+        out.append(Row(self.name, "dormant", None, None, float(mask.double().mean(dim=1).mean()), total))
+        return out
