@@ -159,7 +159,9 @@ def run_probes(
 ) -> int:
     """Run ``model`` over ``tokens[start:]`` (n_seqs, seq_len) in batches, feeding ``probes``.
 
-    Results do not depend on ``batch_size``: probes only add per-sequence sums. ``attention``
+    Results do not depend on ``batch_size``: probes only add per-sequence sums (except a probe
+    with ``fixed_batch``, e.g. injection's junk drawn across the batch: its batch is part of the
+    measurement, is never halved, and every probe learns each batch's first window, ``batch_start``). ``attention``
     chooses the capture: ``"fused"`` (kernel log-sum-exp, memory linear in the sequence length)
     or ``"explicit"`` (the model's eager weights; the reference). After each batch
     ``on_batch_done(next_window)`` is called (the caller checkpoints there).
@@ -191,6 +193,7 @@ def run_probes(
                 for label, dispatcher in passes:
                     for probe in dispatcher.probes:
                         probe.pass_label = label
+                        probe.batch_start = index
                     switch.current = dispatcher
                     _forward(model, ids, dispatcher, native=native, attention=attention, kwargs=kwargs)
                     dispatcher.check_finite()
@@ -202,6 +205,12 @@ def run_probes(
                 del ids
                 if retried or batch_size == 1:
                     raise
+                fixed = [p.name for p in probes if p.fixed_batch]
+                if fixed:
+                    raise SinkscopeError(
+                        f"out of memory at {batch_size} windows per batch; {', '.join(fixed)} draws across its "
+                        "evaluation batch, so the batch cannot be halved without changing the numbers: rerun with "
+                        "a smaller --eval-batch, a shorter --seq-len or a larger device.") from None
                 retried, batch_size = True, max(1, batch_size // 2)
                 _free_cache(device)
                 log(f"Out of memory; retrying with --batch-size {batch_size} (the numbers do not change).")

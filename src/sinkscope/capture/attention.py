@@ -32,6 +32,7 @@ import sys
 from typing import Callable, Iterator, Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
@@ -77,6 +78,8 @@ class _ActiveCapture:
         self.observe_attention = hp.ATTN in sink.observed
         self.replace_values = hp.ATTN_V in sink.intervened
         self.observe_values = hp.ATTN_V in sink.observed
+        #: crafted value columns some probe reads from fused records (``Probe.record_columns``).
+        self.record_columns = frozenset(getattr(sink, "record_columns", ()))
         self.pending_gates: dict[int, Tensor] = {}
         self.resid_pre: dict[int, Tensor] = {}
 
@@ -188,7 +191,13 @@ def sinkscope_fused_attention(
     S = key.shape[-2]
     mask = None if attention_mask is None else _additive(attention_mask[:, :, :, :S], query.dtype)
     scale = _scale(query, kwargs)
-    out, lse = attention_with_lse(query, key, value, scale, mask)  # (B, H, T, D), (B, H, T); GQA inside
+    quiet = None
+    if active is not None and active.observe_attention and "quiet" in active.record_columns:
+        # exposure: the quiet-set indicators ride along as extra value columns of the same call
+        out, lse, quiet = _attention_with_columns(query, key, value, scale, mask,
+                                                  AttentionRecord.quiet_indicator_columns(value))
+    else:
+        out, lse = attention_with_lse(query, key, value, scale, mask)  # (B, H, T, D), (B, H, T); GQA inside
     sinks = getattr(module, "sinks", None)
     if isinstance(sinks, Tensor):
         phi = torch.sigmoid(sinks.float().view(1, -1, 1) - lse)  # (B, H, T)
@@ -198,9 +207,30 @@ def sinkscope_fused_attention(
         active.sink.emit(hp.ATTN, layer, AttentionRecord(
             layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
             kernel_lse=lse, sliding_window=_sliding_window(module, kwargs), sink_logits=_sink_logits(module),
-            output_gate=active.pending_gates.pop(layer, None),
+            output_gate=active.pending_gates.pop(layer, None), quiet_columns=quiet,
         ))
     return out.transpose(1, 2).contiguous(), None  # (B, T, H, D)
+
+
+#: the head width of a kernel call with crafted value columns is padded to a multiple of this.
+COLUMN_ALIGNMENT = 8
+
+
+def _attention_with_columns(query: Tensor, key: Tensor, value: Tensor, scale: float, mask: Tensor | None,
+                            columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One fused call whose values carry ``columns`` (B, Hkv, S, K) after the real D: out, lse, column outputs.
+
+    q, k and v are zero-padded to one width, a multiple of :data:`COLUMN_ALIGNMENT` (the CPU
+    kernel wants equal head sizes; zero coordinates change no logit). Returns the real output
+    (B, H, T, D) in the values' dtype, LSE (B, H, T) and sum_j w_ij columns_j (B, H, T, K) float32.
+    """
+    D, K = value.shape[-1], columns.shape[-1]
+    width = max(query.shape[-1], D + K)
+    width += -width % COLUMN_ALIGNMENT
+    v = torch.cat([value, columns.to(value.dtype)], dim=-1)  # (B, Hkv, S, D+K)
+    q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (query, key, v))  # (B, H|Hkv, T|S, W)
+    out, lse = attention_with_lse(q, k, v, scale, mask)  # (B, H, T, W), (B, H, T)
+    return out[..., :D], lse, out[..., D:D + K].float()
 
 
 def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:

@@ -30,6 +30,34 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+#: SPEC.md "Quiet mass (exposure)" and "Value-read injection": the cutoffs of a head's quiet
+#: reads, as (name, quantile of the sequence's read norms); a read is quiet when its norm is
+#: strictly below the cutoff.
+QUIET_CUTOFFS: tuple[tuple[str, float], ...] = (("median", 0.5), ("q25", 0.25))
+
+
+def read_norm_quantiles(norms: Tensor, quantiles: tuple[float, ...] | list[float]) -> Tensor:
+    """Quantiles of the read norms over the key axis (numpy's default, linear), (K, *norms.shape[:-1]).
+
+    ``norms`` (..., S) float32; quantile 0.5 is numpy's median (the mean of the two middle
+    norms when S is even). Computed in float64 so that ties with a norm resolve as numpy's.
+    """
+    q = torch.tensor(list(quantiles), dtype=torch.float64, device=norms.device)  # (K,)
+    return torch.quantile(norms.double(), q, dim=-1)  # (K, ...)
+
+
+def quiet_reads(norms: Tensor, quantiles: tuple[float, ...] | list[float] | None = None) -> Tensor:
+    """The quiet sets of SPEC.md: ``||v_j|| < c`` with c a quantile of the sequence's read norms.
+
+    ``norms`` (B, Hkv, S) per value head and sequence; returns (B, Hkv, S, K) bool, one set per
+    quantile (default :data:`QUIET_CUTOFFS`: median, 25th percentile). Strict ``<``, so a
+    sequence whose reads all have the same norm has no quiet read.
+    """
+    if quantiles is None:
+        quantiles = [q for _, q in QUIET_CUTOFFS]
+    cutoffs = read_norm_quantiles(norms, quantiles)  # (K, B, Hkv)
+    return norms.double().unsqueeze(-1) < cutoffs.permute(1, 2, 0).unsqueeze(2)  # (B, Hkv, S, K)
+
 
 @dataclass
 class AttentionRecord:
@@ -65,6 +93,10 @@ class AttentionRecord:
             sum_j w_ij x_j^2 for the value gate's centred values x_j (``moment_columns``), two
             extra value columns of the kernel call that computed the layer's output; None when
             no probe asked for them (``Probe.record_columns``) or there is no value gate.
+        quiet_columns: (B, H, T, K) float32, fused records only: sum_j w_ij 1[j quiet] for the
+            quiet sets of :data:`QUIET_CUTOFFS` (``quiet_reads`` of the values), K extra value
+            columns of the kernel call that computed the layer's output; None when no probe
+            asked for them (``record_columns`` "quiet").
     """
 
     layer: int
@@ -83,6 +115,7 @@ class AttentionRecord:
     key_bias: Tensor | None = None
     routing_gate: bool = False
     gate_columns: Tensor | None = None
+    quiet_columns: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ---- shapes ---------------------------------------------------------------------------
@@ -222,6 +255,34 @@ class AttentionRecord:
     def value_norms(self) -> Tensor:
         """||v_j|| per value head and key, float32, (B, Hkv, S)."""
         return self.value.float().norm(dim=-1)
+
+    @staticmethod
+    def quiet_indicator_columns(value: Tensor) -> Tensor:
+        """The crafted value columns behind ``quiet_mass``: 1[j quiet] per cutoff, (B, Hkv, S, K) float32.
+
+        ``value`` (B, Hkv, S, D) as the kernel reads it; the sets are :func:`quiet_reads` of its
+        norms for :data:`QUIET_CUTOFFS`.
+        """
+        return quiet_reads(value.float().norm(dim=-1)).float()  # (B, Hkv, S, K)
+
+    def quiet_mass(self) -> Tensor:
+        """Mass of each row on the quiet reads, phantom in the normaliser, (B, H, T, K) float32.
+
+            quiet_i = sum_{j quiet} a_ij = (1 - phi_i) sum_{j quiet} w_ij
+
+        one column per cutoff of :data:`QUIET_CUTOFFS` (SPEC.md "Quiet mass (exposure)"). An
+        explicit record reduces its weights; a fused one reads the K value columns its kernel
+        call returned (``quiet_columns``; the capture appends them when a probe declares
+        ``record_columns = frozenset({"quiet"})``).
+        """
+        if self.is_fused:
+            if self.quiet_columns is None:
+                raise NotImplementedError(
+                    "this fused record carries no quiet-set columns: declare record_columns = frozenset({'quiet'}) "
+                    "on the probe, or use --attention explicit")
+            return self.quiet_columns.float() * self.real_mass().unsqueeze(-1)  # (B, H, T, K)
+        columns = self._per_query_head(self.quiet_indicator_columns(self.value))  # (B, H, S, K)
+        return torch.matmul(self.weights.float(), columns)  # (B, H, T, K): a_ij summed over quiet j
 
     # ---- the value gate -------------------------------------------------------------------------
     @staticmethod

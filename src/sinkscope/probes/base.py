@@ -24,7 +24,8 @@ the clean one (an injection sweep) lists them in ``passes()``; the runner runs e
 per pass and tells the probe which pass it is in (``self.pass_label``).
 
 A probe that reads the value gate's row moments from the attention record
-(``record.gate_moments()``) says so with ``record_columns = frozenset({"value_gate"})``: a fused
+(``record.gate_moments()``) says so with ``record_columns = frozenset({"value_gate"})`` (the
+quiet-set masses of ``record.quiet_mass()``: ``"quiet"``): a fused
 capture then appends the gate's columns to the values of the kernel call that computes the
 layer's output (DESIGN.md "Probes: streaming reductions"), and computes nothing extra otherwise.
 
@@ -322,12 +323,17 @@ class Probe:
     #: crafted value columns this probe reads from fused attention records ("value_gate":
     #: ``AttentionRecord.gate_moments``); the capture computes them only when some probe asks.
     record_columns: ClassVar[frozenset[str]] = frozenset()
+    #: the probe's numbers depend on which windows share a batch (value-read injection draws junk
+    #: across the batch): the runner never halves its batch on out-of-memory, it says so instead.
+    fixed_batch: ClassVar[bool] = False
 
     def __init__(self, spec: ModelSpec, **params):
         self.spec = spec
         for key, value in self.resolve_params(params).items():
             setattr(self, key, value)
         self.pass_label: str | None = None
+        #: index of the first window of the current batch (set by the runner before each pass).
+        self.batch_start: int = 0
         self.setup()
 
     @classmethod

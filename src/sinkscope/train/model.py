@@ -92,7 +92,7 @@ from torch import Tensor, nn
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec
 from sinkscope import gates
-from sinkscope.capture.record import AttentionRecord
+from sinkscope.capture.record import QUIET_CUTOFFS, AttentionRecord
 
 #: ``ModelSpec.family`` of the trainer's model (it has no transformers ``model_type``).
 MODEL_TYPE = "sinkscope-gpt"
@@ -463,9 +463,9 @@ class CausalSelfAttention(nn.Module):
         return y.to(v.dtype), att
 
     def attend_recorded(
-        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, gate_columns: bool
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Fused attention for probe runs: outputs (B, H, T, D), LSE_i (B, H, T), gate columns or None.
+        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, gate_columns: bool, quiet_columns: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Fused attention for probe runs: outputs (B, H, T, D), LSE_i (B, H, T), gate columns, quiet columns.
 
         One ``attention_with_lse`` call in float32 over the real keys (no weights kept):
 
@@ -477,7 +477,9 @@ class CausalSelfAttention(nn.Module):
         head sizes; zero coordinates change no logit). The kernel's LSE is over real keys, so
         with a phantom the output is scaled by 1 - phi_i = 1 - sigmoid(b_h - LSE_i); the gate
         columns are moments under w_ij (real keys only) and need no such factor. A sliding layer
-        passes its (T, S) mask; a full layer the plain causal kernel.
+        passes its (T, S) mask; a full layer the plain causal kernel. With ``quiet_columns`` the
+        indicators of the quiet reads (``AttentionRecord.quiet_indicator_columns`` of the values
+        before any gate, one per cutoff) follow as more value columns: sum_j w_ij 1[j quiet].
         """
         from sinkscope.capture.kernels import attention_with_lse
 
@@ -487,8 +489,12 @@ class CausalSelfAttention(nn.Module):
             g = None if z is None else torch.sigmoid(z)  # (B, H, S)
             if g is not None and not self.variant.routing:
                 vf = g.unsqueeze(-1) * vf  # (B, H, S, D): the read g_j v_j
-            if gate_columns and g is not None:
+            n_gate = 2 if gate_columns and g is not None else 0
+            if n_gate:
                 vf = torch.cat([vf, AttentionRecord.moment_columns(g)], dim=-1)  # (B, H, S, D+2)
+            n_quiet = len(QUIET_CUTOFFS) if quiet_columns else 0
+            if n_quiet:
+                vf = torch.cat([vf, AttentionRecord.quiet_indicator_columns(v)], dim=-1)  # (B, H, S, D+[2]+K)
             if self.variant.routing:
                 qf = torch.cat([qf, qf.new_full((B, H, T, 1), math.sqrt(D))], dim=-1)  # (B, H, T, D+1)
                 kf = torch.cat([kf, F.logsigmoid(z).unsqueeze(-1)], dim=-1)  # (B, H, S, D+1): log g_j
@@ -501,8 +507,9 @@ class CausalSelfAttention(nn.Module):
             b = self.sink_logits()
             if b is not None:
                 y = y * (1.0 - torch.sigmoid(b.float().view(1, H, 1) - lse)).unsqueeze(-1)  # (B, H, T, D)
-        columns = out[..., D:D + 2] if vf.shape[-1] == D + 2 else None  # (B, H, T, 2)
-        return y.to(v.dtype), lse, columns
+        columns = out[..., D:D + 2] if n_gate else None  # (B, H, T, 2)
+        quiet = out[..., D + n_gate:D + n_gate + n_quiet] if n_quiet else None  # (B, H, T, K)
+        return y.to(v.dtype), lse, columns, quiet
 
     def attend_fused(
         self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, want_importance: bool
@@ -585,14 +592,15 @@ class CausalSelfAttention(nn.Module):
         gate_out = self.output_gate(x)  # (B, H, T, D|1) float32, or None
         record = hooks is not None and hp.ATTN in hooks.observed
 
-        lse = columns = att = None
+        lse = columns = quiet = att = None
         if explicit or (record and want_importance):
             y, att = self.attend_explicit(q, k, v, z)  # (B, H, T, D), (B, H, T, S)
             phantom = self.variant.has_phantom  # the sink set: the phantom, else key 0 (gates.default_sink_set)
             G = gates.gate_from_weights(att, first=not phantom, phantom=phantom)  # (B, H, T)
         elif record:  # a probe run: linear memory, the gate's moments from the same kernel call
-            asked = "value_gate" in getattr(hooks, "record_columns", ())
-            y, lse, columns = self.attend_recorded(q, k, v, z, asked)  # (B, H, T, D), (B, H, T), (B, H, T, 2)|None
+            asked = getattr(hooks, "record_columns", ())
+            y, lse, columns, quiet = self.attend_recorded(
+                q, k, v, z, "value_gate" in asked, "quiet" in asked)  # (B, H, T, D), (B, H, T), (B, H, T, 2|K)|None
             G = None
         else:
             implicit = want_importance and gate_out is None  # outgate's G is its explicit gate
@@ -622,6 +630,7 @@ class CausalSelfAttention(nn.Module):
                     key_bias=F.logsigmoid(z).detach() if self.variant.routing else None,  # (B, H, S): log g_j
                     routing_gate=self.variant.routing,
                     gate_columns=columns,  # (B, H, T, 2) or None
+                    quiet_columns=quiet,  # (B, H, T, K) or None
                     output_gate=None
                     if gate_out is None
                     else gate_out.detach().transpose(1, 2).expand(B, T, H, D),  # (B, T, H, D)
