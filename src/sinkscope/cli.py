@@ -256,6 +256,56 @@ def heads(
 
 @app.command()
 @_friendly_errors
+def inject(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    eval_batch: Annotated[int, typer.Option("--eval-batch", help="Windows per evaluation batch: structured junk is drawn across it, so it is part of the measurement (recorded in the manifest, never halved).")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the window draw and of the junk (per batch and layer).")] = 0,
+    junk: Annotated[list[str], typer.Option("--junk", help="Junk types, repeatable or comma-separated: structured, same-context, gaussian, random-direction, own-direction (projection-gate checkpoints).")] = ["structured", "same-context", "gaussian"],  # noqa: B006
+    cutoff: Annotated[list[str], typer.Option("--cutoff", help="Quiet-read cutoffs, repeatable or comma-separated: median, q25.")] = ["median", "q25"],  # noqa: B006
+    doses: Annotated[str, typer.Option("--doses", help="Doses eps, comma-separated: the junk's norm is eps x the head's median read norm.")] = "0.2,0.4,0.8,1.6",
+    exposure: Annotated[bool, typer.Option("--exposure/--no-exposure", help="Also measure quiet and phantom mass on the clean pass.")] = True,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Corrupt every value head's quiet reads with junk and measure the loss increase (seed 000 §5).
+
+    For each junk type, cutoff and dose: one more forward pass per evaluation batch; the clean
+    loss and the exposure (quiet and phantom mass) come from the clean pass of the same batches.
+    Several models give one run each and one comparison page.
+
+    Examples:
+
+        sinkscope inject                                         # SmolLM2-135M: 3 junk types x 2 cutoffs x 4 doses
+
+        sinkscope inject --junk gaussian --cutoff q25 --doses 0.4,0.8 --n-seqs 8 --seq-len 256
+
+        sinkscope inject ckpt/projgate --junk own-direction,structured
+
+        sinkscope inject ckpt/baseline ckpt/sink+proj --out runs/inject-cmp
+    """
+    values = dict(locals())
+    values["cutoffs"] = values.pop("cutoff")
+    _run("inject", values)
+
+
+@app.command()
+@_friendly_errors
 def measure(
     model: ModelArg = None,
     probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006

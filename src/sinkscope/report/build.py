@@ -180,7 +180,7 @@ def _has_layers(table: pd.DataFrame, metric: str) -> bool:
 
 
 #: metrics that only mean something for a model with a learned phantom key (gpt-oss sinks, sinklogit).
-PHANTOM_METRICS = ("phantom_mass", "sink_logit")
+PHANTOM_METRICS = ("phantom_mass", "sink_logit", "exposure_phantom_mass")
 #: per-layer shares drawn as bars (with their heatmap) rather than lines.
 BAR_METRIC_PREFIXES = ("token_share",)
 #: gate metrics whose model value gets one plot across the runs of a comparison (seed 000 Fig. 1d).
@@ -466,6 +466,73 @@ def _layer_table(runs: list[RunData], metric: str) -> dict:
     return {"columns": columns, "rows": body, "collapsed": len(body) > COLLAPSE_ROWS}
 
 
+#: the exposure section's note: the averaging convention beside p0_mass's.
+EXPOSURE_NOTE = ("Quiet and phantom mass are averaged over every query, row 0 included, as seed 000's Tables 3 and 11 "
+                 "are (p0_mass and phantom_mass average over queries i >= 1); the quiet set is the reads of a value "
+                 "head with norm strictly below the median or 25th percentile of that window's read norms.")
+INJECTION_NOTE = ("Each condition adds junk of norm eps x the head's median read norm to every quiet read (norm "
+                  "strictly below the cutoff) of every value head in every layer, before any gate; the loss increase "
+                  "is the mean next-token loss under corruption minus the clean loss on the same windows. The y axis "
+                  "is logarithmic: increases <= 0 are not drawn (the table has them).")
+
+
+def _injection_points(run: RunData, metric: str = "inject_loss_delta") -> pd.DataFrame:
+    """The run's rows of one injection metric: columns junk, cutoff, dose, value."""
+    table = run.table
+    if "junk" not in table.columns:
+        return pd.DataFrame(columns=["junk", "cutoff", "dose", "value"])
+    rows = table[(table.metric == metric) & table["junk"].notna()]
+    return pd.DataFrame({"junk": rows["junk"].astype(str), "cutoff": rows["cutoff"].astype(str),
+                         "dose": rows["dose"].astype(float), "value": rows["value"].astype(float)})
+
+
+def _injection_section(runs: list[RunData], metrics: list[str], docs: dict, fig_dir: Path, summary: list) -> dict:
+    """The injection probe's section: one dose-response figure per junk type and one table of every condition."""
+    from sinkscope.report import figures
+
+    entries = []
+    if "inject_loss_clean" in metrics:
+        info = docs.get("inject_loss_clean", MetricInfo("inject_loss_clean", "", "", ""))
+        values = [fmt(_model_value(r.table, "inject_loss_clean")) for r in runs]
+        summary.append({"metric": "inject_loss_clean", "label": info.label, "direction": info.direction,
+                        "values": values})
+    points = pd.concat([_injection_points(r).assign(run=r.label) for r in runs], ignore_index=True)
+    if points.empty:
+        return {"probe": "injection", "entries": entries, "note": INJECTION_NOTE, "tables": []}
+    figs = []
+    for junk in dict.fromkeys(points["junk"]):
+        fig = figures.dose_response(points[points["junk"] == junk], junk)
+        png, svg = figures.save_figure(fig, fig_dir / f"dose_response_{figures._file_stem(junk)}")
+        figs.append({"title": f"loss increase against dose, {junk} junk (one line per cutoff"
+                              + (" and run" if len(runs) > 1 else "") + ")",
+                     "src": _embed_png(png), "files": [png.name, svg.name], "kind": "line"})
+    doses = sorted(set(points["dose"]))
+    columns = (["run"] if len(runs) > 1 else []) + ["junk", "cutoff"] + [f"eps={d:g}" for d in doses]
+    rows = []
+    for run in runs:
+        mine = points[points["run"] == run.label]
+        for (junk, cutoff), part in mine.groupby(["junk", "cutoff"], sort=False):
+            by_dose = dict(zip(part["dose"], part["value"]))
+            rows.append(([run.label] if len(runs) > 1 else []) + [junk, cutoff]
+                        + [f"{by_dose[d]:+.4g}" if d in by_dose else "—" for d in doses])
+    info = docs.get("inject_loss_delta", MetricInfo("inject_loss_delta", "", "", ""))
+    entries.append({"metric": "inject_loss_delta", "info": info, "note": None, "figures": figs,
+                    "table": {"columns": columns, "rows": rows, "collapsed": False,
+                              "caption": "Loss increase (nats / token) per junk type, cutoff and dose"}})
+    return {"probe": "injection", "entries": entries, "note": INJECTION_NOTE, "tables": []}
+
+
+def _exposure_table(runs: list[RunData]) -> dict:
+    """Seed 000 Table 11's layout: per run, quiet mass at each cutoff and phantom mass (model values)."""
+    metrics = [m for m in ("quiet_mass_median", "quiet_mass_q25", "exposure_phantom_mass")
+               if any((r.table.metric == m).any() for r in runs)]
+    columns = ["run"] + [{"quiet_mass_median": "quiet (median)", "quiet_mass_q25": "quiet (q25)",
+                          "exposure_phantom_mass": "phantom"}[m] for m in metrics]
+    rows = [[run.label] + [fmt(_model_value(run.table, m)) for m in metrics] for run in runs]
+    return {"caption": "Exposure: share of each row's mass on quiet reads and on the phantom (mean over every query, "
+                       "head and layer)", "columns": columns, "rows": rows}
+
+
 def bos_summary(windows: dict) -> str:
     """What happened at position 0, e.g. "auto: none prepended (the tokenizer's BOS, id 1, is not added by default)"."""
     policy = windows.get("bos_policy", "—")
@@ -645,6 +712,9 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     sections = []
     summary = []
     for probe, metrics in probes:
+        if probe == "injection":
+            sections.append(_injection_section(runs, metrics, docs, fig_dir, summary))
+            continue
         entries = []
         for metric in metrics:
             info = docs.get(metric, MetricInfo(metric, "", "", ""))
@@ -668,7 +738,10 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
                 and len(no_phantom) < len(runs) and not replaced else None,
             })
         note = OUTPUT_GATE_NOTE if any(m.startswith("out_gate_") for m in metrics) else None
-        sections.append({"probe": probe, "entries": entries, "note": note})
+        tables = [_exposure_table(runs)] if probe == "exposure" else []
+        if probe == "exposure":
+            note = EXPOSURE_NOTE
+        sections.append({"probe": probe, "entries": entries, "note": note, "tables": tables})
 
     exceptions = [text for prefix, text in (("massive_activation", "massive activations: the largest over layers"),
                                             ("token_share", "token-identity shares: pooled over every head of every "

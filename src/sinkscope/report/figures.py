@@ -677,3 +677,45 @@ def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
         ax.grid(True, linewidth=0.4, alpha=0.4)
         ax.legend(loc="upper left")
     return fig
+
+
+def dose_response(points: pd.DataFrame, junk: str) -> Figure:
+    """Loss increase against dose for one junk type (seed 000 §5.1): one line per cutoff (and run).
+
+    Args:
+        points: columns ``run``, ``cutoff``, ``dose``, ``value`` (the loss increase in nats).
+        junk: the junk type, for the title.
+
+    The y axis is logarithmic; increases <= 0 (junk that did not hurt) cannot be drawn on it and
+    are left out (the table beside the figure has every number).
+
+    Returns:
+        The figure.
+    """
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_title(f"Injected junk: {junk}")
+        runs = list(dict.fromkeys(points["run"]))
+        styles = {c: s for c, s in zip(("median", "q25"), ("-", "--"))}
+        drawn = False
+        for i, run in enumerate(runs):
+            color = f"C{i % 10}"
+            for cutoff in dict.fromkeys(points[points["run"] == run]["cutoff"]):
+                rows = points[(points["run"] == run) & (points["cutoff"] == cutoff)].sort_values("dose")
+                rows = rows[rows["value"] > 0]
+                if rows.empty:
+                    continue
+                label = f"{run}: {cutoff}" if len(runs) > 1 else f"cutoff {cutoff}"
+                ax.plot(rows["dose"], rows["value"], marker="o", markersize=3.5, linewidth=1.4, color=color,
+                        linestyle=styles.get(cutoff, ":"), label=label)
+                drawn = True
+        if drawn:
+            ax.set_yscale("log")
+            ax.legend(loc="upper left")
+        else:
+            ax.text(0.5, 0.5, "no positive loss increase to draw", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("dose eps (junk norm / the head's median read norm)")
+        ax.set_ylabel("loss increase (nats / token)")
+        ax.grid(True, which="both", linewidth=0.4, alpha=0.4)
+    return fig

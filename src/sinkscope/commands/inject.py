@@ -1,0 +1,152 @@
+"""``sinkscope inject``: value-read injection and exposure (SPEC.md "Value-read injection", "Quiet mass").
+
+Probes: ``injection`` (one clean pass and one pass per junk type x cutoff x dose over every
+evaluation batch: the loss increase when every value head's quiet reads receive junk, before any
+gate) and ``exposure`` (from the clean pass of the same batches: the share of each attention row
+on the quiet reads, per cutoff, and on the phantom, averaged over every query as seed 000's
+tables are). Seed 000 §5.1, its appendix C and Tables 3, 9-11 and 13.
+
+The evaluation batch is part of the measurement (structured junk is drawn across it), so it is an
+option of its own, ``--eval-batch`` (recorded in the manifest), and replaces ``--batch-size``:
+every batch holds ``eval_batch`` windows (the last one fewer when ``--n-seqs`` is not a
+multiple) and is never halved. Under torchrun each process's share of the windows must be whole
+batches, so that the batches are those of a one-process run.
+
+``own-direction`` junk needs a projection-gate trainer checkpoint (``projgate``, ``sink+proj``);
+anything else is refused in one sentence before the weights load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sinkscope.commands import register_command
+from sinkscope.errors import SinkscopeError
+from sinkscope.options import Command, RunOptions
+
+if TYPE_CHECKING:
+    from sinkscope.capture.families import ModelSpec
+    from sinkscope.sources import Source
+
+# the probe module imports torch: these are repeated here for the no-torch checks (tests keep them equal)
+JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
+DEFAULT_JUNK = ("structured", "same-context", "gaussian")
+CUTOFFS = ("median", "q25")
+DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
+PROJECTION_GATE_VARIANTS = ("projgate", "sink+proj")
+DEFAULT_EVAL_BATCH = 8  # seed 000: eight batches of eight windows
+
+
+@dataclass
+class InjectOptions(RunOptions):
+    """``RunOptions`` plus the injection battery and the evaluation batch.
+
+    Attributes:
+        junk: junk types (structured, same-context, gaussian, random-direction, own-direction).
+        cutoffs: quiet-read cutoffs (median, q25).
+        doses: doses eps; the junk's norm is eps x the head's median read norm.
+        eval_batch: windows per evaluation batch (structured junk draws across it); it is the
+            run's batch size, never halved.
+        exposure: also measure the quiet and phantom mass (the clean pass of the same batches).
+    """
+
+    junk: tuple = DEFAULT_JUNK
+    cutoffs: tuple = CUTOFFS
+    doses: tuple = DEFAULT_DOSES
+    eval_batch: int = DEFAULT_EVAL_BATCH
+    exposure: bool = True
+
+    def __post_init__(self):
+        self.batch_size = self.eval_batch  # the batch is part of the measurement
+
+
+def _split(values) -> tuple:
+    """CLI values as a tuple: repeated options and comma-separated lists both work."""
+    if isinstance(values, str):
+        values = (values,)
+    return tuple(v.strip() for item in values for v in str(item).split(",") if v.strip())
+
+
+def _check(options: InjectOptions) -> None:
+    from sinkscope import distributed
+
+    options.junk, options.cutoffs = _split(options.junk), _split(options.cutoffs)
+    bad = [j for j in options.junk if j not in JUNK_TYPES]
+    if bad or not options.junk:
+        raise SinkscopeError(f"unknown --junk {bad[0] if bad else ''!r}; use one or more of {', '.join(JUNK_TYPES)}.")
+    bad = [c for c in options.cutoffs if c not in CUTOFFS]
+    if bad or not options.cutoffs:
+        raise SinkscopeError(f"unknown --cutoff {bad[0] if bad else ''!r}; use median, q25 or both.")
+    raw = options.doses
+    try:
+        doses = tuple(float(d) for d in (_split(raw) if isinstance(raw, str) or any(isinstance(d, str) for d in raw)
+                                         else raw))
+    except ValueError:
+        raise SinkscopeError(f"--doses takes numbers such as 0.2,0.4,0.8,1.6 (got {raw!r}).") from None
+    if not doses or any(not d >= 0 or d == float("inf") for d in doses):
+        raise SinkscopeError(f"--doses takes finite numbers >= 0 (got {raw!r}).")
+    for name, values in (("--junk", options.junk), ("--cutoff", options.cutoffs), ("--doses", doses)):
+        if len(set(values)) != len(values):
+            raise SinkscopeError(f"{name} lists a value twice ({', '.join(map(str, values))}).")
+    options.doses = doses
+    if options.eval_batch < 1:
+        raise SinkscopeError(f"--eval-batch must be at least 1 (got {options.eval_batch}).")
+    options.batch_size = options.eval_batch
+    _, world_size = distributed.world()
+    if world_size > 1:
+        starts = [options.n_seqs * r // world_size for r in range(world_size)]
+        if any(s % options.eval_batch for s in starts):
+            raise SinkscopeError(f"under torchrun every process needs whole evaluation batches: make --n-seqs "
+                                 f"({options.n_seqs}) a multiple of --eval-batch x processes "
+                                 f"({options.eval_batch} x {world_size}).")
+
+
+def _own_direction_error(what: str) -> SinkscopeError:
+    return SinkscopeError(f"own-direction junk is the head's projection-gate direction w_h/||w_h||, which only "
+                          f"projection-gate trainer checkpoints ({', '.join(PROJECTION_GATE_VARIANTS)}) have; "
+                          f"{what} has none.")
+
+
+def _variant(source: Source) -> str | None:
+    from sinkscope.sources import config_file_dict
+
+    if source.kind != "checkpoint":
+        return None
+    return (config_file_dict(source) or {}).get("variant", "baseline")
+
+
+def _check_source(options: InjectOptions, source: Source) -> None:
+    if "own-direction" in options.junk and _variant(source) not in PROJECTION_GATE_VARIANTS:
+        what = f"{source.location} (variant {_variant(source)})" if source.kind == "checkpoint" else source.location
+        raise _own_direction_error(what)
+
+
+def _check_sources(options: InjectOptions, sources: list[Source]) -> None:
+    for source in sources:
+        _check_source(options, source)
+
+
+def _probes(options: InjectOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
+    params = {"junk": options.junk, "cutoffs": options.cutoffs, "doses": options.doses, "seed": options.seed,
+              "eval_batch": options.eval_batch}
+    if "own-direction" in options.junk:
+        from sinkscope.sources import resolve_source
+
+        source = resolve_source(options.model, options.revision) if options.model else None
+        if source is None or source.kind != "checkpoint":
+            raise _own_direction_error(f"the model ({spec.family})")
+        params["directions"] = str(source.path)
+    probes = [("injection", params)]
+    return probes + [("exposure", {})] if options.exposure else probes
+
+
+INJECT = register_command(Command(
+    name="inject",
+    summary="value-read injection (loss increase per junk type, cutoff and dose) and exposure (quiet, phantom mass)",
+    options=InjectOptions,
+    probes=_probes,
+    check=_check,
+    check_source=_check_source,
+    check_sources=_check_sources,
+))
