@@ -195,7 +195,7 @@ def run_probes(
                         probe.pass_label = label
                         probe.batch_start = index
                     switch.current = dispatcher
-                    _forward(model, ids, dispatcher, native=native, attention=attention, kwargs=kwargs)
+                    _forward(model, ids, dispatcher, native=native, attention=attention, kwargs=kwargs, switch=switch)
                     dispatcher.check_finite()
                 for probe in probes:
                     probe.end_batch()
@@ -224,12 +224,17 @@ def run_probes(
 
 
 def _forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, *, native: bool, attention: str,
-             kwargs: dict) -> None:
-    """One forward pass of ``ids`` (B, T); the capture (or the native model) feeds ``dispatcher``."""
+             kwargs: dict, switch: _PassSwitch | None = None) -> None:
+    """One forward pass of ``ids`` (B, T); the capture (or the native model) feeds ``dispatcher``.
+
+    The native model gets the pass switch (as the capture does), so every pass of a batch runs the
+    same attention kernels (records are built where any pass observes them) and two passes that
+    change nothing give bit-identical logits; only the current pass's probes receive anything.
+    """
     if hp.TOKENS in dispatcher.observed:
         dispatcher.emit(hp.TOKENS, None, ids)
     if native:
-        logits, _ = model(ids, hooks=dispatcher, attention=attention)  # (B, T, V)
+        logits, _ = model(ids, hooks=switch if switch is not None else dispatcher, attention=attention)  # (B, T, V)
     else:
         logits = model(input_ids=ids, **kwargs).logits  # (B, T|1, V)
     if hp.LOSS in dispatcher.observed:

@@ -58,6 +58,8 @@ class InjectOptions(RunOptions):
     exposure: bool = True
 
     def __post_init__(self):
+        if isinstance(self.eval_batch, int) and self.eval_batch < 1:  # before the shared --batch-size check
+            raise SinkscopeError(f"--eval-batch must be at least 1 (got {self.eval_batch}).")
         self.batch_size = self.eval_batch  # the batch is part of the measurement
 
 

@@ -1,0 +1,415 @@
+"""``sinkscope inject`` (issue 11; SPEC.md "Value-read injection" and "Quiet mass (exposure)"; seed 000 §5.1).
+
+The reference side is independent of the probes: quiet sets and medians from ``np.quantile`` /
+``np.median`` over the read norms, quiet and phantom mass from the model's own eager weights
+(``output_attentions``) in float64, and the values the attention kernel actually read (the
+``hook_v`` point observed after the replacement) compared with the clean ones.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import sinkscope
+from sinkscope.capture import ModelSpec
+from sinkscope.capture import hooks as hp
+from sinkscope.capture.record import QUIET_CUTOFFS, quiet_reads
+from sinkscope.cli import app
+from sinkscope.commands import inject as inject_command
+from sinkscope.probes import get_probe
+from sinkscope.probes import injection as injection_module
+from sinkscope.probes.base import MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.probes.injection import Injection, condition_label, other_positions
+from sinkscope.results import rows_to_frame
+from sinkscope.runner import run_probes
+from tiny_models import FAMILY_NAMES, build
+
+runner = CliRunner()
+TOL = 1e-5
+TRAINER_VARIANTS = ["baseline", "sinklogit", "sink+proj", "routing-norm", "sinktoken", "normgate"]
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+
+@register_probe("test_inject_values", metrics={"unused": MetricInfo("unused", "", "", "test")})
+class ValuesSeen(Probe):
+    """Keeps the values the kernel read (hook_v after any replacement), per pass and layer."""
+
+    def setup(self) -> None:
+        self.labels: tuple = (None,)
+        self.seen: dict = {}
+
+    def passes(self):
+        return self.labels
+
+    @observes(hp.ATTN_V)
+    def values(self, layer, v):  # (B, S, Hkv, D)
+        self.seen.setdefault((self.pass_label, layer), []).append(v.detach().double().clone())
+
+    def get(self, label, layer) -> np.ndarray:
+        return torch.cat(self.seen[(label, layer)]).numpy()  # (N, S, Hkv, D)
+
+    def rows(self) -> list[Row]:
+        return []
+
+
+def ids_for(n: int = 4, T: int = 16, vocab: int = 512, seed: int = 3) -> np.ndarray:
+    return torch.randint(0, vocab, (n, T), generator=torch.Generator().manual_seed(seed)).numpy()
+
+
+def trainer_model(variant: str, seed: int = 0):
+    from sinkscope.train.model import GPT, GPTConfig
+
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, variant=variant)).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight.mul_(3.0)
+            if hasattr(block.attn, "sink_logit"):
+                block.attn.sink_logit.copy_(torch.randn(4, generator=g))
+            if hasattr(block.attn, "gate_w"):
+                block.attn.gate_w.copy_(torch.randn(4, 8, generator=g))
+    return model
+
+
+def model_for(name: str):
+    return trainer_model(name.removeprefix("trainer:")) if name.startswith("trainer:") else build(name)
+
+
+MODELS = FAMILY_NAMES + [f"trainer:{v}" for v in ("baseline", "sink+proj", "sinktoken")]
+
+
+def vocab_of(model) -> int:
+    return ModelSpec.from_model(model).vocab_size
+
+
+def injected(model, ids, *, junk="structured", cutoff="median", dose=0.8, attention="fused", seed=0,
+             batch_size=4, extra=()):
+    """Run one injection condition with a values recorder; returns (injection probe, recorder, label)."""
+    spec = ModelSpec.from_model(model)
+    probe = get_probe("injection")(spec, junk=(junk,), cutoffs=(cutoff,), doses=(dose,), seed=seed,
+                                   eval_batch=batch_size)
+    seen = ValuesSeen(spec)
+    label = condition_label(junk, cutoff, float(dose))
+    seen.labels = (None, label)
+    run_probes(model, ids, [probe, seen, *extra], batch_size=batch_size, progress=False, attention=attention)
+    return probe, seen, label
+
+
+def np_quiet(norms: np.ndarray, q: float) -> np.ndarray:
+    """(B, S, Hkv) norms -> quiet (B, S, Hkv): strictly below numpy's quantile over S."""
+    return norms < np.quantile(norms, q, axis=1, keepdims=True)
+
+
+# ---- the quiet set ------------------------------------------------------------------------------
+
+
+def test_quiet_reads_follow_numpy_quantiles_with_a_strict_cutoff():
+    g = torch.Generator().manual_seed(0)
+    norms = torch.rand(3, 2, 17, generator=g)  # (B, Hkv, S): odd S
+    norms[0, 0] = 1.0  # every norm equal: nothing is quiet
+    norms[1, 1, :8] = 0.5  # ties at the 25th percentile
+    for S in (17, 16):  # odd and even (the median between two norms)
+        x = norms[..., :S]
+        got = quiet_reads(x).numpy()  # (B, Hkv, S, K)
+        for k, (_, q) in enumerate(QUIET_CUTOFFS):
+            want = x.numpy() < np.quantile(x.numpy(), q, axis=-1, keepdims=True)
+            np.testing.assert_array_equal(got[..., k], want)
+        assert not got[0, 0].any()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_quiet_and_phantom_mass_equal_the_definition_on_both_paths(name):
+    """Exposure (fused: indicator columns appended to v; explicit: the weights) equals numpy on the eager
+    weights, averaged over every query i >= 0; for GQA the quiet set is the KV head's."""
+    model = model_for(name)
+    ids = ids_for(vocab=vocab_of(model))
+    spec = ModelSpec.from_model(model)
+    tables = {}
+    for attention in ("fused", "explicit"):
+        exposure, seen = get_probe("exposure")(spec), ValuesSeen(spec)
+        run_probes(model, ids, [exposure, seen], batch_size=2, progress=False, attention=attention)
+        tables[attention] = {(r.metric, r.layer, r.head): r.value for r in exposure.rows()}
+    # the reference: eager weights (B, H, T, S) and the values the kernel read
+    if name.startswith("trainer:"):
+        weights = {}
+
+        class Tap:
+            def on_attention(self, record):
+                weights[record.layer] = record.weights.double().numpy()
+
+            def on_residual(self, layer, hidden):
+                pass
+        with torch.no_grad():
+            model(torch.from_numpy(ids), tap=Tap())
+        attentions = [weights[layer] for layer in spec.attention_layers]
+    else:
+        with torch.no_grad():
+            attentions = [a.double().numpy() for a in model(torch.from_numpy(ids), output_attentions=True,
+                                                            use_cache=False).attentions]
+    groups = spec.n_heads // spec.n_kv_heads
+    for layer, A in zip(spec.attention_layers, attentions):
+        v = seen.get(None, layer)  # (B, S, Hkv, D)
+        norms = np.linalg.norm(v, axis=-1)  # (B, S, Hkv)
+        for name_, q in QUIET_CUTOFFS:
+            quiet = np_quiet(norms, q)  # (B, S, Hkv)
+            per_head = np.repeat(quiet, groups, axis=2).transpose(0, 2, 1)  # (B, H, S)
+            mass = (A * per_head[:, :, None, :]).sum(-1)  # (B, H, T): phantom in the normaliser
+            for h in range(spec.n_heads):
+                for attention in ("fused", "explicit"):
+                    assert tables[attention][(f"quiet_mass_{name_}", layer, h)] == pytest.approx(
+                        mass[:, h].mean(), abs=TOL), (name, attention, layer, h)
+        phantom = 1.0 - A.sum(-1)  # (B, H, T)
+        for h in range(spec.n_heads):
+            assert tables["fused"][("exposure_phantom_mass", layer, h)] == pytest.approx(phantom[:, h].mean(), abs=TOL)
+
+
+# ---- the corruption ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_only_quiet_reads_change_by_eps_times_the_heads_median_norm(name):
+    """At the first attention layer (nothing below it is corrupted) the values the kernel reads differ
+    from the clean ones exactly on the quiet set, by eps x the (window, KV head)'s median read norm."""
+    model = model_for(name)
+    ids = ids_for(vocab=vocab_of(model))
+    spec = ModelSpec.from_model(model)
+    layer = spec.attention_layers[0]
+    for junk, cutoff, dose in (("structured", "median", 0.8), ("gaussian", "q25", 0.4)):
+        _, seen, label = injected(model, ids, junk=junk, cutoff=cutoff, dose=dose)
+        clean, dirty = seen.get(None, layer), seen.get(label, layer)  # (B, S, Hkv, D)
+        norms = np.linalg.norm(clean, axis=-1)  # (B, S, Hkv)
+        quiet = np_quiet(norms, dict(QUIET_CUTOFFS)[cutoff])
+        changed = np.abs(dirty - clean).max(-1) > 0  # (B, S, Hkv)
+        np.testing.assert_array_equal(changed, quiet)
+        step = np.linalg.norm(dirty - clean, axis=-1)  # (B, S, Hkv)
+        median = np.median(norms, axis=1, keepdims=True)  # (B, 1, Hkv)
+        np.testing.assert_allclose(step[quiet], np.broadcast_to(dose * median, step.shape)[quiet], rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt_oss", "trainer:sinktoken"])
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+def test_dose_zero_reproduces_the_clean_loss_exactly(name, attention):
+    model = model_for(name)
+    ids = ids_for(vocab=vocab_of(model))
+    spec = ModelSpec.from_model(model)
+    probe = get_probe("injection")(spec, junk=("structured", "gaussian"), cutoffs=("median",), doses=(0.0,),
+                                   eval_batch=2)
+    run_probes(model, ids, [probe, get_probe("exposure")(spec)], batch_size=2, progress=False, attention=attention)
+    rows = {(r.metric, dict(r.conditions).get("junk")): r.value for r in probe.rows()}
+    for junk in ("structured", "gaussian"):
+        assert rows[("inject_loss", junk)] == rows[("inject_loss_clean", None)]
+        assert rows[("inject_loss_delta", junk)] == 0.0
+
+
+def test_exposure_columns_leave_the_fused_output_unchanged():
+    """Appending the quiet indicators to v (and padding q, k) keeps the clean loss (1e-5)."""
+    model = build("llama")
+    ids = ids_for()
+    spec = ModelSpec.from_model(model)
+    losses = []
+    for extra in ([], [get_probe("exposure")(spec)]):
+        probe = get_probe("injection")(spec, junk=("gaussian",), cutoffs=("q25",), doses=(0.2,), eval_batch=2)
+        run_probes(model, ids, [probe, *extra], batch_size=2, progress=False)
+        losses.append(probe.rows()[0].value)
+    assert losses[0] == pytest.approx(losses[1], abs=TOL)
+
+
+def test_other_positions_are_uniform_and_never_the_own_position():
+    g = torch.Generator().manual_seed(0)
+    for n in (2, 3, 7):
+        draws = other_positions(n, (n, 4000), g)  # (n, 4000)
+        own = torch.arange(n).view(n, 1)
+        assert not (draws == own).any()
+        assert draws.min() >= 0 and draws.max() < n
+        for p in range(n):
+            counts = torch.bincount(draws[p], minlength=n).double()
+            others = torch.cat([counts[:p], counts[p + 1:]])
+            assert counts[p] == 0 and (others / 4000 - 1 / (n - 1)).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("junk", ["structured", "same-context"])
+def test_transplanted_junk_is_another_positions_clean_read(junk):
+    """Each corrupted read's junk direction is the normalised clean read of the same KV head at another
+    position: anywhere in the batch (structured) or in the same window (same-context), never itself."""
+    model = build("llama")  # GQA: 2 KV heads
+    ids = ids_for(n=4, T=12)
+    spec = ModelSpec.from_model(model)
+    _, seen, label = injected(model, ids, junk=junk, cutoff="median", dose=0.4)
+    layer = spec.attention_layers[0]
+    clean, dirty = seen.get(None, layer), seen.get(label, layer)  # (B, S, Hkv, D)
+    B, S, Hkv, _ = clean.shape
+    unit = clean / np.linalg.norm(clean, axis=-1, keepdims=True)  # (B, S, Hkv, D)
+    other_window = 0
+    for b, s, h in zip(*np.nonzero(np.abs(dirty - clean).max(-1) > 0)):
+        u = (dirty[b, s, h] - clean[b, s, h]) / np.linalg.norm(dirty[b, s, h] - clean[b, s, h])
+        cos = unit[:, :, h] @ u  # (B, S)
+        # at the first layer a read is a function of its token: every copy of the source token matches
+        sources = {(int(i), int(j)) for i, j in zip(*np.nonzero(cos > 1 - 1e-5))} - {(b, s)}
+        assert sources, (b, s, h)
+        if junk == "same-context":
+            assert any(i == b for i, _ in sources)
+        other_window += all(i != b for i, _ in sources)
+    if junk == "structured":
+        assert other_window > 0  # most draws land in another window of the batch
+
+
+def test_draws_are_seeded_per_batch_and_layer_and_shared_by_models_of_the_same_shapes():
+    """Gaussian and random-direction junk do not depend on the weights: two trainer models of the same shapes
+    (different seeds) get the same directions; another --seed gets other ones; a rerun gets the same table."""
+    ids = ids_for(vocab=64)
+    directions = {}
+    for junk in ("gaussian", "random-direction"):
+        for seed_model, seed in ((0, 0), (1, 0), (0, 5)):
+            model = trainer_model("baseline", seed=seed_model)
+            _, seen, label = injected(model, ids, junk=junk, cutoff="median", dose=0.4, seed=seed, batch_size=2)
+            clean, dirty = seen.get(None, 0), seen.get(label, 0)
+            d = dirty - clean
+            norm = np.linalg.norm(d, axis=-1, keepdims=True)
+            directions[(junk, seed_model, seed)] = np.where(norm > 0, d / np.where(norm > 0, norm, 1), 0)
+        same, other_model, other_seed = (directions[(junk, 0, 0)], directions[(junk, 1, 0)],
+                                         directions[(junk, 0, 5)])
+        both = (np.abs(same).sum(-1) > 0) & (np.abs(other_model).sum(-1) > 0)
+        np.testing.assert_allclose(same[both], other_model[both], atol=1e-5)
+        assert not np.allclose(same[both], other_seed[both], atol=1e-3)
+    # a random direction is one unit vector per head for the whole batch
+    d = directions[("random-direction", 0, 0)]
+    for h in range(d.shape[2]):
+        rows = d[:2, :, h][np.abs(d[:2, :, h]).sum(-1) > 0]  # the first batch (2 windows)
+        np.testing.assert_allclose(rows, np.broadcast_to(rows[0], rows.shape), atol=1e-5)
+    assert injection_module.draw_seed(0, 0, 1) != injection_module.draw_seed(0, 2, 1)
+
+
+def test_own_direction_is_the_projection_gates_direction(tmp_path, tokenizer):
+    from sinkscope.train.checkpoint import save_checkpoint
+
+    model = trainer_model("projgate")
+    folder = tmp_path / "projgate"
+    save_checkpoint(folder, model, None, step=0, train_state=None, tokenizer=tokenizer,
+                    meta={"seed": 0, "tier": "test"})
+    spec = model.model_spec()
+    probe = get_probe("injection")(spec, junk=("own-direction",), cutoffs=("median",), doses=(0.8,),
+                                   directions=str(folder), eval_batch=2)
+    seen = ValuesSeen(spec)
+    label = condition_label("own-direction", "median", 0.8)
+    seen.labels = (None, label)
+    run_probes(model, ids_for(vocab=64), [probe, seen], batch_size=2, progress=False)
+    d = seen.get(label, 0) - seen.get(None, 0)  # (B, S, H, D)
+    w = model.transformer.h[0].attn.gate_w.detach().double().numpy()  # (H, D)
+    unit = w / np.linalg.norm(w, axis=-1, keepdims=True)
+    moved = np.abs(d).sum(-1) > 0
+    got = d / np.linalg.norm(d, axis=-1, keepdims=True).clip(1e-30)
+    np.testing.assert_allclose(got[moved], np.broadcast_to(unit, got.shape)[moved], atol=1e-5)
+
+
+# ---- a trained checkpoint ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_ckpt(tmp_path_factory):
+    """A trigger-task checkpoint trained for 80 steps (two layers of 4 heads)."""
+    from sinkscope.train.loop import TrainOptions, train
+
+    out = tmp_path_factory.mktemp("inject-ckpt") / "trigger"
+    train(TrainOptions(out=str(out), task="trigger", task_options=["vocab=16"], steps=80, batch_size=16,
+                       warmup_steps=5, eval_every=80, eval_windows=8, checkpoint_every=80,
+                       overrides=["n_layer=2", "n_head=4", "n_embd=32", "block_size=32"], progress=False),
+          log=lambda message: None)
+    return out
+
+
+def test_loss_increase_grows_with_dose_on_a_trained_checkpoint(trained_ckpt, tmp_path):
+    result = sinkscope.measure("inject", str(trained_ckpt), n_seqs=8, eval_batch=4, junk=("structured", "gaussian"),
+                               out=str(tmp_path / "run"), figures=False)
+    table = result.table
+    deltas = table[table.metric == "inject_loss_delta"]
+    for (junk, cutoff), part in deltas.groupby(["junk", "cutoff"]):
+        values = part.sort_values("dose")["value"].to_numpy()
+        assert (np.diff(values) > 0).all() and values[0] > 0, (junk, cutoff, values)
+    assert table["variant"].iloc[0] == "baseline"  # the checkpoint's conditions ride along
+    manifest = result.manifest
+    assert manifest["options"]["eval_batch"] == 4 and manifest["options"]["batch_size"] == 4
+    assert manifest["probes"]["injection"]["options"]["eval_batch"] == 4
+
+
+# ---- the command ----------------------------------------------------------------------------------------
+
+
+def test_inject_command_writes_the_table_the_figures_and_the_report(tiny_llama_dir, text_file, tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["inject", str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "16",
+                                 "--n-seqs", "4", "--eval-batch", "2", "--doses", "0.4,1.6", "--junk",
+                                 "structured,gaussian", "--cutoff", "q25", "--cutoff", "median", "--no-progress",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "results.csv")
+    assert {"junk", "cutoff", "dose"} <= set(table.columns)
+    deltas = table[table.metric == "inject_loss_delta"]
+    assert len(deltas) == 2 * 2 * 2
+    assert set(deltas.cutoff) == {"q25", "median"} and set(deltas.dose) == {0.4, 1.6}
+    assert {"quiet_mass_median", "quiet_mass_q25", "exposure_phantom_mass"} <= set(table.metric)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["command"] == "inject" and manifest["options"]["eval_batch"] == 2
+    assert manifest["probes"]["injection"]["options"]["junk"] == ["structured", "gaussian"]
+    page = (out / "report.html").read_text()
+    assert 'data-probe="injection"' in page and 'data-probe="exposure"' in page
+    assert "Exposure: share of each row" in page and "every query, row 0 included" in page
+    for junk in ("structured", "gaussian"):
+        assert (out / "figures" / f"dose_response_{junk}.png").is_file()
+
+
+@pytest.mark.slow
+def test_several_models_give_one_comparison(tiny_llama_dir, text_file, tmp_path, tokenizer):
+    oss = tmp_path / "tiny-oss"
+    build("gpt_oss").save_pretrained(oss)
+    tokenizer.save_pretrained(oss)
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["inject", str(tiny_llama_dir), str(oss), "--text-file", str(text_file), "--seq-len",
+                                 "16", "--n-seqs", "2", "--eval-batch", "2", "--doses", "0.8", "--junk", "structured",
+                                 "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split() == [str(out / "report.html")]
+    page = (out / "report.html").read_text()
+    assert "sinkscope comparison of 2 runs" in page and "tiny-oss" in page
+    assert (out / "figures" / "dose_response_structured.png").is_file()
+    for folder in (out / tiny_llama_dir.name, oss.name and out / "tiny-oss"):
+        assert (folder / "results.csv").is_file()
+
+
+def test_mistakes_are_one_sentence(tiny_llama_dir, text_file, tmp_path, tokenizer):
+    from sinkscope.train.checkpoint import save_checkpoint
+
+    base = tmp_path / "baseline"
+    save_checkpoint(base, trainer_model("baseline"), None, step=0, train_state=None, tokenizer=tokenizer,
+                    meta={"seed": 0, "tier": "test"})
+    cases = [
+        (["inject", str(tiny_llama_dir), "--junk", "own-direction"], "only projection-gate trainer checkpoints"),
+        (["inject", str(base), "--junk", "own-direction"], "(variant baseline) has none"),
+        (["inject", str(tiny_llama_dir), "--junk", "salt"], "unknown --junk 'salt'"),
+        (["inject", str(tiny_llama_dir), "--cutoff", "q10"], "unknown --cutoff 'q10'"),
+        (["inject", str(tiny_llama_dir), "--doses", "0.2,x"], "--doses takes numbers"),
+        (["inject", str(tiny_llama_dir), "--doses", "-1"], "--doses takes finite numbers >= 0"),
+        (["inject", str(tiny_llama_dir), "--doses", "0.2,0.2"], "--doses lists a value twice"),
+        (["inject", str(tiny_llama_dir), "--eval-batch", "0"], "--eval-batch must be at least 1"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "x")])
+        assert result.exit_code == 1, (args, result.output)
+        assert message in result.output and result.output.count("error:") == 1, (args, result.output)
+
+
+def test_the_command_and_the_probe_list_the_same_choices():
+    assert inject_command.JUNK_TYPES == injection_module.JUNK_TYPES
+    assert inject_command.DEFAULT_JUNK == injection_module.DEFAULT_JUNK
+    assert inject_command.CUTOFFS == injection_module.DEFAULT_CUTOFFS
+    assert inject_command.DEFAULT_DOSES == injection_module.DEFAULT_DOSES
+    assert inject_command.PROJECTION_GATE_VARIANTS == injection_module.PROJECTION_GATE_VARIANTS
+    assert Injection.fixed_batch
