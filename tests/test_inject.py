@@ -405,6 +405,13 @@ def test_mistakes_are_one_sentence(tiny_llama_dir, text_file, tmp_path, tokenize
         assert message in result.output and result.output.count("error:") == 1, (args, result.output)
 
 
+def test_torchrun_shares_must_be_whole_evaluation_batches(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    inject_command._check(inject_command.InjectOptions(n_seqs=8, eval_batch=4))  # shares [0, 4), [4, 8)
+    with pytest.raises(sinkscope.SinkscopeError, match="whole evaluation batches"):
+        inject_command._check(inject_command.InjectOptions(n_seqs=6, eval_batch=2))  # process 1 starts at 3
+
+
 def test_the_command_and_the_probe_list_the_same_choices():
     assert inject_command.JUNK_TYPES == injection_module.JUNK_TYPES
     assert inject_command.DEFAULT_JUNK == injection_module.DEFAULT_JUNK

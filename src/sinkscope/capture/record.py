@@ -42,8 +42,9 @@ def read_norm_quantiles(norms: Tensor, quantiles: tuple[float, ...] | list[float
     ``norms`` (..., S) float32; quantile 0.5 is numpy's median (the mean of the two middle
     norms when S is even). Computed in float64 so that ties with a norm resolve as numpy's.
     """
-    q = torch.tensor(list(quantiles), dtype=torch.float64, device=norms.device)  # (K,)
-    return torch.quantile(norms.double(), q, dim=-1)  # (K, ...)
+    x = norms.double()
+    # one call per quantile with a Python float: a tensor q is range-checked on the host (a device sync)
+    return torch.stack([torch.quantile(x, float(q), dim=-1) for q in quantiles])  # (K, ...)
 
 
 def quiet_reads(norms: Tensor, quantiles: tuple[float, ...] | list[float] | None = None) -> Tensor:

@@ -18,6 +18,7 @@ anything else is refused in one sentence before the weights load.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -71,8 +72,6 @@ def _split(values) -> tuple:
 
 
 def _check(options: InjectOptions) -> None:
-    from sinkscope import distributed
-
     options.junk, options.cutoffs = _split(options.junk), _split(options.cutoffs)
     bad = [j for j in options.junk if j not in JUNK_TYPES]
     if bad or not options.junk:
@@ -95,7 +94,7 @@ def _check(options: InjectOptions) -> None:
     if options.eval_batch < 1:
         raise SinkscopeError(f"--eval-batch must be at least 1 (got {options.eval_batch}).")
     options.batch_size = options.eval_batch
-    _, world_size = distributed.world()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # distributed.world(), without importing torch
     if world_size > 1:
         starts = [options.n_seqs * r // world_size for r in range(world_size)]
         if any(s % options.eval_batch for s in starts):
