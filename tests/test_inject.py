@@ -405,6 +405,31 @@ def test_mistakes_are_one_sentence(tiny_llama_dir, text_file, tmp_path, tokenize
         assert message in result.output and result.output.count("error:") == 1, (args, result.output)
 
 
+def test_a_resumed_or_merged_run_gives_the_one_pass_table():
+    """The junk of a batch is named by its first window, so continuing from a checkpoint of the first batch,
+    or merging a second process's share, gives the uninterrupted table exactly."""
+    model = build("llama")
+    ids = ids_for(n=4)
+    spec = ModelSpec.from_model(model)
+    params = dict(junk=("structured", "gaussian"), cutoffs=("q25",), doses=(0.4,), eval_batch=2)
+
+    def table(probe):
+        return rows_to_frame(probe.rows())
+
+    whole = get_probe("injection")(spec, **params)
+    run_probes(model, ids, [whole], batch_size=2, progress=False)
+    first = get_probe("injection")(spec, **params)
+    run_probes(model, ids[:2], [first], batch_size=2, progress=False)
+    resumed = get_probe("injection")(spec, **params)
+    resumed.load_state_dict(first.state_dict())
+    run_probes(model, ids, [resumed], batch_size=2, progress=False, start=2)
+    pd.testing.assert_frame_equal(table(resumed), table(whole))
+    second = get_probe("injection")(spec, **params)
+    run_probes(model, ids, [second], batch_size=2, progress=False, start=2)  # process 1's share [2, 4)
+    first.merge(second)
+    pd.testing.assert_frame_equal(table(first), table(whole), check_exact=False, rtol=1e-12)
+
+
 def test_torchrun_shares_must_be_whole_evaluation_batches(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     inject_command._check(inject_command.InjectOptions(n_seqs=8, eval_batch=4))  # shares [0, 4), [4, 8)
