@@ -430,6 +430,21 @@ def test_a_resumed_or_merged_run_gives_the_one_pass_table():
     pd.testing.assert_frame_equal(table(first), table(whole), check_exact=False, rtol=1e-12)
 
 
+def test_out_of_memory_never_halves_the_evaluation_batch():
+    model = build("llama")
+    spec = ModelSpec.from_model(model)
+
+    def hook(_m, args, kwargs):
+        raise torch.OutOfMemoryError("CPU out of memory (simulated)")
+    handle = model.model.layers[1].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        probe = get_probe("injection")(spec, junk=("structured",), cutoffs=("q25",), doses=(0.4,), eval_batch=4)
+        with pytest.raises(sinkscope.SinkscopeError, match="cannot be halved.*--eval-batch"):
+            run_probes(model, ids_for(n=4), [probe], batch_size=4, progress=False)
+    finally:
+        handle.remove()
+
+
 def test_torchrun_shares_must_be_whole_evaluation_batches(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     inject_command._check(inject_command.InjectOptions(n_seqs=8, eval_batch=4))  # shares [0, 4), [4, 8)

@@ -37,7 +37,8 @@ windows merge across processes (``merge``). Nothing here moves a tensor to the h
 forward pass runs.
 
 Pooling convention (SPEC.md "Averages"): a per-head value is the mean over items (query
-positions i >= 1 and sequences, unless the metric says otherwise); a per-layer value is the
+positions i >= 1 and sequences, unless the metric says otherwise: the exposure probe's quiet and
+phantom mass average over every query i >= 0, as seed 000's tables do); a per-layer value is the
 mean over that layer's heads; a model value is the mean over layers. ``n`` counts the items
 behind a number (summed over heads and layers for the aggregates).
 """

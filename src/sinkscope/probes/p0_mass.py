@@ -5,6 +5,10 @@
 the share of query i's real-key attention that lands on the first key, per (layer, head),
 averaged over queries i >= 1 (row 0 is trivially all on position 0) and sequences. On a
 sliding-window layer key 0 is invisible to queries i >= W, which then contribute 0.
+
+Not every row average skips row 0: the exposure probe's quiet and phantom mass
+(``probes/exposure.py``, SPEC.md "Quiet mass (exposure)") average over every query i >= 0, as
+seed 000's Tables 3 and 11 do.
 """
 
 from __future__ import annotations
