@@ -682,9 +682,9 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
             have = [r.label for r in runs if (r.table.metric == metric).any()]
             notes.append(f"{metric}: only in {', '.join(have)}; left out of the comparison.")
 
-    from jinja2 import Environment, PackageLoader, select_autoescape
+    from jinja2 import Environment, PackageLoader
 
-    env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=select_autoescape(["html"]))
+    env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=True)  # every value is text: labels, tokens, paths
     if len(runs) == 1:
         title = "sinkscope report: " + runs[0].label
     elif runs:
