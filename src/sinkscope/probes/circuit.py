@@ -279,37 +279,42 @@ def parse_subtracted(heads, layer: int, n_heads: int) -> list[int]:
 
 
 class _Sample(Accumulator):
-    """The scatter sample: rows of x (float32, CPU) with their position, per pass; merge concatenates."""
+    """The scatter sample per pass: rows of x (float32) with their window and position.
+
+    Kept where they were computed until read; ``get`` returns them on the CPU in (window,
+    position) order, so the points do not depend on the batch size. Merging concatenates.
+    """
 
     def __init__(self):
-        self.x: dict[int, list[Tensor]] = {}
-        self.pos: dict[int, list[Tensor]] = {}
+        self.parts: dict[int, list[tuple[Tensor, Tensor, Tensor]]] = {}
 
-    def add(self, k: int, x: Tensor, pos: Tensor) -> None:
-        self.x.setdefault(k, []).append(x.detach().float().clone())  # stays on its device until read
-        self.pos.setdefault(k, []).append(pos)
+    def add(self, k: int, x: Tensor, window: Tensor, pos: Tensor) -> None:
+        self.parts.setdefault(k, []).append((x.detach().float().clone(), window, pos))
 
-    def get(self, k: int) -> tuple[Tensor, Tensor] | None:
-        if not self.x.get(k):
+    def get(self, k: int) -> tuple[Tensor, Tensor, Tensor] | None:
+        if not self.parts.get(k):
             return None
-        return torch.cat([t.cpu() for t in self.x[k]]), torch.cat([t.cpu() for t in self.pos[k]])
+        x, window, pos = (torch.cat([p[i].cpu() for p in self.parts[k]]) for i in range(3))
+        order = torch.argsort(window * (int(pos.max()) + 1) + pos, stable=True)
+        return x[order], window[order], pos[order]
 
     def state_dict(self) -> dict:
-        return {k: (self.get(k)[0].clone(), self.get(k)[1].clone()) for k in self.x if self.x[k]}
+        return {k: self.get(k) for k in self.parts if self.parts[k]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.x = {k: [v[0].clone()] for k, v in state.items()}
-        self.pos = {k: [v[1].clone()] for k, v in state.items()}
+        self.parts = {k: [tuple(t.clone() for t in v)] for k, v in state.items()}
 
     def merge(self, other: "_Sample") -> None:
-        for k in other.x:
-            self.x.setdefault(k, []).extend(t.clone() for t in other.x[k])
-            self.pos.setdefault(k, []).extend(t.clone() for t in other.pos[k])
+        """Another share's windows, numbered after this share's (shares hold consecutive windows)."""
+        for k in other.parts:
+            mine = self.get(k)
+            offset = 0 if mine is None else int(mine[1].max()) + 1
+            theirs = other.get(k)
+            self.parts.setdefault(k, []).append((theirs[0].clone(), theirs[1] + offset, theirs[2].clone()))
 
     def snapshot(self) -> "_Sample":
         out = _Sample()
-        out.x = {k: list(v) for k, v in self.x.items()}
-        out.pos = {k: list(v) for k, v in self.pos.items()}
+        out.parts = {k: list(v) for k, v in self.parts.items()}
         return out
 
 
@@ -395,12 +400,16 @@ class _MlpPca(_LazyTensors):
         self.count[k, 0] += B * T
         self.count[k, 1] += B
         # the scatter sample: every position 0, evenly spaced others of the first windows
-        self.sample.add(k, x0, torch.zeros(B, dtype=torch.int64))
-        room = max(0, self.scatter_windows - int(self.windows[k]))
+        seen = int(self.windows[k])
+        window = torch.arange(seen, seen + B)  # (B,) window numbers in this share, on the host
+        self.sample.add(k, x0, window, torch.zeros(B, dtype=torch.int64))
+        room = max(0, self.scatter_windows - seen)
         if room and T > 1 and self.scatter_positions:
             positions = torch.unique(torch.linspace(1, T - 1, min(self.scatter_positions, T - 1)).round().long())
             chosen = x[:room][:, positions.to(device)]  # (b, p, F)
-            self.sample.add(k, chosen.reshape(-1, F), positions.repeat(chosen.shape[0]))
+            b = chosen.shape[0]
+            self.sample.add(k, chosen.reshape(-1, F), window[:b].repeat_interleave(len(positions)),
+                            positions.repeat(b))
         self.windows[k] += B
 
     def pca(self, k: int) -> dict | None:
@@ -446,11 +455,11 @@ class _MlpPca(_LazyTensors):
             sample = self.sample.get(k)
             if sample is None:
                 continue
-            x, pos = sample
+            x, window, pos = sample
             centred = x.double() - fit["mu"]
             pc1, pc2 = (centred @ fit["v1"]).tolist(), (centred @ fit["v2"]).tolist()
-            for i, (a, b, t) in enumerate(zip(pc1, pc2, pos.tolist())):
-                point = (*cond, ("point", i), ("position", int(t)))
+            for i, (a, b, w, t) in enumerate(zip(pc1, pc2, window.tolist(), pos.tolist())):
+                point = (*cond, ("point", i), ("window", int(w)), ("position", int(t)))
                 rows += [Row(self.name, "pca_scatter_pc1", self.layer, None, a, 1, point),
                          Row(self.name, "pca_scatter_pc2", self.layer, None, b, 1, point)]
         return rows
