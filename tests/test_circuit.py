@@ -322,3 +322,36 @@ def test_subtraction_is_refused_where_it_is_not_exact(family):
     with pytest.raises(SinkscopeError, match="--subtract-head"):
         sinkscope.measure("circuit", build(family), windows=random_ids(2, 12).numpy(), subtract_head=("0.1",),
                           progress=False)
+
+
+BRIDGE_POINTS = (hp.RESID_PRE, hp.LN1_NORMALIZED, hp.ATTN_Z, hp.ATTN_OUT, hp.RESID_MID, hp.MLP_PRE, hp.RESID_POST)
+
+
+@pytest.mark.parametrize("family, architecture", [("llama", "LlamaForCausalLM"), ("gpt2", "GPT2LMHeadModel")])
+def test_transformer_bridge_hook_values_equal_ours(tmp_path, tokenizer, family, architecture):
+    """TransformerLens's TransformerBridge (v4, booted offline on the HF model) caches the same values at
+    the same names as sinkscope's hook points, where its logits equal the HF model's (checked on Llama,
+    Mistral, Qwen2, Qwen3, GPT-2, GPT-NeoX, Gemma 3; NeoX's parallel blocks have no hook_resid_mid there).
+    gpt-oss is never routed through it (its adapter drops the learned sinks)."""
+    bridge_module = pytest.importorskip("transformer_lens.model_bridge")
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(tmp_path)
+    hf = build(family)
+    hf.config.architectures = [architecture]
+    ids = random_ids(2, 12)
+    with torch.no_grad():
+        reference = hf(ids).logits
+    bridge = bridge_module.TransformerBridge.boot_transformers(str(tmp_path), hf_model=hf,
+                                                               tokenizer=AutoTokenizer.from_pretrained(tmp_path))
+    with torch.no_grad():
+        logits, cache = bridge.run_with_cache(ids)
+    torch.testing.assert_close(logits, reference, atol=1e-6, rtol=0)
+    ours = build(family)
+    sink = Collect(*BRIDGE_POINTS)
+    with capture(ours, sink), torch.no_grad():
+        ours(ids, use_cache=False)
+    for template in BRIDGE_POINTS:
+        for layer in range(3):
+            torch.testing.assert_close(cache[hp.name_at(template, layer)], sink.values[template][layer],
+                                       atol=1e-5, rtol=1e-5, msg=lambda m: f"{hp.name_at(template, layer)}: {m}")
