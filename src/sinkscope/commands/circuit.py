@@ -39,6 +39,7 @@ Decisions where SPEC.md leaves things open (also in the README's "Decisions"):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -85,14 +86,32 @@ class CircuitOptions(RunOptions):
     bos_token_id: int | None = None
 
 
-def _check(options: CircuitOptions) -> None:
-    from sinkscope.probes.circuit import _check_heads, _check_repeats
+_HEAD = re.compile(r"^\d+\.\d+$")
 
+
+def check_heads(heads: tuple) -> str | None:
+    """An error phrase for anything but LAYER.HEAD pairs (also the probes' parameter check)."""
+    bad = [h for h in heads if not _HEAD.match(str(h))]
+    return f"takes LAYER.HEAD pairs such as 0.3, not {bad[0]!r}" if bad else None
+
+
+def check_repeats(repeats: tuple) -> str | None:
+    """An error phrase unless the repeats are positive integers including 1 (the reference)."""
+    try:
+        values = [int(r) for r in repeats]
+    except (TypeError, ValueError):
+        return "takes positive integers such as 1,2,4,8"
+    if not values or min(values) < 1 or 1 not in values:
+        return "takes positive integers including 1 (the reference), such as 1,2,4,8"
+    return None
+
+
+def _check(options: CircuitOptions) -> None:
     if options.later_position < 1:
         raise SinkscopeError(f"--later-position must be at least 1 (got {options.later_position}).")
     if options.norm_ratio <= 0:
         raise SinkscopeError(f"--norm-ratio must be positive (got {options.norm_ratio}).")
-    problem = _check_heads(tuple(options.subtract_head))
+    problem = check_heads(tuple(options.subtract_head))
     if problem:
         raise SinkscopeError(f"--subtract-head {problem}.")
     if any(not str(h).startswith("0.") for h in options.subtract_head):
@@ -100,7 +119,7 @@ def _check(options: CircuitOptions) -> None:
                              "head outputs.")
     if options.scatter_positions < 0 or options.scatter_windows < 0 or options.outlier_top < 1:
         raise SinkscopeError("--scatter-positions and --scatter-windows must be >= 0 and --outlier-top >= 1.")
-    problem = _check_repeats(tuple(options.repeats))
+    problem = check_repeats(tuple(options.repeats))
     if problem:
         raise SinkscopeError(f"--repeats {problem}.")
     if not 0.0 < options.sink_epsilon < 1.0:

@@ -61,19 +61,18 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 
 import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
+from sinkscope.commands.circuit import check_heads as _check_heads, check_repeats as _check_repeats
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import Accumulator, HeadMeans, MetricInfo, Param, Probe, Row, intervenes, observes, \
     register_probe
 from sinkscope.probes.stats import median
 
-_HEAD = re.compile(r"^\d+\.\d+$")
 SUBTRACTED = "subtracted"
 
 
@@ -256,11 +255,6 @@ class AttnOutNorm(_LazyTensors):
 
 
 # ---- PCA of the MLP pre-activation ------------------------------------------------------------------
-
-
-def _check_heads(heads: tuple) -> str | None:
-    bad = [h for h in heads if not _HEAD.match(str(h))]
-    return f"takes LAYER.HEAD pairs such as 0.3, not {bad[0]!r}" if bad else None
 
 
 def parse_subtracted(heads, layer: int, n_heads: int) -> list[int]:
@@ -568,16 +562,6 @@ class P0Outliers(_LazyTensors):
 
 
 # ---- BOS experiments ----------------------------------------------------------------------------------
-
-
-def _check_repeats(repeats: tuple) -> str | None:
-    try:
-        values = [int(r) for r in repeats]
-    except (TypeError, ValueError):
-        return "takes positive integers such as 1,2,4,8"
-    if not values or min(values) < 1 or 1 not in values:
-        return "takes positive integers including 1 (the reference), such as 1,2,4,8"
-    return None
 
 
 @register_probe(
