@@ -124,7 +124,9 @@ def _pca_reference(x, n_windows):
     v1 = vectors[:, -1]
     p = (x - mu) @ v1
     gap = abs(p[is0].mean() - p[~is0].mean())
-    return gap / p[~is0].std(), values[-1] / values.sum(), values[-2] / values.sum()
+    projections = (x - mu) @ vectors[:, ::-1][:, :10]  # the 10 leading components
+    scores = np.abs(projections[is0].mean(0) - projections[~is0].mean(0)) / projections[~is0].std(0)
+    return gap / p[~is0].std(), values[-1] / values.sum(), values[-2] / values.sum(), scores.max(), scores.argmax() + 1
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -147,8 +149,10 @@ def test_subtracting_every_layer0_head_is_the_mlp_without_attention(family):
     clean = sink.values[hp.MLP_PRE_LINEAR][0].double()
     label = "+".join(heads)
     for cond, x in (("none", clean), (label, without)):
-        sep, pc1, pc2 = _pca_reference(x.reshape(-1, x.shape[-1]).numpy(), len(ids))
+        sep, pc1, pc2, best, which = _pca_reference(x.reshape(-1, x.shape[-1]).numpy(), len(ids))
         assert _cells(table, "pca_separation", subtracted=cond)[0] == pytest.approx(sep, rel=1e-4)
+        assert _cells(table, "pca_separation_best", subtracted=cond)[0] == pytest.approx(best, rel=1e-4)
+        assert _cells(table, "pca_separation_best_pc", subtracted=cond)[0] == which
         assert _cells(table, "pca_explained_pc1", subtracted=cond)[0] == pytest.approx(pc1, rel=1e-4)
         assert _cells(table, "pca_explained_pc2", subtracted=cond)[0] == pytest.approx(pc2, rel=1e-4)
     # the scatter sample: every window's position 0, plus evenly spaced positions of the first 2 windows
@@ -173,7 +177,7 @@ def test_one_head_subtracted_equals_removing_its_hook_result():
             sink.values[hp.RESID_MID][0] - sink.values[hp.ATTN_RESULT][0][:, :, 1])).double()
     table = sinkscope.measure("circuit", model, windows=ids.numpy(), subtract_head=("0.1",), bos_experiments=False,
                               progress=False).table
-    sep, pc1, _ = _pca_reference(x.reshape(-1, x.shape[-1]).numpy(), len(ids))
+    sep, pc1, *_ = _pca_reference(x.reshape(-1, x.shape[-1]).numpy(), len(ids))
     assert _cells(table, "pca_separation", subtracted="0.1")[0] == pytest.approx(sep, rel=1e-4)
     assert _cells(table, "pca_explained_pc1", subtracted="0.1")[0] == pytest.approx(pc1, rel=1e-4)
 

@@ -31,7 +31,8 @@ the residual stream the MLP reads (the heads' outputs add into it; nothing else 
 depends on them), so the pre-activation is that of the residual without those heads. The PCA is
 fitted again on that pass. ``pca_separation = |mean PC1(position 0) - mean PC1(others)| /
 std PC1(others)`` (population std); PC1's sign is chosen so the position-0 mean is >= its
-others' mean. The scatter sample (bounded): position 0 of *every* window, plus
+others' mean. ``pca_separation_best`` is the largest of the same score along each of the 10 leading
+components (``pca_separation_best_pc`` says which). The scatter sample (bounded): position 0 of *every* window, plus
 ``scatter_positions`` evenly spaced positions >= 1 of the first ``scatter_windows`` windows; its
 PC1/PC2 coordinates are rows with ``point`` and ``position`` columns.
 
@@ -74,6 +75,8 @@ from sinkscope.probes.base import Accumulator, HeadMeans, MetricInfo, Param, Pro
 from sinkscope.probes.stats import median
 
 SUBTRACTED = "subtracted"
+#: leading components searched by pca_separation_best.
+TOP_PCS = 10
 
 
 def _acc_dtype(device: torch.device) -> torch.dtype:
@@ -332,6 +335,14 @@ def _pca_metrics(point: str) -> dict[str, MetricInfo]:
             f"|mean PC1(position 0) - mean PC1(others)| / std PC1(others), PCA of {where} over every position "
             "(streaming covariance); the subtracted column names heads removed first",
             "SPEC.md 'The position-zero circuit'; seed 003 §3.2 Fig. 3", "higher = position 0 separates", per="layer"),
+        "pca_separation_best": MetricInfo(
+            "Position-0 separation along its best leading PC", "std of the others",
+            f"the same score along each of the {TOP_PCS} leading components; the largest (a sinkscope addition: "
+            "PC1 of a content-dominated layer can miss a direction that isolates position 0)",
+            "seed 003 §3.2 (sinkscope's extension)", "higher = position 0 separates", per="layer"),
+        "pca_separation_best_pc": MetricInfo(
+            "Which PC separates position 0 best", "component (1 = PC1)",
+            f"the index among the {TOP_PCS} leading components of pca_separation_best", "sinkscope", "", per="layer"),
         "pca_explained_pc1": MetricInfo(
             "Variance explained by PC1", "share", f"PC1's eigenvalue over the trace of {where}'s covariance",
             "seed 003 §3.2", "", per="layer"),
@@ -428,7 +439,14 @@ class _MlpPca(_LazyTensors):
             v2 = -v2
         sd = math.sqrt(max(float(v1 @ cov_o @ v1), 0.0))
         trace = float(values.clamp_min(0).sum())
+        # the same score along each of the leading TOP_PCS components: where position 0 separates best
+        top = vectors[:, -TOP_PCS:].flip(1)  # (F, k) leading first
+        gaps = (top.T @ (m0 - mo)).abs()  # (k,)
+        sds = torch.einsum("fk,fg,gk->k", top, cov_o, top).clamp_min(0).sqrt()
+        scores = torch.where(sds > 0, gaps / sds.clamp_min(1e-300), torch.full_like(gaps, math.inf))
+        best = int(torch.argmax(scores))
         return {"mu": mu, "v1": v1, "v2": v2, "separation": gap / sd if sd > 0 else math.inf,
+                "best": float(scores[best]), "best_pc": best + 1,
                 "pc1": float(values[-1]) / trace if trace > 0 else math.nan,
                 "pc2": float(values[-2]) / trace if trace > 0 and len(values) > 1 else math.nan, "n": n}
 
@@ -445,7 +463,9 @@ class _MlpPca(_LazyTensors):
             n = fit["n"]
             rows += [Row(self.name, "pca_separation", self.layer, None, fit["separation"], n, cond),
                      Row(self.name, "pca_explained_pc1", self.layer, None, fit["pc1"], n, cond),
-                     Row(self.name, "pca_explained_pc2", self.layer, None, fit["pc2"], n, cond)]
+                     Row(self.name, "pca_explained_pc2", self.layer, None, fit["pc2"], n, cond),
+                     Row(self.name, "pca_separation_best", self.layer, None, fit["best"], n, cond),
+                     Row(self.name, "pca_separation_best_pc", self.layer, None, float(fit["best_pc"]), n, cond)]
             sample = self.sample.get(k)
             if sample is None:
                 continue

@@ -35,7 +35,7 @@ from sinkscope.report import figures
 DRAWN = ("p0_norm", "p0_cosine", "attn_out_norm", "pca_separation", "p0_outlier_max_z", "bos_sink_rate",
          "bos_repeat_loss_delta")
 #: metrics shown inside another's entry (no entry, no summary row of their own).
-FOLDED = ("other_norm", "p0_norm_ratio", "p0_norm_separates", "later_cosine", "attn_out_norm_p0_ratio", "pca_explained_pc1", "pca_explained_pc2",
+FOLDED = ("other_norm", "p0_norm_ratio", "p0_norm_separates", "later_cosine", "attn_out_norm_p0_ratio", "pca_explained_pc1", "pca_explained_pc2", "pca_separation_best", "pca_separation_best_pc",
           "pca_scatter_pc1", "pca_scatter_pc2", "p0_outlier_z", "p0_outlier_channel", "bos_repeat_loss",
           "bos_sink_rate[2:]")
 #: the model-level value shown in the summary for a drawn metric (a function of one run's table).
@@ -281,7 +281,8 @@ def _pca(runs, keep) -> dict:
                 ax.legend(loc="best", fontsize=7)
         out.append(keep(fig, "circuit_pca_scatter", "layer-0 MLP pre-activation, PC1 x PC2 (red: position 0; "
                                                     "sample: every position 0, evenly spaced others)"))
-    columns = ["run", "subtracted", "separation", "PC1 share", "PC2 share", "n positions"]
+    columns = ["run", "subtracted", "separation (PC1)", "best of 10 PCs (which)", "PC1 share", "PC2 share",
+               "n positions"]
     body = []
     for run in runs:
         sep = _rows(run.table, "pca_separation")
@@ -292,8 +293,9 @@ def _pca(runs, keep) -> dict:
                 r = _rows(run.table, metric)
                 r = r[r["subtracted"].astype(str) == cond]["value"]
                 return _fmt(r.iloc[0]) if len(r) else "—"
-            body.append([run.label, cond, _fmt(row["value"]), share("pca_explained_pc1"), share("pca_explained_pc2"),
-                         str(int(row["n"]))])
+            best = f"{share('pca_separation_best')} (PC{share('pca_separation_best_pc')})"
+            body.append([run.label, cond, _fmt(row["value"]), best, share("pca_explained_pc1"),
+                         share("pca_explained_pc2"), str(int(row["n"]))])
     note = None
     missing = [r.label for r in runs if _rows(r.table, "pca_separation").empty]
     if missing:
