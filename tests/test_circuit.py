@@ -283,7 +283,9 @@ def test_the_trainer_model_runs_through_its_native_hook_points():
     for layer in range(2):
         h = sink.values[hp.RESID_POST][layer].double()
         assert _cells(table, "p0_norm")[layer] == pytest.approx(float(h[:, 0].norm(dim=-1).mean()), rel=1e-5)
-    # force-sink keeps k channels only at position 0: after the first layer, position 0 is all but alone
+    # force-sink keeps its k channels only at position 0 (zero elsewhere): their z-score is infinite
+    top = table[(table.metric == "p0_outlier_max_z") & (table["where"] == "resid_pre")]
+    assert np.isinf(top.value).all()
     assert np.isfinite(_cells(table, "p0_cosine")[1])
 
 

@@ -39,7 +39,8 @@ PC1/PC2 coordinates are rows with ``point`` and ``position`` columns.
 ``p0_outliers`` (``hook_resid_pre`` and ``ln1.hook_normalized``, before and after the first
 pre-norm of each layer): per channel c, ``z_c = (mean_w x[w, 0, c] - mean_{w, t>=1} x[w, t, c])
 / std_{w, t>=1} x[w, t, c]`` (population std over every other position of every window); the
-``top`` channels by |z| per layer, ranked.
+``top`` channels by |z| per layer, ranked. A channel constant over the other positions (force-sink
+zeroes its reserved channels there) has z = +-inf when position 0 differs, 0 when it does not.
 
 ``bos_experiment``: passes with their own inputs (``Probe.pass_inputs``). From each window take
 the content ``K = window[1 : T - r_max + 1]`` (the window without its first token, which is the
@@ -559,7 +560,8 @@ class P0Outliers(_LazyTensors):
         m0 = self.s0[place, layer].cpu().double() / n0
         mo = self.so[place, layer].cpu().double() / no
         var = (self.qo[place, layer].cpu().double() / no - mo.square()).clamp_min(0)
-        return (m0 - mo) / var.sqrt().clamp_min(1e-12)
+        z = (m0 - mo) / var.sqrt()  # a channel constant over the others (force-sink's reserved ones): +-inf
+        return torch.where(torch.isnan(z), torch.zeros_like(z), z)  # 0 / 0: the channel does not differ
 
     def rows(self) -> list[Row]:
         rows: list[Row] = []
