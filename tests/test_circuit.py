@@ -361,3 +361,37 @@ def test_transformer_bridge_hook_values_equal_ours(tmp_path, tokenizer, family, 
         for layer in range(3):
             torch.testing.assert_close(cache[hp.name_at(template, layer)], sink.values[template][layer],
                                        atol=1e-5, rtol=1e-5, msg=lambda m: f"{hp.name_at(template, layer)}: {m}")
+
+
+def test_shares_merge_and_checkpoints_restore_to_the_same_rows():
+    """Two shares of the windows merged (torchrun), and a state_dict round trip (--resume), give the rows of
+    one pass over all the windows: the custom accumulators (scatter sample, later position, BOS) included."""
+    from sinkscope.commands.circuit import CIRCUIT, CircuitOptions
+    from sinkscope.pipeline import make_probes
+    from sinkscope.runner import run_probes
+
+    model = build("llama")
+    spec = ModelSpec.from_model(model)
+    ids = random_ids(5, 16, seed=7).numpy()
+    options = CircuitOptions(subtract_head=("0.1",), bos_token_id=3, repeats=(1, 2), scatter_positions=3,
+                             scatter_windows=4)
+
+    def probes():
+        return make_probes(CIRCUIT, options, spec)
+
+    def rows(ps):
+        return [(r.probe, r.metric, r.layer, r.head, r.conditions, r.value) for p in ps for r in p.rows()]
+
+    whole = probes()
+    run_probes(model, ids, whole, batch_size=2, progress=False)
+    first, second = probes(), probes()
+    run_probes(model, ids[:3], first, batch_size=3, progress=False)
+    run_probes(model, ids[3:], second, batch_size=1, progress=False)
+    restored = probes()
+    for probe, share, other in zip(restored, first, second):
+        probe.load_state_dict(share.state_dict())
+        probe.merge(other)
+    for got, want in zip(rows(restored), rows(whole)):
+        assert got[:5] == want[:5]
+        assert got[5] == pytest.approx(want[5], rel=1e-5, abs=1e-6, nan_ok=True)
+    assert len(rows(restored)) == len(rows(whole))

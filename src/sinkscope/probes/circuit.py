@@ -471,6 +471,10 @@ class _MlpPca(_LazyTensors):
             if sample is None:
                 continue
             x, window, pos = sample
+            # the other positions of the first scatter_windows windows overall (merged shares each kept
+            # their own first windows' points; after the merge the numbering is global)
+            keep = (pos == 0) | (window < self.scatter_windows)
+            x, window, pos = x[keep], window[keep], pos[keep]
             centred = x.double() - fit["mu"]
             pc1, pc2 = (centred @ fit["v1"]).tolist(), (centred @ fit["v2"]).tolist()
             for i, (a, b, w, t) in enumerate(zip(pc1, pc2, window.tolist(), pos.tolist())):
