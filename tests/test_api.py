@@ -61,6 +61,16 @@ def test_measure_named_probes_with_parameters():
     assert result.manifest["probes"]["sink_rate"]["options"]["epsilon"] == 0.05
 
 
+def test_a_repeatable_option_takes_one_value_or_a_list():
+    """subtract_head="0.1" is one head, not the characters '0', '.', '1' (the CLI's --subtract-head once)."""
+    model = build("llama")
+    ids = random_ids(2, 12).numpy()
+    one = sinkscope.measure("circuit", model, windows=ids, subtract_head="0.1", bos_experiments=False)
+    listed = sinkscope.measure("circuit", model, windows=ids, subtract_head=["0.1"], bos_experiments=False)
+    assert list(one.manifest["options"]["subtract_head"]) == list(listed.manifest["options"]["subtract_head"]) == ["0.1"]
+    pd.testing.assert_frame_equal(one.table, listed.table)
+
+
 def test_api_mistakes_are_one_sentence():
     model = build("llama")
     with pytest.raises(SinkscopeError, match="did you mean 'seq_len'"):

@@ -129,6 +129,18 @@ def test_comparison_overlays_shared_metrics_and_notes_the_rest(llama_run, gpt_os
     assert not (llama_run / "report.html").exists()
 
 
+def test_labels_and_tokens_are_text_not_markup(llama_run, gpt_oss_run, tmp_path):
+    """A label (or a decoded token such as <bos>) is escaped: the page's markup is never the user's."""
+    out = tmp_path / "compare"
+    result = CliRunner().invoke(app, ["report", str(llama_run), str(gpt_oss_run), "--out", str(out),
+                                      "--label", "<b>x</b>", "--label", "a&b"])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.html").read_text()
+    assert "<b>x</b>" not in text and "&lt;b&gt;x&lt;/b&gt;" in text and "a&amp;b" in text
+    summary = next(rows for attrs, rows in parse(out / "report.html").tables if attrs.get("class") == "summary")
+    assert summary[0][2:4] == ["<b>x</b>", "a&b"]  # what a reader sees
+
+
 def test_heatmaps_share_one_colour_scale_across_runs(llama_run, gpt_oss_run):
     from sinkscope.report import figures
 

@@ -48,7 +48,9 @@ def _imports(args: list[str], cwd=None) -> tuple[int, set[str], str]:
                                   ["heads", "--help"], ["heads", "--sink-set", "sink"],
                                   ["heads", "--dormant-below", "2"],
                                   ["inject", "--help"], ["inject", "--junk", "salt"], ["inject", "--doses", "x"],
-                                  ["inject", "--eval-batch", "0"]])
+                                  ["inject", "--eval-batch", "0"],
+                                  ["circuit", "--help"], ["circuit", "--subtract-head", "1.0"],
+                                  ["circuit", "--repeats", "2"]])
 def test_help_listings_and_option_mistakes_import_no_torch(args):
     status, heavy, stderr = _imports(args)
     assert not heavy, f"{args} imported {heavy}"

@@ -79,5 +79,12 @@ def measure(
         model = None
     elif tokenizer is not None:
         raise SinkscopeError("tokenizer= goes with a loaded model; a model named by path or id brings its own.")
-    run_options = command.options(model=model, **{"progress": False, **options})
+    run_options = command.options(model=model, **{"progress": False, **_as_tuples(command.options, options)})
     return execute(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))
+
+
+def _as_tuples(options_cls: type, options: dict) -> dict:
+    """Options the CLI repeats (tuple fields) take one value or a list too: "0.1" -> ("0.1",)."""
+    repeated = {f.name for f in fields(options_cls) if "tuple" in str(f.type)}
+    return {key: ((value,) if isinstance(value, str) else tuple(value)) if key in repeated and value is not None
+            else value for key, value in options.items()}

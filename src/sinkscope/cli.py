@@ -306,6 +306,62 @@ def inject(
 
 @app.command()
 @_friendly_errors
+def circuit(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    later_position: Annotated[int, typer.Option("--later-position", help="The later position whose cross-window cosine is shown beside position 0's (capped to seq-len - 1).")] = 64,
+    norm_ratio: Annotated[float, typer.Option("--norm-ratio", help="Position 0 'separates' at the first layer where its norm exceeds this times the median of the others.")] = 2.0,
+    subtract_head: Annotated[Optional[list[str]], typer.Option("--subtract-head", help="A layer-0 head 0.H whose output is subtracted before the MLP PCA (repeatable; subtracted together, exact through hook_result).")] = None,
+    scatter_positions: Annotated[int, typer.Option("--scatter-positions", help="Positions >= 1 per window in the PCA scatter (evenly spaced).")] = 32,
+    scatter_windows: Annotated[int, typer.Option("--scatter-windows", help="Windows whose other positions enter the scatter (position 0 of every window always does).")] = 64,
+    outlier_top: Annotated[int, typer.Option("--outlier-top", help="Outlier channels reported per layer.")] = 5,
+    bos_experiments: Annotated[bool, typer.Option("--bos-experiments/--no-bos-experiments", help="Run the BOS experiments (Sink_0^eps with/without BOS, repeated first token): 2 x len(repeats) extra passes.")] = True,
+    repeats: Annotated[Optional[list[int]], typer.Option("--repeats", help="How many times the first token is repeated (repeatable; 1 is the reference) [default: 1 2 4 8].")] = None,
+    sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al.'s threshold eps of Sink_0^eps.")] = 0.3,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """How the model makes position 0 special (seed 003): norms, direction, attention output, MLP PCA, BOS.
+
+    Per layer: the position-0 residual norm against the other positions and the first layer
+    where it separates; the cross-window cosine of position 0 beside a later position; layer
+    0's attention-output norm per position; the PCA of layer 0's MLP pre-activation with a
+    separation score (optionally without chosen heads); outlier channels before and after the
+    pre-norm; Sink_0^eps with and without BOS and the loss when the first token is repeated.
+
+    Examples:
+
+        sinkscope circuit                                  # SmolLM2-135M, bundled corpus
+
+        sinkscope circuit --bos none --subtract-head 0.3   # one head removed
+
+        sinkscope circuit ckpt/base ckpt/forcesink -o runs/p0   # variants
+    """
+    values = dict(locals())
+    values["subtract_head"] = tuple(subtract_head or ())
+    values["repeats"] = tuple(repeats) if repeats else (1, 2, 4, 8)
+    _run("circuit", values)
+
+
+@app.command()
+@_friendly_errors
 def measure(
     model: ModelArg = None,
     probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006

@@ -356,7 +356,22 @@ def load(plan_: Plan, log) -> Loaded:
     if windows is None:
         windows = _windows(plan_, loaded.tokenizer, log)
     corpus_mod.check_token_range(windows.tokens, embedding_rows(loaded.model))
+    _fill_bos_token_id(plan_, loaded.tokenizer, windows)
     return Loaded(loaded, windows, spec, load_s)
+
+
+def _fill_bos_token_id(plan_: Plan, tokenizer, windows: corpus_mod.Windows) -> None:
+    """A command whose options have ``bos_token_id`` (``circuit``) gets the tokenizer's BOS id there, if unset.
+
+    Else the windows' BOS; it stays None when neither has one. Filled before the run, so the
+    manifest and the resume fingerprint record the id used.
+    """
+    if not hasattr(plan_.options, "bos_token_id") or plan_.options.bos_token_id is not None:
+        return
+    bos = getattr(tokenizer, "bos_token_id", None)
+    bos = bos if bos is not None else windows.bos_id
+    if bos is not None:
+        plan_.options = replace(plan_.options, bos_token_id=int(bos))
 
 
 # ---- run -------------------------------------------------------------------------------------------

@@ -195,7 +195,8 @@ def run_probes(
                         probe.pass_label = label
                         probe.batch_start = index
                     switch.current = dispatcher
-                    _forward(model, ids, dispatcher, native=native, attention=attention, kwargs=kwargs, switch=switch)
+                    _forward(model, _pass_inputs(dispatcher, label, ids), dispatcher, native=native,
+                             attention=attention, kwargs=kwargs, switch=switch)
                     dispatcher.check_finite()
                 for probe in probes:
                     probe.end_batch()
@@ -221,6 +222,27 @@ def run_probes(
                 on_batch_done(index)
     bar.close()
     return batch_size
+
+
+def _pass_inputs(dispatcher: Dispatcher, label: str | None, ids: Tensor) -> Tensor:
+    """The token ids of one pass: the batch's, unless a probe of this pass rewrites them.
+
+    A probe whose pass needs other inputs than the windows (``circuit``'s BOS experiments: the
+    window without its BOS, the first token repeated r times) returns them from
+    ``Probe.pass_inputs(ids)`` (called with ``pass_label`` set); the clean pass (None) always
+    reads the windows. Two probes rewriting one pass differently is an error.
+    """
+    if label is None:
+        return ids
+    chosen = None
+    for probe in dispatcher.probes:
+        rewritten = probe.pass_inputs(ids)
+        if rewritten is None:
+            continue
+        if chosen is not None and (chosen.shape != rewritten.shape or not torch.equal(chosen, rewritten)):
+            raise SinkscopeError(f"two probes give different inputs for the pass {label!r}.")
+        chosen = rewritten
+    return ids if chosen is None else chosen
 
 
 def _forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, *, native: bool, attention: str,

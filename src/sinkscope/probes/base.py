@@ -357,6 +357,13 @@ class Probe:
         """The forward passes this probe takes part in per batch: None is the clean pass."""
         return (None,)
 
+    def pass_inputs(self, ids: Tensor) -> Tensor | None:
+        """The token ids (B, T') for the current pass (``self.pass_label``), or None for the windows'.
+
+        Only passes other than the clean one (None) may rewrite their inputs (runner.py).
+        """
+        return None
+
     def end_batch(self) -> None:
         """Called after every pass of a batch has run (for probes that combine passes)."""
 

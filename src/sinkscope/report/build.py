@@ -350,6 +350,16 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path) -> list
     return out
 
 
+def _keeper(fig_dir: Path):
+    """``keep(fig, stem, title)``: save a figure beside the page and describe it for the template."""
+    from sinkscope.report import figures
+
+    def keep(fig, name: str, title: str) -> dict:
+        png, svg = figures.save_figure(fig, fig_dir / name)
+        return {"title": title, "src": _embed_png(png), "files": [png.name, svg.name], "kind": "line"}
+    return keep
+
+
 def _across_runs(runs: list[RunData], metric: str) -> tuple[pd.DataFrame, str]:
     """One point per run: its model value and the range of its layer values; by tier when the runs span tiers."""
     rows = []
@@ -707,6 +717,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     fig_dir.mkdir(parents=True, exist_ok=True)
 
     training = _training_section(trainings, fig_dir) if trainings else None
+    from sinkscope.report import circuit as circuit_report
     docs = _metric_docs(runs)
     probes, not_shared = _ordered_metrics(runs) if runs else ([], [])
     sections = []
@@ -718,6 +729,14 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         entries = []
         for metric in metrics:
             info = docs.get(metric, MetricInfo(metric, "", "", ""))
+            if circuit_report.handles(metric):  # `sinkscope circuit`: rows with position/condition columns
+                if metric in circuit_report.DRAWN:
+                    summary.append({"metric": metric, "label": circuit_report.SUMMARY_LABEL[metric],
+                                    "direction": info.direction,
+                                    "values": [fmt(circuit_report.summary_value(r.table, metric)) for r in runs]})
+                    entries.append({"metric": metric, "info": info,
+                                    **circuit_report.entry(runs, metric, fig_dir, _keeper(fig_dir))})
+                continue
             if _is_token_metric(runs, metric):
                 entries.append({"metric": metric, "info": info, "note": None, "figures": [], "table": None,
                                 "token_tables": [_token_tables(r, metric) for r in runs]})
@@ -755,9 +774,9 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
             have = [r.label for r in runs if (r.table.metric == metric).any()]
             notes.append(f"{metric}: only in {', '.join(have)}; left out of the comparison.")
 
-    from jinja2 import Environment, PackageLoader, select_autoescape
+    from jinja2 import Environment, PackageLoader
 
-    env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=select_autoescape(["html"]))
+    env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=True)  # every value is text: labels, tokens, paths
     if len(runs) == 1:
         title = "sinkscope report: " + runs[0].label
     elif runs:
