@@ -491,6 +491,54 @@ def train(
         typer.echo(str(folder))
 
 
+@app.command()
+@_friendly_errors
+def sweep(
+    variants: Annotated[str, typer.Option("--variants", help="Comma-separated trainer variants.")] = "baseline,sinklogit,normgate,projgate,sink+norm,sink+proj",
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds (shared across variants: paired).")] = "0,1,2",
+    task: Annotated[str, typer.Option("--task", help="trigger | text.")] = "trigger",
+    tier: Annotated[Optional[str], typer.Option("--tier", help="A trainer tier [default: micro for trigger, tiny for text].")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="The sweep folder (runs, tables, report); rerun to resume.")] = "sweeps/sweep",
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps per run [default: the tier's].")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per step [default: the tier's].")] = None,
+    eval_windows: Annotated[int, typer.Option("--eval-windows", help="Fixed validation windows whose loss the tables compare.")] = 64,
+    task_set: Annotated[Optional[list[str]], typer.Option("--task-set", help="A task option key=value (repeatable), as for train.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="A model field key=value for every run (repeatable), as for train.")] = None,
+    n_seqs: Annotated[int, typer.Option("--n-seqs", help="Validation windows the sinks/selectivity probes measure.")] = 64,
+    probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Run sinks (and selectivity on gated variants) on every checkpoint.")] = True,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, as local processes.")] = 1,
+    launcher: Annotated[str, typer.Option("--launcher", help="local | submitit (SLURM job array; needs submitit).")] = "local",
+    slurm: Annotated[Optional[list[str]], typer.Option("--slurm", help="A submitit parameter key=value (repeatable), e.g. slurm_partition=gpu.")] = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Train every variant for every seed, probe each checkpoint, write seed 000's Tables 1 and 2.
+
+    Finished runs are skipped and interrupted ones resumed, so rerunning the command continues it.
+
+    Examples:
+
+        sinkscope sweep --variants baseline,sinklogit,normgate,projgate,sink+norm,sink+proj --seeds 0,1,2 --task trigger --out sweeps/trigger
+
+        sinkscope sweep --variants baseline,sinklogit --seeds 0,1 --steps 200 --jobs 2 --out sweeps/quick
+
+        sinkscope sweep --task text --tier tiny --seeds 0,1,2 --launcher submitit --slurm slurm_partition=gpu --out sweeps/text
+    """
+    from sinkscope.sweep import SweepOptions, parse_list, sweep as run_sweep
+
+    options = SweepOptions(
+        variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int), task=task, tier=tier,
+        out=out, steps=steps, batch_size=batch_size, eval_windows=eval_windows, task_options=list(task_set or []),
+        overrides=list(set_ or []), n_seqs=n_seqs, probe=probe, jobs=jobs, launcher=launcher,
+        slurm=list(slurm or []), device=device,
+    )
+    try:
+        page = run_sweep(options, log=lambda message: typer.echo(message, err=True))
+    except KeyboardInterrupt:
+        typer.echo(f"error: interrupted; rerun the same command to continue the sweep in {out}.", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(str(page))
+
+
 @app.command("run")
 @_friendly_errors
 def run_recipe_command(
