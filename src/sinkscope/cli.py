@@ -539,6 +539,35 @@ def sweep(
     typer.echo(str(page))
 
 
+@app.command()
+@_friendly_errors
+def toy(
+    loads: Annotated[str, typer.Option("--loads", help="Comma-separated loads N/64 (features per dimension).")] = "1,2,4,8",
+    conditions: Annotated[str, typer.Option("--conditions", help="blind (channel-blind keys) and/or visible (routing-visible keys).")] = "blind,visible",
+    variants: Annotated[str, typer.Option("--variants", help="baseline, offbyone, normgate, oracle.")] = "baseline,offbyone,normgate,oracle",
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds.")] = "0,1,2",
+    steps: Annotated[int, typer.Option("--steps", help="Adam steps per model.")] = 4000,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 256,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads [default: torch's].")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder (toy.csv, toy_summary.csv, toy.md, toy.png).")] = "reports/toy",
+) -> None:
+    """Seed 000's toy superposition task: error by load per variant and the share of headroom closed.
+
+    Examples:
+
+        sinkscope toy
+
+        sinkscope toy --loads 1,8 --seeds 0 --steps 500 --out reports/toy-quick
+    """
+    from sinkscope.sweep import parse_list
+    from sinkscope.toy import ToyOptions, run_toy
+
+    options = ToyOptions(loads=parse_list(loads, "loads", int), conditions=parse_list(conditions, "conditions"),
+                         variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int),
+                         steps=steps, batch_size=batch_size, threads=threads, out=out)
+    typer.echo(str(run_toy(options, log=lambda message: typer.echo(message, err=True))))
+
+
 @app.command("run")
 @_friendly_errors
 def run_recipe_command(
