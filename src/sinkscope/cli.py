@@ -571,20 +571,30 @@ def toy(
 @app.command("run")
 @_friendly_errors
 def run_recipe_command(
-    recipe: Annotated[str, typer.Argument(help="A recipe TOML file, e.g. probes/sinks-smollm2.toml.")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable).")] = None,
+    recipe: Annotated[list[str], typer.Argument(help="One or more recipe TOML files, e.g. probes/sinks-smollm2.toml, run in order.")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable); applies to every recipe given.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="The MODEL of the recipes' measuring steps (the same as --set model=...).")] = None,
 ) -> None:
-    """Run a probe recipe (a TOML file naming a command and its options).
+    """Run probe recipes (TOML files naming a command and its options, or steps).
+
+    A measuring step without an `out` writes to reports/<time>-<recipe>-<model>-...: the recipe's
+    name is in the run folder's name.
 
     Examples:
 
         sinkscope run probes/sinks-smollm2.toml
 
+        sinkscope run probes/sinks-smollm2.toml probes/sinks-smollm2-bos.toml --model EleutherAI/pythia-160m
+
         sinkscope run probes/sinks-smollm2.toml --set n_seqs=4 --set out=runs/quick
     """
-    from sinkscope.recipes import run_recipe
+    import json
 
-    typer.echo(str(run_recipe(recipe, set_ or [])))
+    from sinkscope.recipes import run_recipes
+
+    overrides = list(set_ or []) + ([f"model={json.dumps(model)}"] if model is not None else [])
+    for result in run_recipes(recipe, overrides):
+        typer.echo(str(result))
 
 
 LISTINGS = ("probes", "hooks", "families", "commands")

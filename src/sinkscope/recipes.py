@@ -235,10 +235,39 @@ def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
     return steps[0]
 
 
+def named_run_dirs(path: str, steps: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Measuring steps without an ``out`` get ``reports/<time>-<recipe>-<model>[-s<seed>]-<hex>``:
+    the default run folder with the recipe's name in front of the model's."""
+    from sinkscope.results import default_run_dir
+    from sinkscope.sources import resolve_source
+
+    measuring = set(discover())
+    named = []
+    for command, options in steps:
+        if command in measuring and getattr(options, "out", "given") is None:
+            source = resolve_source(options.model, options.revision)
+            label = f"{Path(path).stem}-{source.label or Path(source.location).name}"
+            options = dataclasses.replace(options, out=str(default_run_dir(label, options.seed)))
+        named.append((command, options))
+    return named
+
+
 def run_recipe(path: str, overrides: list[str] = (), log=None):
     """Load and run a recipe's steps in order; returns what the last step returns (a folder or page)."""
-    result = None
+    return run_recipes([path], overrides, log=log)[0]
+
+
+def run_recipes(paths: list[str], overrides: list[str] = (), log=None) -> list:
+    """Several recipes, one after the other, every one checked (and ``--set`` applied to each) before
+    the first step runs; returns what each recipe's last step returns."""
+    if not paths:
+        raise SinkscopeError("give at least one recipe file.")
     commands = _commands()
-    for command, options in load_steps(path, overrides):
-        result = commands[command][1](options, log=log)
-    return result
+    loaded = [named_run_dirs(path, load_steps(path, overrides)) for path in paths]
+    results = []
+    for steps in loaded:
+        result = None
+        for command, options in steps:
+            result = commands[command][1](options, log=log)
+        results.append(result)
+    return results
