@@ -21,7 +21,10 @@ COVERED = {"sinks-smollm2.toml": "test_sinks_recipes_together_named_by_recipe",
            "sinks-smollm2-bos.toml": "test_sinks_recipes_together_named_by_recipe",
            "inject-smollm2.toml": "test_inject_recipe",
            "heads-trigger-lb.toml": "test_heads_trigger_recipe",
-           "trigger-baseline-vs-sinklogit.toml": "test_recipe_steps.py::test_bundled_trigger_recipe_trains_probes_and_compares"}
+           "trigger-baseline-vs-sinklogit.toml": "test_recipe_steps.py::test_bundled_trigger_recipe_trains_probes_and_compares",
+           "sweep-trigger.toml": "test_sweep_trigger_recipe",
+           "sweep-text-tiny.toml": "test_sweep_text_recipe",
+           "toy-superposition.toml": "test_toy_recipe"}
 
 
 def sets(items):
@@ -72,3 +75,36 @@ def test_heads_trigger_recipe(tmp_path):
     assert result.stdout.strip().splitlines()[-1] == str(root / "compare" / "report.html")
     for name in ("heads-baseline", "heads-lb"):
         assert is_run_folder(root / name)
+
+
+def test_sweep_trigger_recipe(tmp_path):
+    out = tmp_path / "sweep"
+    small = ["steps=4", "batch_size=8", "eval_windows=8", "task_options=['vocab=16']",
+             "overrides=['n_layer=1', 'n_head=2', 'n_embd=16', 'block_size=12']", "n_seqs=4", "report=false",
+             "variants=['baseline', 'sinklogit', 'normgate', 'sink+norm']", "seeds=[0, 1]", f"out={out}"]
+    result = CliRunner().invoke(app, ["run", str(PROBES / "sweep-trigger.toml"), *sets(small)])
+    assert result.exit_code == 0, result.output
+    t2 = pd.read_csv(out / "table2.csv")
+    assert list(t2.gate) == ["norm gate"] and (t2.n == 2).all()
+    assert len(pd.read_csv(out / "losses.csv")) == 8
+
+
+def test_sweep_text_recipe(text_file, tmp_path):
+    out = tmp_path / "sweep"
+    small = ["steps=4", "batch_size=4", "eval_windows=4", f"text_file={text_file}", "tokenizer=bpe300",
+             "windows=random", "overrides=['n_layer=1', 'n_head=2', 'n_embd=16', 'block_size=16']", "n_seqs=2",
+             "report=false", "variants=['baseline', 'sinklogit']", "seeds=[0, 1]", f"out={out}"]
+    result = CliRunner().invoke(app, ["run", str(PROBES / "sweep-text-tiny.toml"), *sets(small)])
+    assert result.exit_code == 0, result.output
+    losses = pd.read_csv(out / "losses.csv")
+    assert len(losses) == 4 and losses.fingerprint.nunique() == 1
+    t1 = pd.read_csv(out / "table1.csv")
+    assert list(t1.variant) == ["sinklogit"] and t1.n.iloc[0] == 2
+
+
+def test_toy_recipe(tmp_path):
+    out = tmp_path / "toy"
+    small = ["steps=3", "batch_size=8", "loads=[1, 2]", "seeds=[0]", "eval_seqs=16", "threads=1", f"out={out}"]
+    result = CliRunner().invoke(app, ["run", str(PROBES / "toy-superposition.toml"), *sets(small)])
+    assert result.exit_code == 0, result.output
+    assert len(pd.read_csv(out / "toy.csv")) == 2 * 2 * 4 and (out / "toy.png").is_file()

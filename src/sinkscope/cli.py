@@ -504,6 +504,9 @@ def sweep(
     eval_windows: Annotated[int, typer.Option("--eval-windows", help="Fixed validation windows whose loss the tables compare.")] = 64,
     task_set: Annotated[Optional[list[str]], typer.Option("--task-set", help="A task option key=value (repeatable), as for train.")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="A model field key=value for every run (repeatable), as for train.")] = None,
+    text_file: TextFileOpt = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="--task text: as for train [default: bpe4096].")] = None,
+    windows: Annotated[Optional[str], typer.Option("--windows", help="--task text: doc-start (default) | random.")] = None,
     n_seqs: Annotated[int, typer.Option("--n-seqs", help="Validation windows the sinks/selectivity probes measure.")] = 64,
     probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Run sinks (and selectivity on gated variants) on every checkpoint.")] = True,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, as local processes.")] = 1,
@@ -528,7 +531,8 @@ def sweep(
     options = SweepOptions(
         variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int), task=task, tier=tier,
         out=out, steps=steps, batch_size=batch_size, eval_windows=eval_windows, task_options=list(task_set or []),
-        overrides=list(set_ or []), n_seqs=n_seqs, probe=probe, jobs=jobs, launcher=launcher,
+        overrides=list(set_ or []), text_file=text_file, tokenizer=tokenizer, windows=windows,
+        n_seqs=n_seqs, probe=probe, jobs=jobs, launcher=launcher,
         slurm=list(slurm or []), device=device,
     )
     try:

@@ -34,7 +34,8 @@ are refused with one sentence, before any model is loaded or trained; so are unk
 keys (an option written above ``[options]`` is not silently ignored).
 
 The measuring commands are the pipeline's (``commands/``: ``sinks``, ``measure``, ...); ``train``
-and ``report`` steps run the trainer and the report.
+and ``report`` steps run the trainer and the report; ``sweep`` and ``toy`` steps run
+``sinkscope sweep`` (``sweep.SweepOptions``) and ``sinkscope toy`` (``toy.ToyOptions``).
 """
 
 from __future__ import annotations
@@ -95,10 +96,35 @@ def _measure(name: str):
     return run
 
 
+def _sweep_options():
+    from sinkscope.sweep import SweepOptions
+
+    return SweepOptions
+
+
+def _sweep(options, log=None):
+    from sinkscope.sweep import sweep
+
+    return sweep(options, log=log)
+
+
+def _toy_options():
+    from sinkscope.toy import ToyOptions
+
+    return ToyOptions
+
+
+def _toy(options, log=None):
+    from sinkscope.toy import run_toy
+
+    return run_toy(options, log=log)
+
+
 def _commands() -> dict:
     """command -> (options dataclass or a function returning it, runner(options, log=...))."""
     measuring = {name: (command.options, _measure(name)) for name, command in discover().items()}
-    return {**measuring, "train": (_train_options, _train), "report": (ReportOptions, _report)}
+    return {**measuring, "train": (_train_options, _train), "report": (ReportOptions, _report),
+            "sweep": (_sweep_options, _sweep), "toy": (_toy_options, _toy)}
 
 
 _VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -121,6 +147,11 @@ def _check_type(key: str, value, hint) -> None:
     if value is None and "None" in text:
         return
     if text.startswith(("list[", "tuple[")) or "list[" in text:
+        if text.startswith(("list[int", "tuple[int")):  # e.g. seeds = [0, 1, 2]
+            if not (isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                             for v in value)):
+                raise SinkscopeError(f"option {key!r} must be a list of integers, not {value!r}.")
+            return
         if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
             raise SinkscopeError(f"option {key!r} must be a list of strings, not {value!r}.")
         return

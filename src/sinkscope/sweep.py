@@ -64,6 +64,9 @@ class SweepOptions:
     batch_size: int | None = None
     eval_windows: int = 64  # the trainer's fixed validation windows (the losses of the tables)
     task_options: list[str] = field(default_factory=list)  # --task-set key=value
+    text_file: str | None = None  # text task: train on this file instead of the bundled corpus
+    tokenizer: str | None = None  # text task: as for train (default bpe4096)
+    windows: str | None = None  # text task: doc-start (default) | random
     overrides: list[str] = field(default_factory=list)  # --set key=value on the model (every run)
     n_seqs: int = 64  # windows the probes measure (the task's validation windows)
     probe: bool = True  # run sinks and selectivity on every checkpoint
@@ -123,6 +126,7 @@ def train_options(options: SweepOptions, variant: str, seed: int):
                         out=str(run_dir(options, variant, seed) / "ckpt"), steps=options.steps,
                         batch_size=options.batch_size, eval_windows=options.eval_windows,
                         task_options=list(options.task_options), overrides=list(options.overrides),
+                        text_file=options.text_file, tokenizer=options.tokenizer, windows=options.windows,
                         device=options.device, progress=False)
 
 

@@ -26,7 +26,7 @@ undefined (NaN) where the oracle is not below the baseline (no headroom).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +59,6 @@ class ToyOptions:
     eval_seqs: int = 4096
     out: str = "reports/toy"
     threads: int | None = None  # torch threads; None = torch's default
-    extra: dict = field(default_factory=dict)
 
 
 class ToyData:
@@ -294,16 +293,18 @@ def _figure(summary: pd.DataFrame, path: Path) -> None:
     for col, condition in enumerate(conditions):
         part = summary[summary.condition == condition]
         for variant, group in part.groupby("variant", sort=False):
-            axes[0, col].errorbar(group["load"], group["error"], yerr=group["se"].fillna(0.0), marker="o",
+            x = np.log2(group["load"].to_numpy(dtype=float))  # loads 1, 2, 4, 8 evenly spaced
+            axes[0, col].errorbar(x, group["error"], yerr=group["se"].fillna(0.0), marker="o",
                                   capsize=3, label=variant)
             if variant not in ("baseline", "oracle"):
-                axes[1, col].plot(group["load"], 100 * group["headroom_closed"], marker="o", label=variant)
+                axes[1, col].plot(x, 100 * group["headroom_closed"], marker="o", label=variant)
         axes[0, col].set_title(CONDITION_LABELS[condition], fontsize=9)
         axes[0, col].set_ylabel("held-out BCE per label (nats)")
         axes[1, col].set_ylabel("headroom closed (%)")
         axes[1, col].axhline(0.0, color="black", linewidth=0.8)
+        loads = sorted(set(part["load"]))
         for ax in axes[:, col]:
-            ax.set_xscale("log", base=2)
+            ax.set_xticks(np.log2(np.array(loads, dtype=float)), [str(load) for load in loads])
             ax.set_xlabel("load N / d")
         axes[0, col].legend(fontsize=7)
     fig.tight_layout()
