@@ -91,8 +91,13 @@ def test_rerun_skips_finished_and_resumes_interrupted(swept, tmp_path):
     assert "sink+norm seed 1: resumed, sinks measured, selectivity measured" in messages
     # the resumed run ends where the uninterrupted one of the first sweep ended
     assert pd.read_csv(out / "losses.csv").equals(pd.read_csv(swept / "losses.csv"))
+    # runs trained with other settings are not mixed into the tables
+    for change in ({"steps": 8}, {"overrides": ["n_layer=1", "n_embd=32", "n_head=4"]}):
+        with pytest.raises(SinkscopeError, match="was trained with"):
+            sweep(dataclasses.replace(options, **change), log=quiet)
 
 
+@pytest.mark.slow  # ~15 s: two spawned processes import torch
 def test_parallel_processes_give_the_sequential_losses(swept, tmp_path):
     options = SweepOptions(variants=("baseline", "sink+norm"), seeds=(0, 1), out=str(tmp_path / "par"),
                            jobs=2, **{**SMALL, "probe": False})

@@ -136,13 +136,24 @@ def is_gated(variant: str) -> bool:
     return variant in VALUE_GATED_VARIANTS
 
 
-def _state(ckpt: Path, steps: int) -> str:
-    """``done``, ``partial`` (a checkpoint before the last step), ``stale`` (a folder, no checkpoint) or ``new``."""
-    from sinkscope.train.checkpoint import is_checkpoint, read_config
+def _state(ckpt: Path, resolved) -> str:
+    """``done``, ``partial`` (a checkpoint before the last step), ``stale`` (a folder, no checkpoint) or ``new``.
 
-    if is_checkpoint(ckpt):
-        return "done" if int(read_config(ckpt).get("step", -1)) >= steps else "partial"
-    return "stale" if ckpt.exists() else "new"
+    A checkpoint trained with other settings (steps, batch, model overrides, task options, ...) is
+    refused rather than kept: its loss would not pair with the others'.
+    """
+    from sinkscope.train.checkpoint import is_checkpoint, read_config
+    from sinkscope.train.loop import RESULT_FIELDS
+
+    if not is_checkpoint(ckpt):
+        return "stale" if ckpt.exists() else "new"
+    meta = read_config(ckpt)
+    recorded, wanted = meta.get("train_options", {}), dataclasses.asdict(resolved)
+    for name in ("steps", "eval_windows", *RESULT_FIELDS):
+        if name in recorded and recorded[name] != wanted[name]:
+            raise SinkscopeError(f"the run in {ckpt} was trained with {name}={recorded[name]!r}, this sweep asks for "
+                                 f"{wanted[name]!r}; use the sweep's own settings or another --out.")
+    return "done" if int(meta.get("step", -1)) >= resolved.steps else "partial"
 
 
 def run_one(options: SweepOptions, variant: str, seed: int, threads: int | None = None) -> str:
@@ -155,9 +166,8 @@ def run_one(options: SweepOptions, variant: str, seed: int, threads: int | None 
 
     log = lambda _message: None  # noqa: E731 - the sweep reports per run
     topts = train_options(options, variant, seed)
-    steps = resolve_options(topts).steps
     ckpt = Path(topts.out)
-    state = _state(ckpt, steps)
+    state = _state(ckpt, resolve_options(topts))
     if state == "partial":
         train(dataclasses.replace(topts, resume=True), log=log)
     elif state in ("new", "stale"):
