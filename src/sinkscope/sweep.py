@@ -12,6 +12,7 @@ The folder it fills:
     OUT/table1.csv, OUT/table2.csv           seed 000's Tables 1 and 2 (``sinkscope.paired``)
     OUT/sinks.csv                            seed 000 Table 15's columns per variant and seed
     OUT/sweep.md, OUT/table1.png             the tables as one page, the improvements as a figure
+    OUT/sinks.png                            the sink measurements per variant as a figure
     OUT/compare/report.html                  the probe runs compared on one page, by variant
 
 Evaluation: the loss of a run is the trainer's own final ``val_loss`` (positions i >= 1 of its
@@ -332,6 +333,7 @@ def write_tables(options: SweepOptions, log=None) -> Path:
     atomic_write_text(page, "\n".join(lines) + "\n")
     if options.report:
         _figure(t1, out / "table1.png")
+        _sinks_figure(sinks, out / "sinks.png")
         _compare(options, out / "compare", log)
     log(f"wrote {page}")
     return page
@@ -354,6 +356,34 @@ def _figure(t1: pd.DataFrame, path: Path) -> None:
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("paired improvement (nats)")
     ax.set_title("paired validation-loss improvement, mean ± se over seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _sinks_figure(sinks: pd.DataFrame, path: Path) -> None:
+    """Table 15's columns per variant: bars of the seed means with standard-error whiskers."""
+    from sinkscope.paired import mean_se
+
+    panels = [(c, label) for c, label in (("p0_pct", "position-0 mass (%)"), ("phantom_pct", "phantom mass (%)"),
+                                          ("value_norm_ratio", "position-0 value-norm ratio"),
+                                          ("gate_selectivity", "gate selectivity"))
+              if c in sinks and sinks[c].notna().any()]
+    if not panels:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(sinks["variant"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
+    for ax, (column, label) in zip(axes[0], panels):
+        stats = [mean_se(sinks.loc[sinks.variant == v, column].dropna()) for v in variants]
+        ax.bar(range(len(variants)), [m for m, _ in stats], yerr=[0.0 if math.isnan(e) else e for _, e in stats],
+               capsize=3, color="#4c72b0")
+        ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=7)
+        ax.set_title(label, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
