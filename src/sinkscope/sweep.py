@@ -132,9 +132,10 @@ def train_options(options: SweepOptions, variant: str, seed: int):
 
 
 def is_gated(variant: str) -> bool:
-    from sinkscope.commands.selectivity import VALUE_GATED_VARIANTS
+    """Whether ``selectivity`` measures the variant (a value gate, or the output gate)."""
+    from sinkscope.commands.selectivity import OUTPUT_GATED_VARIANTS, VALUE_GATED_VARIANTS
 
-    return variant in VALUE_GATED_VARIANTS
+    return variant in VALUE_GATED_VARIANTS + OUTPUT_GATED_VARIANTS
 
 
 def _state(ckpt: Path, resolved) -> str:
@@ -199,7 +200,8 @@ def _probe(options: SweepOptions, name: str, ckpt: Path, out: Path) -> str:
 
 def _run_local(options: SweepOptions, pairs, log) -> None:
     if options.jobs == 1 or len(pairs) == 1:
-        for variant, seed in pairs:
+        for n, (variant, seed) in enumerate(pairs, 1):
+            log(f"[{n}/{len(pairs)}] {variant} seed {seed} ...")
             log(run_one(options, variant, seed))
         return
     import multiprocessing
