@@ -109,3 +109,4 @@ def test_table2_against_an_independent_computation():
 def test_format():
     assert fmt_pm(0.01851, 0.0033) == "0.0185 ± 0.0033"
     assert fmt_pm(0.0185, math.nan) == "0.0185"
+    assert fmt_pm(7.216e-05, 3.417e-05) == "0.000072 ± 0.000034"  # small effects keep two figures of their error

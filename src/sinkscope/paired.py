@@ -144,10 +144,19 @@ def table2(losses) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["gate", *keys, "share", *(f"{k}_se" for k in keys), "n"])
 
 
-def fmt_pm(mean: float, se: float, digits: int = 4) -> str:
-    """``0.0185 ± 0.0033`` (or the mean alone when the standard error is undefined)."""
+def fmt_pm(mean: float, se: float, digits: int | None = None) -> str:
+    """``0.0185 ± 0.0033`` (or the mean alone when the standard error is undefined).
+
+    ``digits`` decimals; by default 4 (seed 000's tables), more when the standard error needs
+    them to show two significant figures (``0.000072 ± 0.000034``).
+    """
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "–"
-    if se is None or (isinstance(se, float) and math.isnan(se)):
+    missing = se is None or (isinstance(se, float) and math.isnan(se))
+    if digits is None:
+        digits = 4
+        if not missing and 0 < se < 1e-3:
+            digits = min(8, 1 - math.floor(math.log10(se)))
+    if missing:
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {se:.{digits}f}"

@@ -314,12 +314,12 @@ def write_tables(options: SweepOptions, log=None) -> Path:
     lines += ["", "## Table 1: paired improvement (nats), positive = better", "",
               "| block | variant | improvement | n |", "| --- | --- | --- | --- |"]
     lines += [f"| {r.block} | {r.variant} | {fmt_pm(r.improvement, r.se)} | {r.n} |" for r in t1.itertuples()]
-    lines += ["", "## Table 2: two-by-two decomposition (improvements over the baseline, nats)", "",
+    lines += ["", "## Table 2: two-by-two decomposition (improvements over the baseline, nats, mean ± se)", "",
               "| gate | sink | gate | both | overlap | filter | share |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in t2.itertuples():
         share = "–" if math.isnan(r.share) else f"{100 * r.share:.0f}%"
-        lines.append(f"| {r.gate} | {r.sink:.4f} | {r.gate_alone:.4f} | {r.both:.4f} | {r.overlap:.4f} | "
-                     f"{r.filter:.4f} | {share} |")
+        cells = [fmt_pm(getattr(r, k), getattr(r, f"{k}_se")) for k in ("sink", "gate_alone", "both", "overlap", "filter")]
+        lines.append(f"| {r.gate} | {' | '.join(cells)} | {share} |")
     if not len(t2):
         lines.append("| (needs baseline, sinklogit, a gate and its sink+ twin) | | | | | | |")
     lines += ["", "## Sink measurements (Table 15's columns; model means, mean ± se over seeds)", "",
