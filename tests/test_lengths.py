@@ -1,0 +1,121 @@
+"""Sinks across context lengths (issue 18): one multi-length run, the leak-model fit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import sinkscope
+from sinkscope import leak as leak_mod
+from sinkscope.errors import SinkscopeError
+from sinkscope.options import parse_seq_len
+from tiny_models import build
+
+LENGTHS = (8, 16, 32)
+
+
+@pytest.fixture(scope="module")
+def multi(tiny_llama_dir, text_file):
+    return sinkscope.measure("sinks", str(tiny_llama_dir), text_file=str(text_file), seq_len=list(LENGTHS), n_seqs=4)
+
+
+def test_parse_seq_len():
+    assert parse_seq_len("512") == 512
+    assert parse_seq_len("2048,128, 512") == (128, 512, 2048)
+    assert parse_seq_len(None) is None
+    with pytest.raises(SinkscopeError, match="comma-separated"):
+        parse_seq_len("128,x")
+
+
+def test_one_multi_length_run_equals_separate_runs_at_each_length(multi, tiny_llama_dir):
+    table = multi.table
+    assert "seq_len" in table.columns and set(table["seq_len"].dropna().astype(int)) == set(LENGTHS)
+    assert multi.tokens.shape == (4, max(LENGTHS))  # the windows are drawn at the longest length
+    assert multi.manifest["windows"]["seq_lens"] == list(LENGTHS)
+    for n in LENGTHS:
+        # a separate run on the prefixes of the same windows (what "same documents" means)
+        alone = sinkscope.measure("sinks", str(tiny_llama_dir), windows=multi.tokens[:, :n]).table
+        part = table[(table["seq_len"] == n) & (table["probe"] != "leak_fit")].drop(columns="seq_len")
+        part = part.reset_index(drop=True)
+        pd.testing.assert_frame_equal(part[["probe", "metric", "layer", "head", "n"]],
+                                      alone[["probe", "metric", "layer", "head", "n"]])
+        np.testing.assert_allclose(part["value"], alone["value"], rtol=1e-6, atol=1e-7)
+
+
+def test_windows_of_each_length_are_prefixes_of_the_same_documents(tiny_llama_dir, text_file):
+    """The longest length's windows are the ones a single run at that length draws."""
+    longest = sinkscope.measure("sinks", str(tiny_llama_dir), text_file=str(text_file), seq_len=32, n_seqs=4)
+    multi = sinkscope.measure("p0_mass", str(tiny_llama_dir), text_file=str(text_file), seq_len=[8, 32], n_seqs=4)
+    np.testing.assert_array_equal(multi.tokens, longest.tokens)
+
+
+def test_single_length_table_has_no_seq_len_column(tiny_llama_dir, text_file):
+    one = sinkscope.measure("p0_mass", str(tiny_llama_dir), text_file=str(text_file), seq_len=[16], n_seqs=2)
+    assert "seq_len" not in one.table.columns and one.manifest["windows"]["seq_len"] == 16
+
+
+def test_several_lengths_refuse_resume_and_given_windows(tiny_llama_dir):
+    with pytest.raises(SinkscopeError, match="resume"):
+        sinkscope.measure("sinks", str(tiny_llama_dir), seq_len=[8, 16], resume=True, out="x")
+    model = build("llama")
+    with pytest.raises(SinkscopeError, match="own length"):
+        sinkscope.measure("sinks", model, windows=np.zeros((2, 16), dtype=np.int64), seq_len=[8, 16])
+
+
+# ---- the leak model -----------------------------------------------------------------------------
+
+
+def synthetic_p0(delta: float, seq_len: int, n_keys_noise: float = 0.0, seed: int = 0) -> float:
+    """p0 from explicit softmax rows: key 0's logit is Delta above the other keys' (plus noise)."""
+    rng = np.random.default_rng(seed)
+    p0 = []
+    for i in range(1, seq_len):
+        logits = np.concatenate([[delta], rng.normal(0.0, n_keys_noise, size=i)])  # keys 0..i
+        w = np.exp(logits - logits.max())
+        p0.append(w[0] / w.sum())
+    return float(np.mean(p0))
+
+
+@pytest.mark.parametrize("delta", [-1.0, 0.0, 2.5, 6.0, 11.0])
+def test_leak_fit_recovers_a_known_gap(delta):
+    measured = synthetic_p0(delta, 64)
+    assert leak_mod.fit_delta([measured], 64)[0] == pytest.approx(delta, abs=1e-6)
+    # and predicts the longer lengths exactly
+    for n in (256, 1024):
+        assert leak_mod.p0_under_gap([delta], n)[0] == pytest.approx(synthetic_p0(delta, n), abs=1e-9)
+
+
+def test_leak_formula_matches_seed_001():
+    gap = np.log(32767 * 0.95 / 0.05)
+    assert leak_mod.leak(gap, 32768) == pytest.approx(0.05)
+    assert leak_mod.leak(gap, 131072) == pytest.approx(0.174, abs=1e-3)
+
+
+def test_leak_rows_recover_delta_per_head_from_a_table():
+    """leak_rows on p0 rows built from known gaps: Delta per head, zero prediction error."""
+    from sinkscope.results import Row
+
+    deltas = {(0, 0): 1.0, (0, 1): 4.0, (1, 0): 8.0, (1, 1): -0.5}
+    rows = [Row("p0_mass", "p0_mass", l, h, synthetic_p0(d, n), 10, (("seq_len", n),))
+            for n in (16, 64, 128) for (l, h), d in deltas.items()]
+    out = {(r.metric, r.layer, r.head, dict(r.conditions)["seq_len"]): r.value for r in leak_mod.leak_rows(rows)}
+    for (l, h), d in deltas.items():
+        assert out[("leak_delta", l, h, 16)] == pytest.approx(d, abs=1e-6)
+        for n in (64, 128):
+            assert abs(out[("leak_p0_error", l, h, n)]) < 1e-9
+    assert out[("leak_delta", 0, None, 16)] == pytest.approx(2.5, abs=1e-6)
+
+
+def test_multi_length_run_has_the_leak_fit(multi):
+    t = multi.table
+    fit = t[t.probe == "leak_fit"]
+    assert set(fit.metric) == {"leak_delta", "leak_p0_predicted", "leak_p0_error", "leak"}
+    assert set(fit[fit.metric == "leak_delta"]["seq_len"].astype(int)) == {min(LENGTHS)}
+    assert set(fit[fit.metric == "leak_p0_error"]["seq_len"].astype(int)) == set(LENGTHS[1:])
+    # the fitted Delta reproduces the measured p0 at the shortest length
+    p0 = t[(t.metric == "p0_mass") & (t.seq_len == min(LENGTHS)) & t["head"].notna()].set_index(["layer", "head"])
+    d = fit[(fit.metric == "leak_delta") & fit["head"].notna()].set_index(["layer", "head"])["value"]
+    back = leak_mod.p0_under_gap(d.to_numpy(), min(LENGTHS))
+    np.testing.assert_allclose(back, p0.loc[d.index, "value"].to_numpy(), atol=1e-9)
+    assert "leak_fit" in multi.manifest["probes"]
