@@ -119,3 +119,31 @@ def test_multi_length_run_has_the_leak_fit(multi):
     back = leak_mod.p0_under_gap(d.to_numpy(), min(LENGTHS))
     np.testing.assert_allclose(back, p0.loc[d.index, "value"].to_numpy(), atol=1e-9)
     assert "leak_fit" in multi.manifest["probes"]
+
+
+# ---- the report and the CLI --------------------------------------------------------------------
+
+
+def test_report_overlays_the_lengths_and_draws_metrics_against_length(multi, tmp_path):
+    multi.save(tmp_path / "run")
+    page = (tmp_path / "run" / "report.html").read_text()
+    figs = {p.name for p in (tmp_path / "run" / "figures").iterdir()}
+    assert "overlay_p0_mass.png" in figs  # one line per length against layer
+    assert "length_p0_mass_run0.png" in figs and "length_leak_delta_run0.png" in figs
+    assert 'id="probe-lengths"' in page and "seq-len 8" in page and "seq-len 32" in page
+    assert "differ in seq-len" not in page
+
+
+def test_cli_takes_comma_separated_lengths(tiny_llama_dir, text_file, tmp_path):
+    from typer.testing import CliRunner
+
+    from sinkscope.cli import app
+
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len",
+                                      "16,8", "--n-seqs", "2", "--out", str(out), "--no-figures", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "results.csv")
+    assert sorted(table["seq_len"].unique()) == [8, 16]
+    bad = CliRunner().invoke(app, ["sinks", str(tiny_llama_dir), "--seq-len", "8,x"])
+    assert bad.exit_code == 1 and "comma-separated" in bad.output
