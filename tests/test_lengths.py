@@ -147,3 +147,63 @@ def test_cli_takes_comma_separated_lengths(tiny_llama_dir, text_file, tmp_path):
     assert sorted(table["seq_len"].unique()) == [8, 16]
     bad = CliRunner().invoke(app, ["sinks", str(tiny_llama_dir), "--seq-len", "8,x"])
     assert bad.exit_code == 1 and "comma-separated" in bad.output
+
+
+# ---- sliding vs full layers ------------------------------------------------------------------------
+
+
+def _table_value(table, metric, layer=None, head=None, **conditions):
+    rows = table[table.metric == metric]
+    rows = rows[rows.layer.isna()] if layer is None else rows[rows.layer == layer]
+    rows = rows[rows["head"].isna()] if head is None else rows[rows["head"] == head]
+    for key, value in conditions.items():
+        rows = rows[rows[key] == value]
+    if "layer_type" in rows.columns and "layer_type" not in conditions:
+        rows = rows[rows["layer_type"].isna()]
+    assert len(rows) == 1, (metric, layer, head, conditions, len(rows))
+    return float(rows["value"].iloc[0])
+
+
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
+def test_split_by_layer_type_equals_explicit_computation(family, attention):
+    import torch
+
+    from tiny_models import random_ids
+
+    model = build(family)
+    ids = random_ids(batch=2, length=24)
+    T, W = ids.shape[1], model.config.sliding_window
+    table = sinkscope.measure("sinks", model, windows=ids.numpy(), attention=attention).table
+    with torch.no_grad():
+        attentions = model(ids, output_attentions=True).attentions  # per layer (B, H, T, T): a_ij
+    per_layer = {}
+    for layer, a in enumerate(attentions):
+        w = (a / a.sum(-1, keepdim=True)).double()  # w_ij over real keys (gpt-oss drops its sink column)
+        p0 = w[..., 0][:, :, 1:]  # (B, H, T-1): queries i >= 1
+        sliding = model.config.layer_types[layer] == "sliding_attention"
+        per_layer[layer] = p0.mean((0, 2)).mean().item()
+        for head in range(p0.shape[1]):
+            assert _table_value(table, "p0_mass", layer, head) == pytest.approx(p0[:, head].mean().item(), abs=1e-5)
+            if sliding:  # queries 1 .. W-1 see key 0; W .. T-1 do not
+                assert (p0[:, :, W - 1:] == 0).all()
+                in_reach = p0[:, head, :W - 1].mean().item()
+                assert _table_value(table, "p0_mass_in_reach", layer, head) == pytest.approx(in_reach, abs=1e-5)
+                assert _table_value(table, "p0_out_of_reach", layer, head) == pytest.approx((T - W) / (T - 1))
+        if not sliding:
+            assert not ((table.metric == "p0_mass_in_reach") & (table.layer == layer)).any()
+    sliding_layers = [l for l, kind in enumerate(model.config.layer_types) if kind == "sliding_attention"]
+    full_layers = [l for l in per_layer if l not in sliding_layers]
+    assert _table_value(table, "p0_mass", layer_type="sliding") == pytest.approx(
+        np.mean([per_layer[l] for l in sliding_layers]), abs=1e-5)
+    assert _table_value(table, "p0_mass", layer_type="full") == pytest.approx(
+        np.mean([per_layer[l] for l in full_layers]), abs=1e-5)
+    # every metric of the table has its split (massive activations excepted: not means)
+    split = set(table[table["layer_type"].notna()].metric)
+    assert {"p0_mass", "sink_alpha", "phantom_mass", "value_norm_ratio"} <= split
+    assert not any(m.startswith("massive_activation") for m in split)
+
+
+def test_models_without_sliding_layers_get_no_split(multi):
+    assert "layer_type" not in multi.table.columns
+    assert not (multi.table.metric == "p0_out_of_reach").any()

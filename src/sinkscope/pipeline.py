@@ -33,7 +33,7 @@ import torch
 
 from sinkscope import corpus as corpus_mod
 from sinkscope import distributed
-from sinkscope.capture.families import ModelSpec
+from sinkscope.capture.families import ModelSpec, layer_windows
 from sinkscope.errors import Interrupted, SinkscopeError
 from sinkscope.fileio import atomic_write_bytes
 from sinkscope.options import Command, RunOptions, check_options, seq_lens
@@ -43,6 +43,7 @@ from sinkscope.results import (
     base_manifest,
     check_run_dir,
     default_run_dir,
+    layer_type_rows,
     lock_run_dir,
     rows_to_frame,
     staged_run_dir,
@@ -515,9 +516,11 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, row
     """The table and the manifest of a finished run (``rows``: the table's rows, if not the probes')."""
     options, windows, source = plan_.options, loaded.windows, plan_.source
     conditions = run_conditions(source)
-    rows = rows if rows is not None else (row for probe in probes for row in probe.rows())
-    frame = rows_to_frame(rows, run_conditions=conditions)
+    rows = list(rows) if rows is not None else [row for probe in probes for row in probe.rows()]
     model = loaded.model
+    windows_per_layer = layer_windows(model.model, loaded.spec.n_layers)
+    rows += layer_type_rows(rows, windows_per_layer)
+    frame = rows_to_frame(rows, run_conditions=conditions)
     decode_token_ids(frame, model.tokenizer)
     manifest = base_manifest(plan_.command.name, asdict(options))
     manifest.update(
@@ -529,6 +532,7 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, row
             "n_parameters": sum(p.numel() for p in model.model.parameters()),
             "config": model_config_summary(model.model),
             "device_map": getattr(model.model, "hf_device_map", None),
+            "layer_windows": windows_per_layer,
         },
         conditions=conditions,
         dtype=str(model.dtype).removeprefix("torch."),
