@@ -207,3 +207,12 @@ def test_split_by_layer_type_equals_explicit_computation(family, attention):
 def test_models_without_sliding_layers_get_no_split(multi):
     assert "layer_type" not in multi.table.columns
     assert not (multi.table.metric == "p0_out_of_reach").any()
+
+
+def test_report_has_the_layer_type_table(tmp_path):
+    from tiny_models import random_ids
+
+    result = sinkscope.measure("sinks", build("gpt_oss"), windows=random_ids(batch=2, length=24).numpy())
+    result.save(tmp_path / "run")
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert 'id="probe-layer_types"' in page and "p0_mass_in_reach" in page and "sliding layers" in page

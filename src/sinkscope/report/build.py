@@ -448,7 +448,36 @@ def _token_tables(run: RunData, metric: str) -> dict:
 
 def _model_value(table: pd.DataFrame, metric: str):
     rows = table[(table.metric == metric) & table.layer.isna()]
+    if "layer_type" in rows.columns:  # the sliding / full means are not the model value
+        rows = rows[rows["layer_type"].isna()]
     return rows["value"].iloc[0] if len(rows) else None
+
+
+LAYER_TYPE_NOTE = ("Models with sliding-window layers: each metric's mean over the sliding layers and over the full "
+                   "ones (per-layer means over heads, averaged over the layers of the type; seed 000 Table 14). On a "
+                   "sliding layer queries i >= W cannot see key 0 and count as 0 in p0_mass; p0_mass_in_reach "
+                   "averages over the queries that can see it and p0_out_of_reach is the share that cannot, so "
+                   "'no sink' reads apart from 'sink out of reach'.")
+
+
+def _layer_type_section(runs: list[RunData]) -> dict | None:
+    """One table per run: metric | sliding | full (the ``layer_type`` rows), or None without them."""
+    tables = []
+    for run in runs:
+        table = run.table
+        if "layer_type" not in table.columns or not table["layer_type"].notna().any():
+            continue
+        split = table[table["layer_type"].notna() & table.layer.isna() & table["head"].isna()]
+        others = [c for c in split.columns if c not in ("probe", "metric", "layer", "head", "value", "n", "layer_type")
+                  and split[c].notna().any()]
+        rows = []
+        for (metric, *rest), part in split.groupby(["metric", *others], sort=False, dropna=False):
+            values = dict(zip(part["layer_type"], part["value"]))
+            name = metric + "".join(f" ({c}={v})" for c, v in zip(others, rest) if not pd.isna(v))
+            rows.append([name, fmt(values.get("sliding")), fmt(values.get("full"))])
+        tables.append({"caption": f"{run.label}: mean over sliding and over full layers", "columns":
+                       ["metric", "sliding layers", "full layers"], "rows": rows})
+    return {"probe": "layer_types", "entries": [], "note": LAYER_TYPE_NOTE, "tables": tables} if tables else None
 
 
 def _layer_table(runs: list[RunData], metric: str) -> dict:
@@ -886,6 +915,9 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         sections.append({"probe": probe, "entries": entries, "note": note, "tables": tables})
     if several_lengths:
         sections.append(_lengths_section(several_lengths, fig_dir))
+    layer_types = _layer_type_section(runs)
+    if layer_types:
+        sections.append(layer_types)
 
     exceptions = [text for prefix, text in (("massive_activation", "massive activations: the largest over layers"),
                                             ("token_share", "token-identity shares: pooled over every head of every "
