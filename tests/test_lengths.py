@@ -132,6 +132,9 @@ def test_report_overlays_the_lengths_and_draws_metrics_against_length(multi, tmp
     assert "length_p0_mass_run0.png" in figs and "length_leak_delta_run0.png" in figs
     assert 'id="probe-lengths"' in page and "seq-len 8" in page and "seq-len 32" in page
     assert "differ in seq-len" not in page
+    from sinkscope.report import build_report
+
+    assert build_report([tmp_path / "run"]) == tmp_path / "run" / "report.html"  # its own page, not a comparison
 
 
 def test_cli_takes_comma_separated_lengths(tiny_llama_dir, text_file, tmp_path):
@@ -216,3 +219,90 @@ def test_report_has_the_layer_type_table(tmp_path):
     result.save(tmp_path / "run")
     page = (tmp_path / "run" / "report.html").read_text()
     assert 'id="probe-layer_types"' in page and "p0_mass_in_reach" in page and "sliding layers" in page
+
+
+# ---- eviction on windowed layers ------------------------------------------------------------------
+
+
+def _hand_eviction(model, ids):
+    """Per (layer, head): explicit loops over queries, deleting the leaving key and renormalising."""
+    import torch
+
+    values, handles = {}, []
+    cfg = model.config
+    Hkv, D = cfg.num_key_value_heads, cfg.head_dim
+    for i, layer in enumerate(model.model.layers):
+        handles.append(layer.self_attn.v_proj.register_forward_hook(
+            lambda _m, _i, out, i=i: values.__setitem__(i, out.view(out.shape[0], out.shape[1], Hkv, D))))
+    with torch.no_grad():
+        attentions = model(ids, output_attentions=True, use_cache=False).attentions
+    for h in handles:
+        h.remove()
+    W, (B, T) = cfg.sliding_window, ids.shape
+    out = {}
+    for layer, a in enumerate(attentions):
+        if cfg.layer_types[layer] != "sliding_attention":
+            continue
+        a, v = a.double().numpy(), values[layer].double().numpy()  # (B, H, T, T), (B, T, Hkv, D)
+        H = a.shape[1]
+        for head in range(H):
+            kv = head // (H // Hkv)
+            mass, shift, rel, anchor = [], [], [], []
+            for b in range(B):
+                for i in range(W - 1, T - 1):  # full window, and a next query that no longer sees e
+                    e = i - W + 1
+                    row = a[b, head, i, :i + 1]  # a_ij; the phantom holds 1 - sum
+                    o = row @ v[b, :i + 1, kv]
+                    kept = np.append(np.where(np.arange(i + 1) == e, 0.0, row), 1.0 - row.sum())
+                    kept = kept / kept.sum()  # renormalised, phantom included
+                    moved = np.linalg.norm(kept[:-1] @ v[b, :i + 1, kv] - o)
+                    mass.append(row[e]); shift.append(moved); rel.append(moved / np.linalg.norm(o))
+                    if e == 0:
+                        anchor.append(moved / np.linalg.norm(o))
+            out[(layer, head)] = {"eviction_mass": np.mean(mass), "eviction_shift": np.mean(shift),
+                                  "eviction_shift_rel": np.mean(rel), "eviction_anchor_shift_rel": np.mean(anchor)}
+    return out
+
+
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+def test_eviction_probe_equals_a_hand_computation_on_tiny_gpt_oss(attention):
+    from tiny_models import random_ids
+
+    model = build("gpt_oss")
+    ids = random_ids(batch=2, length=20)
+    table = sinkscope.measure("eviction", model, windows=ids.numpy(), attention=attention).table
+    expected = _hand_eviction(model, ids)
+    assert expected and set(table.dropna(subset=["head"]).layer.astype(int)) == {l for l, _ in expected}
+    for (layer, head), metrics in expected.items():
+        for metric, value in metrics.items():
+            assert _table_value(table, metric, layer, head) == pytest.approx(value, rel=1e-4, abs=1e-6), metric
+    n = table[(table.metric == "eviction_mass") & (table.layer == 0) & (table["head"] == 0)]["n"].item()
+    assert n == 2 * (20 - 1 - (model.config.sliding_window - 1))  # every full window but the last query's
+
+
+def test_eviction_probe_skips_full_and_uncut_layers():
+    from tiny_models import random_ids
+
+    table = sinkscope.measure("eviction", build("llama"), windows=random_ids(batch=1, length=12).numpy()).table
+    assert table.empty or not table["head"].notna().any()
+
+
+@pytest.mark.parametrize("variant", ["baseline", "sinklogit", "sinktoken"])
+def test_eviction_and_layer_types_on_trainer_models_with_a_layer_pattern(variant):
+    import torch
+
+    from sinkscope.train.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=3, n_head=4, n_embd=32, variant=variant,
+                          layer_pattern="sliding,full", window=4)).eval()
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).numpy()
+    fused = sinkscope.measure(["eviction", "p0_mass"], model, windows=ids, attention="fused").table
+    explicit = sinkscope.measure(["eviction", "p0_mass"], model, windows=ids, attention="explicit").table
+    np.testing.assert_allclose(fused["value"], explicit["value"], rtol=1e-4, atol=1e-6)
+    per_head = fused[(fused.probe == "eviction") & fused["head"].notna()]
+    assert set(per_head.layer.astype(int)) == {0, 2}  # the sliding layers
+    # the trainer's sink token stays visible: key 0 never leaves, so no anchor eviction
+    has_anchor = (per_head.metric == "eviction_anchor_shift_rel").any()
+    assert has_anchor == (variant != "sinktoken")
+    assert set(fused["layer_type"].dropna()) == {"sliding", "full"}

@@ -851,6 +851,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
             run.shown = str(shown)
     if group_by:
         runs = group_runs(runs, group_by)
+    one_run = len(runs) == 1
     runs, several_lengths = split_lengths(runs)
     seen: dict[str, int] = {}
     for run in runs:  # distinct labels for the legend
@@ -860,7 +861,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         else:
             seen[run.label] = 1
     if out is None:
-        if len(runs) == 1 and not trainings and not group_by:
+        if one_run and not trainings and not group_by:
             out = runs[0].path
         else:
             out = Path("reports") / f"{'compare' if runs else 'training'}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -934,7 +935,9 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     from jinja2 import Environment, PackageLoader
 
     env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=True)  # every value is text: labels, tokens, paths
-    if len(runs) == 1:
+    if one_run and several_lengths:
+        title = f"sinkscope report: {several_lengths[0].label} at {len(runs)} lengths"
+    elif len(runs) == 1:
         title = "sinkscope report: " + runs[0].label
     elif runs:
         title = f"sinkscope comparison of {len(runs)} runs"
