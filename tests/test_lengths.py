@@ -53,6 +53,7 @@ def test_windows_of_each_length_are_prefixes_of_the_same_documents(tiny_llama_di
 def test_single_length_table_has_no_seq_len_column(tiny_llama_dir, text_file):
     one = sinkscope.measure("p0_mass", str(tiny_llama_dir), text_file=str(text_file), seq_len=[16], n_seqs=2)
     assert "seq_len" not in one.table.columns and one.manifest["windows"]["seq_len"] == 16
+    assert one.manifest["options"]["seq_len"] == 16
 
 
 def test_several_lengths_refuse_resume_and_given_windows(tiny_llama_dir):

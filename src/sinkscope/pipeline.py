@@ -228,7 +228,13 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
             check_run_dir(out_dir, options.overwrite)
         elif not result.progress_file.is_file():
             raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
-    if len(seq_lens(options.seq_len) or ()) > 1 and inputs.windows is not None:
+    lengths = seq_lens(options.seq_len)
+    if lengths is not None and len(lengths) == 1:  # seq_len=[512] is the plain run at 512
+        options = replace(options, seq_len=lengths[0])
+    elif lengths is not None:
+        options = replace(options, seq_len=lengths)  # sorted, distinct
+    result.options = options
+    if len(lengths or ()) > 1 and inputs.windows is not None:
         raise SinkscopeError("windows= are measured at their own length; several seq_len values need texts or a corpus.")
     limit = context_length(source) if inputs.model is None else _model_context(inputs.model)
     if options.seq_len is None and inputs.windows is None and not checkpoint_split:
