@@ -307,3 +307,49 @@ def test_eviction_and_layer_types_on_trainer_models_with_a_layer_pattern(variant
     has_anchor = (per_head.metric == "eviction_anchor_shift_rel").any()
     assert has_anchor == (variant != "sinktoken")
     assert set(fused["layer_type"].dropna()) == {"sliding", "full"}
+
+
+def synthetic_share(delta: float, seq_len: int, window: int | None, phantom: bool) -> float:
+    """Explicit softmax rows with a sliding window: key 0 (or a phantom) Delta above the rest."""
+    shares = []
+    for i in range(1, seq_len):
+        visible = [j for j in range(i + 1) if window is None or i - j < window]
+        logits = [delta if (j == 0 and not phantom) else 0.0 for j in visible] + ([delta] if phantom else [])
+        w = np.exp(np.array(logits) - max(logits))
+        w = w / w.sum()
+        if phantom:
+            shares.append(w[-1])
+        else:  # key 0's share of the real-key mass, 0 when it is out of reach
+            shares.append(w[0] if visible[0] == 0 else 0.0)
+    return float(np.mean(shares))
+
+
+@pytest.mark.parametrize("phantom", [False, True])
+@pytest.mark.parametrize("window", [None, 8])
+def test_leak_fit_recovers_a_known_gap_with_windows_and_phantoms(window, phantom):
+    for delta in (0.5, 3.0, 7.0):
+        measured = synthetic_share(delta, 24, window, phantom)
+        fitted = leak_mod.fit_delta([measured], 24, window=window, phantom=phantom)[0]
+        assert fitted == pytest.approx(delta, abs=1e-6)
+        assert leak_mod.p0_under_gap([fitted], 64, window=window, phantom=phantom)[0] == pytest.approx(
+            synthetic_share(delta, 64, window, phantom), abs=1e-9)
+    if window is not None:  # a windowed sink stops leaking at n = W
+        assert leak_mod.leak(3.0, 1000, window=window, phantom=phantom) == leak_mod.leak(3.0, window, phantom=phantom)
+
+
+def test_multi_length_gpt_oss_fits_key_0_and_the_phantom_with_the_windows():
+    from conftest import SAMPLE_TEXT, make_tokenizer
+
+    model = build("gpt_oss")
+    result = sinkscope.measure("sinks", model, make_tokenizer(), texts=[SAMPLE_TEXT * 12], seq_len=[8, 16, 24],
+                               n_seqs=3)
+    t = result.table
+    assert {"leak_delta", "leak_phantom_delta", "leak_phantom_error"} <= set(t.metric)
+    windows = result.manifest["model"]["layer_windows"]
+    for measured, phantom, delta_name in (("p0_mass", False, "leak_delta"), ("phantom_mass", True, "leak_phantom_delta")):
+        for layer in range(3):
+            d = t[(t.metric == delta_name) & (t.layer == layer) & t["head"].notna()].sort_values("head")
+            m = t[(t.metric == measured) & (t.layer == layer) & t["head"].notna() & (t.seq_len == 8)
+                  & t["layer_type"].isna()].sort_values("head")
+            back = leak_mod.p0_under_gap(d["value"].to_numpy(), 8, window=windows[layer], phantom=phantom)
+            np.testing.assert_allclose(back, m["value"].to_numpy(), atol=1e-9)

@@ -600,7 +600,7 @@ def assemble_lengths(plan_: Plan, loaded: Loaded, finished: list) -> Result:
 
     rows = [replace(row, conditions=(*row.conditions, ("seq_len", n)))
             for n, probes, _ in finished for probe in probes for row in probe.rows()]
-    rows += leak_rows(rows)
+    rows += leak_rows(rows, layer_windows(loaded.model.model, loaded.spec.n_layers))
     longest_n, probes, _ = finished[-1]
     run_s = sum(seconds for _, _, seconds in finished)
     result = assemble(plan_, loaded, probes, run_s, rows=rows)

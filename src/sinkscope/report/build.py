@@ -739,6 +739,8 @@ def split_lengths(runs: list[RunData]) -> tuple[list[RunData], list[RunData]]:
 
 #: metrics drawn against length (per layer) when a run has them.
 LENGTH_METRICS = ("p0_mass", "phantom_mass", "implicit_gate")
+#: the leak model's prediction drawn dashed beside a metric.
+PREDICTED_BY = {"p0_mass": "leak_p0_predicted", "phantom_mass": "leak_phantom_predicted"}
 LENGTHS_NOTE = ("Every length is measured on prefixes of the same windows (the same documents from the same "
                 "starts; the longest length's windows are the ones saved in tokens.npy). The fixed-gap model of "
                 "seed 001 gives a query that sees n keys the sink share 1/(1 + (n-1) e^{-Delta}); Delta is fitted "
@@ -768,9 +770,10 @@ def _lengths_section(runs: list[RunData], fig_dir: Path) -> dict:
                 continue
             points = _per_layer(table, metric)
             predicted = None
-            if metric == "p0_mass" and _has_layers(table, "leak_p0_predicted"):
+            fit = PREDICTED_BY.get(metric)
+            if fit and _has_layers(table, fit):
                 shortest = points[points.seq_len == lengths[0]]
-                predicted = pd.concat([shortest, _per_layer(table, "leak_p0_predicted")])
+                predicted = pd.concat([shortest, _per_layer(table, fit)])
             floor = {n: uniform_p0(n) for n in lengths} if metric == "p0_mass" else None
             fig = figures.metric_vs_length(points, metric, predicted=predicted, floor=floor)
             info = docs.get(metric, MetricInfo(metric, "", "", ""))
@@ -785,6 +788,8 @@ def _lengths_section(runs: list[RunData], fig_dir: Path) -> dict:
             delta = table[table.metric == "leak_delta"].drop(columns="seq_len")
             fig = figures.layer_head_heatmap(delta, "leak_delta")
             errors = table[(table.metric == "leak_p0_error") & table.layer.isna() & table["head"].isna()]
+            if "layer_type" in errors.columns:
+                errors = errors[errors["layer_type"].isna()]
             note = "Mean signed error of the prediction over layers: " + ", ".join(
                 f"{fmt(v)} at seq-len {int(n)}" for n, v in zip(errors["seq_len"], errors["value"])) + "."
             entries.append({"metric": f"leak_delta{'_' + str(k) if k else ''}",

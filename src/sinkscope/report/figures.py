@@ -762,9 +762,9 @@ def metric_vs_length(points: pd.DataFrame, metric: str, *, predicted: pd.DataFra
         ax.get_xaxis().set_major_formatter(ticker.ScalarFormatter())
         ax.set_xlabel("context length (tokens per window)")
         ax.set_ylabel(metric)
-        title = f"{metric} against length, one line per layer"
+        title = f"{metric} against length, per layer"
         if predicted is not None:
-            title += " (dashed: fixed-gap fit at the shortest)"
+            title += " (dashed: fixed-gap fit)"
         ax.set_title(title, fontsize=9)
         ax.grid(True, linewidth=0.4, alpha=0.4)
         if len(layers) > 12:
