@@ -103,6 +103,8 @@ def test_leak_rows_recover_delta_per_head_from_a_table():
     out = {(r.metric, r.layer, r.head, dict(r.conditions)["seq_len"]): r.value for r in leak_mod.leak_rows(rows)}
     for (l, h), d in deltas.items():
         assert out[("leak_delta", l, h, 16)] == pytest.approx(d, abs=1e-6)
+        for n in (16, 64, 128):  # a fixed gap: every length implies the same one
+            assert out[("leak_gap", l, h, n)] == pytest.approx(d, abs=1e-6)
         for n in (64, 128):
             assert abs(out[("leak_p0_error", l, h, n)]) < 1e-9
     assert out[("leak_delta", 0, None, 16)] == pytest.approx(2.5, abs=1e-6)
@@ -111,7 +113,12 @@ def test_leak_rows_recover_delta_per_head_from_a_table():
 def test_multi_length_run_has_the_leak_fit(multi):
     t = multi.table
     fit = t[t.probe == "leak_fit"]
-    assert set(fit.metric) == {"leak_delta", "leak_p0_predicted", "leak_p0_error", "leak"}
+    assert set(fit.metric) == {"leak_delta", "leak_p0_predicted", "leak_p0_error", "leak", "leak_gap"}
+    gap = fit[(fit.metric == "leak_gap") & fit["head"].notna()]
+    assert set(gap["seq_len"].astype(int)) == set(LENGTHS)
+    shortest = gap[gap.seq_len == min(LENGTHS)].set_index(["layer", "head"])["value"]
+    delta = fit[(fit.metric == "leak_delta") & fit["head"].notna()].set_index(["layer", "head"])["value"]
+    pd.testing.assert_series_equal(shortest, delta)
     assert set(fit[fit.metric == "leak_delta"]["seq_len"].astype(int)) == {min(LENGTHS)}
     assert set(fit[fit.metric == "leak_p0_error"]["seq_len"].astype(int)) == set(LENGTHS[1:])
     # the fitted Delta reproduces the measured p0 at the shortest length
@@ -131,6 +138,7 @@ def test_report_overlays_the_lengths_and_draws_metrics_against_length(multi, tmp
     figs = {p.name for p in (tmp_path / "run" / "figures").iterdir()}
     assert "overlay_p0_mass.png" in figs  # one line per length against layer
     assert "length_p0_mass_run0.png" in figs and "length_leak_delta_run0.png" in figs
+    assert "length_leak_gap_run0.png" in figs
     assert 'id="probe-lengths"' in page and "seq-len 8" in page and "seq-len 32" in page
     assert "differ in seq-len" not in page
     from sinkscope.report import build_report

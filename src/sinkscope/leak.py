@@ -24,6 +24,7 @@ Rows (probe ``leak_fit``; every row carries a ``seq_len``):
     leak_p0_predicted  p0(T; Delta) per head at each longer length T
     leak_p0_error      predicted minus measured p0 at each longer length (signed)
     leak               1 - sink(T): the leak of the last query of a window of T tokens
+    leak_gap           Delta fitted per head at each length on its own (how the gap moves with T)
 
 with the usual per-layer means over heads and model means over layers (``leak_p0_error``'s
 aggregates are means of the signed errors; its per-head rows keep every sign).
@@ -35,8 +36,8 @@ Two extensions of the same model, so it applies where seeds 001 and 002 meet:
   as in ``p0_mass``) and the leak stops growing at n = W: a windowed sink cannot leak further.
 - **A learned phantom** (gpt-oss, ``sinklogit``): the phantom competes with all the real keys a
   query sees, phi_i = 1 / (1 + min(i + 1, W) e^{-Delta}). Models whose ``phantom_mass`` is not
-  zero get the same four rows for it: ``leak_phantom_delta``, ``leak_phantom_predicted``,
-  ``leak_phantom_error``, ``leak_phantom`` (1 - phi of a query seeing n real keys).
+  zero get the same rows for it: ``leak_phantom_delta``, ``leak_phantom_predicted``,
+  ``leak_phantom_error``, ``leak_phantom`` (1 - phi of a query seeing n real keys), ``leak_phantom_gap``.
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ LEAK_METRICS = {
         "leak(T) = 1 - 1/(1 + (T-1) e^{-Delta}): the mass a query seeing all T keys leaks off the sink "
         "(on a sliding layer T is capped at the window W)",
         "seed 001", "higher = the sink lets more mass through"),
+    "leak_gap": MetricInfo(
+        "Gap implied at each length", "nats",
+        "Delta fitted per head to p0_mass at this length alone (leak_delta is the one at the shortest); a gap that "
+        "grows by log 4 = 1.39 nats per 4x of context holds the sink's share constant",
+        "seed 001; sinkscope.leak", "flat = a fixed gap (the sink leaks as context grows); rising = it holds"),
+    "leak_phantom_gap": MetricInfo(
+        "Phantom gap implied at each length", "nats",
+        "Delta fitted per head to phantom_mass at this length alone", "seed 001; sinkscope.leak",
+        "flat = a fixed gap; rising = the phantom holds its share as context grows"),
     "leak_phantom_delta": MetricInfo(
         "Fitted phantom gap Delta", "nats",
         "Delta fitted per head to phantom_mass at the shortest length: mean_{i=1}^{T-1} 1/(1 + min(i+1, W) e^{-Delta})"
@@ -147,8 +157,9 @@ def _aggregate(per_head: dict[tuple[int, int], tuple[float, int]], metric: str, 
 
 
 #: (measured metric, phantom, metric names: delta, predicted, error, leak)
-SINKS = (("p0_mass", False, ("leak_delta", "leak_p0_predicted", "leak_p0_error", "leak")),
-         ("phantom_mass", True, ("leak_phantom_delta", "leak_phantom_predicted", "leak_phantom_error", "leak_phantom")))
+SINKS = (("p0_mass", False, ("leak_delta", "leak_p0_predicted", "leak_p0_error", "leak", "leak_gap")),
+         ("phantom_mass", True, ("leak_phantom_delta", "leak_phantom_predicted", "leak_phantom_error", "leak_phantom",
+                                 "leak_phantom_gap")))
 
 
 def leak_rows(rows: list[Row], windows: list[int | None] | None = None) -> list[Row]:
@@ -173,13 +184,16 @@ def leak_rows(rows: list[Row], windows: list[int | None] | None = None) -> list[
 
 
 def _fit(values, lengths, phantom, names, windows) -> list[Row]:
-    delta_name, predicted_name, error_name, leak_name = names
+    delta_name, predicted_name, error_name, leak_name, gap_name = names
     shortest = lengths[0]
     heads = sorted(values[shortest])
     window_of = {h: windows[h[0]] if h[0] < len(windows) else None for h in heads}
-    delta = {h: float(fit_delta([values[shortest][h][0]], shortest, window=window_of[h], phantom=phantom)[0])
-             for h in heads}
+    gaps = {n: {h: float(fit_delta([v], n, window=window_of.get(h), phantom=phantom)[0])
+                for h, (v, _) in values[n].items()} for n in lengths}  # the gap each length alone implies
+    delta = gaps[shortest]
     out = _aggregate({h: (delta[h], values[shortest][h][1]) for h in heads}, delta_name, shortest)
+    for n in lengths:
+        out += _aggregate({h: (g, values[n][h][1]) for h, g in gaps[n].items()}, gap_name, n)
     for n in lengths:
         out += _aggregate({h: (float(leak(delta[h], n, window=window_of[h], phantom=phantom)), values[shortest][h][1])
                            for h in heads}, leak_name, n)

@@ -738,7 +738,7 @@ def split_lengths(runs: list[RunData]) -> tuple[list[RunData], list[RunData]]:
 
 
 #: metrics drawn against length (per layer) when a run has them.
-LENGTH_METRICS = ("p0_mass", "phantom_mass", "implicit_gate")
+LENGTH_METRICS = ("p0_mass", "phantom_mass", "implicit_gate", "leak_gap", "leak_phantom_gap")
 #: the leak model's prediction drawn dashed beside a metric.
 PREDICTED_BY = {"p0_mass": "leak_p0_predicted", "phantom_mass": "leak_phantom_predicted"}
 LENGTHS_NOTE = ("Every length is measured on prefixes of the same windows (the same documents from the same "
