@@ -440,10 +440,14 @@ def per_layer_line(
             per_run = 2 if band is not None else 1
             # as many columns as fit the figure's width (~90 characters of legend text per row)
             fits = max(1, 90 // max(12, max((len(t) for t in texts), default=12) + 6))
+            ncols = max(1, min(4, fits, n_entries // per_run))
+            # a long legend below the axes gets its own room (else the axes collapse)
+            legend_rows = -(-len(texts) // ncols)
+            fig.set_size_inches(_LINE_FIGSIZE[0], max(_LINE_FIGSIZE[1], 2.6 + 0.19 * legend_rows))
             ax.legend(
                 loc="upper center",
                 bbox_to_anchor=(0.5, -0.16),
-                ncols=max(1, min(4, fits, n_entries // per_run)),
+                ncols=ncols,
                 borderaxespad=0.0,
             )
     return fig
