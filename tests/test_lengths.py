@@ -361,3 +361,18 @@ def test_multi_length_gpt_oss_fits_key_0_and_the_phantom_with_the_windows():
                   & t["layer_type"].isna()].sort_values("head")
             back = leak_mod.p0_under_gap(d["value"].to_numpy(), 8, window=windows[layer], phantom=phantom)
             np.testing.assert_allclose(back, m["value"].to_numpy(), atol=1e-9)
+
+
+def test_layer_windows_from_configs():
+    from types import SimpleNamespace
+
+    from sinkscope.capture.families import layer_windows
+
+    def model(**config):
+        return SimpleNamespace(config=SimpleNamespace(**config))
+
+    assert layer_windows(build("gemma3_text"), 3) == [8, None, 8]
+    assert layer_windows(build("llama"), 3) == [None] * 3
+    assert layer_windows(model(sliding_window=4096), 2) == [4096, 4096]  # Mistral with a window
+    assert layer_windows(model(sliding_window=4096, use_sliding_window=False), 2) == [None, None]  # Qwen2
+    assert layer_windows(model(sliding_window=None), 2) == [None, None]  # Mistral without one
