@@ -142,7 +142,7 @@ def test_bundled_recipes_parse():
     from sinkscope.commands import discover
     from sinkscope.recipes import load_steps
 
-    known = {"train", "report", *discover()}  # the trainer, the page, every measuring command
+    known = {"train", "report", "sweep", "toy", *discover()}  # the trainer, the page, sweeps, the toy task, every measuring command
     for path in sorted((Path(__file__).parents[1] / "probes").glob("*.toml")):
         steps = load_steps(str(path))
         if path.name.startswith("sinks-"):

@@ -495,23 +495,114 @@ def train(
         typer.echo(str(folder))
 
 
+@app.command()
+@_friendly_errors
+def sweep(
+    variants: Annotated[str, typer.Option("--variants", help="Comma-separated trainer variants.")] = "baseline,sinklogit,normgate,projgate,sink+norm,sink+proj",
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds (shared across variants: paired).")] = "0,1,2",
+    task: Annotated[str, typer.Option("--task", help="trigger | text.")] = "trigger",
+    tier: Annotated[Optional[str], typer.Option("--tier", help="A trainer tier [default: micro for trigger, tiny for text].")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="The sweep folder (runs, tables, report); rerun to resume.")] = "sweeps/sweep",
+    steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps per run [default: the tier's].")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per step [default: the tier's].")] = None,
+    eval_windows: Annotated[int, typer.Option("--eval-windows", help="Fixed validation windows whose loss the tables compare.")] = 64,
+    task_set: Annotated[Optional[list[str]], typer.Option("--task-set", help="A task option key=value (repeatable), as for train.")] = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="A model field key=value for every run (repeatable), as for train.")] = None,
+    text_file: TextFileOpt = None,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="--task text: as for train [default: bpe4096].")] = None,
+    windows: Annotated[Optional[str], typer.Option("--windows", help="--task text: doc-start (default) | random.")] = None,
+    n_seqs: Annotated[int, typer.Option("--n-seqs", help="Validation windows the sinks/selectivity probes measure.")] = 64,
+    probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Run sinks (and selectivity on gated variants) on every checkpoint.")] = True,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, as local processes.")] = 1,
+    launcher: Annotated[str, typer.Option("--launcher", help="local | submitit (SLURM job array; needs submitit).")] = "local",
+    slurm: Annotated[Optional[list[str]], typer.Option("--slurm", help="A submitit parameter key=value (repeatable), e.g. slurm_partition=gpu.")] = None,
+    device: DeviceOpt = "auto",
+) -> None:
+    """Train every variant for every seed, probe each checkpoint, write seed 000's Tables 1 and 2.
+
+    Finished runs are skipped and interrupted ones resumed, so rerunning the command continues it.
+
+    Examples:
+
+        sinkscope sweep --variants baseline,sinklogit,normgate,projgate,sink+norm,sink+proj --seeds 0,1,2 --task trigger --out sweeps/trigger
+
+        sinkscope sweep --variants baseline,sinklogit --seeds 0,1 --steps 200 --jobs 2 --out sweeps/quick
+
+        sinkscope sweep --task text --tier tiny --seeds 0,1,2 --launcher submitit --slurm slurm_partition=gpu --out sweeps/text
+    """
+    from sinkscope.sweep import SweepOptions, parse_list, sweep as run_sweep
+
+    options = SweepOptions(
+        variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int), task=task, tier=tier,
+        out=out, steps=steps, batch_size=batch_size, eval_windows=eval_windows, task_options=list(task_set or []),
+        overrides=list(set_ or []), text_file=text_file, tokenizer=tokenizer, windows=windows,
+        n_seqs=n_seqs, probe=probe, jobs=jobs, launcher=launcher,
+        slurm=list(slurm or []), device=device,
+    )
+    try:
+        page = run_sweep(options, log=lambda message: typer.echo(message, err=True))
+    except KeyboardInterrupt:
+        typer.echo(f"error: interrupted; rerun the same command to continue the sweep in {out}.", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(str(page))
+
+
+@app.command()
+@_friendly_errors
+def toy(
+    loads: Annotated[str, typer.Option("--loads", help="Comma-separated loads N/64 (features per dimension).")] = "1,2,4,8",
+    conditions: Annotated[str, typer.Option("--conditions", help="blind (channel-blind keys) and/or visible (routing-visible keys).")] = "blind,visible",
+    variants: Annotated[str, typer.Option("--variants", help="baseline, offbyone, normgate, oracle.")] = "baseline,offbyone,normgate,oracle",
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds.")] = "0,1,2",
+    steps: Annotated[int, typer.Option("--steps", help="Adam steps per model.")] = 4000,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 256,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads [default: torch's].")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder (toy.csv, toy_summary.csv, toy.md, toy.png).")] = "reports/toy",
+) -> None:
+    """Seed 000's toy superposition task: error by load per variant and the share of headroom closed.
+
+    Examples:
+
+        sinkscope toy
+
+        sinkscope toy --loads 1,8 --seeds 0 --steps 500 --out reports/toy-quick
+    """
+    from sinkscope.sweep import parse_list
+    from sinkscope.toy import ToyOptions, run_toy
+
+    options = ToyOptions(loads=parse_list(loads, "loads", int), conditions=parse_list(conditions, "conditions"),
+                         variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int),
+                         steps=steps, batch_size=batch_size, threads=threads, out=out)
+    typer.echo(str(run_toy(options, log=lambda message: typer.echo(message, err=True))))
+
+
 @app.command("run")
 @_friendly_errors
 def run_recipe_command(
-    recipe: Annotated[str, typer.Argument(help="A recipe TOML file, e.g. probes/sinks-smollm2.toml.")],
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable).")] = None,
+    recipe: Annotated[list[str], typer.Argument(help="One or more recipe TOML files, e.g. probes/sinks-smollm2.toml, run in order.")],
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable); applies to every recipe given.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="The MODEL of the recipes' measuring steps (the same as --set model=...).")] = None,
 ) -> None:
-    """Run a probe recipe (a TOML file naming a command and its options).
+    """Run probe recipes (TOML files naming a command and its options, or steps).
+
+    A measuring step without an `out` writes to reports/<time>-<recipe>-<model>-...: the recipe's
+    name is in the run folder's name.
 
     Examples:
 
         sinkscope run probes/sinks-smollm2.toml
 
+        sinkscope run probes/sinks-smollm2.toml probes/sinks-smollm2-bos.toml --model EleutherAI/pythia-160m
+
         sinkscope run probes/sinks-smollm2.toml --set n_seqs=4 --set out=runs/quick
     """
-    from sinkscope.recipes import run_recipe
+    import json
 
-    typer.echo(str(run_recipe(recipe, set_ or [])))
+    from sinkscope.recipes import run_recipes
+
+    overrides = list(set_ or []) + ([f"model={json.dumps(model)}"] if model is not None else [])
+    for result in run_recipes(recipe, overrides):
+        typer.echo(str(result))
 
 
 LISTINGS = ("probes", "hooks", "families", "commands")

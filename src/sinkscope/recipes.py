@@ -34,7 +34,8 @@ are refused with one sentence, before any model is loaded or trained; so are unk
 keys (an option written above ``[options]`` is not silently ignored).
 
 The measuring commands are the pipeline's (``commands/``: ``sinks``, ``measure``, ...); ``train``
-and ``report`` steps run the trainer and the report.
+and ``report`` steps run the trainer and the report; ``sweep`` and ``toy`` steps run
+``sinkscope sweep`` (``sweep.SweepOptions``) and ``sinkscope toy`` (``toy.ToyOptions``).
 """
 
 from __future__ import annotations
@@ -95,10 +96,35 @@ def _measure(name: str):
     return run
 
 
+def _sweep_options():
+    from sinkscope.sweep import SweepOptions
+
+    return SweepOptions
+
+
+def _sweep(options, log=None):
+    from sinkscope.sweep import sweep
+
+    return sweep(options, log=log)
+
+
+def _toy_options():
+    from sinkscope.toy import ToyOptions
+
+    return ToyOptions
+
+
+def _toy(options, log=None):
+    from sinkscope.toy import run_toy
+
+    return run_toy(options, log=log)
+
+
 def _commands() -> dict:
     """command -> (options dataclass or a function returning it, runner(options, log=...))."""
     measuring = {name: (command.options, _measure(name)) for name, command in discover().items()}
-    return {**measuring, "train": (_train_options, _train), "report": (ReportOptions, _report)}
+    return {**measuring, "train": (_train_options, _train), "report": (ReportOptions, _report),
+            "sweep": (_sweep_options, _sweep), "toy": (_toy_options, _toy)}
 
 
 _VAR = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -125,6 +151,11 @@ def _check_type(key: str, value, hint) -> None:
             raise SinkscopeError(f"option 'seq_len' must be an integer or a list of integers, not {value!r}.")
         return
     if text.startswith(("list[", "tuple[")) or "list[" in text:
+        if text.startswith(("list[int", "tuple[int")):  # e.g. seeds = [0, 1, 2]
+            if not (isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                             for v in value)):
+                raise SinkscopeError(f"option {key!r} must be a list of integers, not {value!r}.")
+            return
         if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
             raise SinkscopeError(f"option {key!r} must be a list of strings, not {value!r}.")
         return
@@ -240,10 +271,39 @@ def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
     return steps[0]
 
 
+def named_run_dirs(path: str, steps: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """Measuring steps without an ``out`` get ``reports/<time>-<recipe>-<model>[-s<seed>]-<hex>``:
+    the default run folder with the recipe's name in front of the model's."""
+    from sinkscope.results import default_run_dir
+    from sinkscope.sources import resolve_source
+
+    measuring = set(discover())
+    named = []
+    for command, options in steps:
+        if command in measuring and getattr(options, "out", "given") is None:
+            source = resolve_source(options.model, options.revision)
+            label = f"{Path(path).stem}-{source.label or Path(source.location).name}"
+            options = dataclasses.replace(options, out=str(default_run_dir(label, options.seed)))
+        named.append((command, options))
+    return named
+
+
 def run_recipe(path: str, overrides: list[str] = (), log=None):
     """Load and run a recipe's steps in order; returns what the last step returns (a folder or page)."""
-    result = None
+    return run_recipes([path], overrides, log=log)[0]
+
+
+def run_recipes(paths: list[str], overrides: list[str] = (), log=None) -> list:
+    """Several recipes, one after the other, every one checked (and ``--set`` applied to each) before
+    the first step runs; returns what each recipe's last step returns."""
+    if not paths:
+        raise SinkscopeError("give at least one recipe file.")
     commands = _commands()
-    for command, options in load_steps(path, overrides):
-        result = commands[command][1](options, log=log)
-    return result
+    loaded = [named_run_dirs(path, load_steps(path, overrides)) for path in paths]
+    results = []
+    for steps in loaded:
+        result = None
+        for command, options in steps:
+            result = commands[command][1](options, log=log)
+        results.append(result)
+    return results

@@ -88,8 +88,9 @@ class Row:
     conditions: tuple[tuple[str, object], ...] = ()
 
 
-#: probes whose per-layer rows are not means (positions, channels, maxima): no layer-type split.
-NOT_SPLIT_BY_LAYER_TYPE = ("massive_activation",)
+#: probes whose per-layer rows are not means over queries and heads (positions, channels, maxima,
+#: norms of one position, one layer's PCA): no layer-type split.
+NOT_SPLIT_BY_LAYER_TYPE = ("massive_activation", "p0_norm", "attn_out_norm", "mlp_pca", "mlp_pca_up", "p0_outliers")
 
 
 def layer_type_rows(rows: list[Row], windows: list[int | None]) -> list[Row]:

@@ -1,0 +1,162 @@
+"""Paired-seed comparisons of trained variants (SPEC.md "Trainer variants", last paragraphs).
+
+Variants trained with one seed share their initialisation and batch order, so a comparison is
+made per seed and then averaged:
+
+    improvement of A over B = mean over seeds s of (loss_B(s) - loss_A(s))     positive = A is better
+    standard error          = sd over seeds (n - 1 in the denominator) / sqrt(n)
+
+Only seeds where both variants have a loss count (``n`` says how many); one seed gives a mean
+and no standard error (NaN).
+
+Seed 000 Table 1: every variant's improvement over the baseline, and each combined variant's
+(``sink+norm``, ``sink+proj``) over the sink logit, the "filtering increment".
+Seed 000 Table 2 (the 2x2 decomposition of each gate form, improvements over the baseline):
+``sink`` (sinklogit), ``gate`` (normgate or projgate), ``both`` (sink+norm or sink+proj),
+``overlap = sink + gate - both``, ``filter = both - sink``, ``share = filter / both``. Each
+column but ``share`` is a mean of per-seed paired quantities with its standard error (the
+per-seed quantities are linear in the losses, so the means satisfy the same identities);
+``share`` is the ratio of the means, as the seed reports it.
+
+Pure pandas/numpy: the report and the sweep's tables import this without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sinkscope.errors import SinkscopeError
+
+#: the abstention reference of the lower block of Table 1.
+SINK = "sinklogit"
+BASELINE = "baseline"
+#: Table 2's gate forms: label -> (gate alone, gate with the sink logit).
+GATE_PAIRS: dict[str, tuple[str, str]] = {"norm gate": ("normgate", "sink+norm"),
+                                          "projection gate": ("projgate", "sink+proj")}
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A paired mean over seeds: ``mean`` of ``per_seed`` values, its standard error, the seeds used."""
+
+    mean: float
+    se: float
+    n: int
+    seeds: tuple[int, ...]
+    per_seed: tuple[float, ...]
+
+
+def mean_se(values) -> tuple[float, float]:
+    """Mean and standard error (sd with n - 1, over sqrt n); NaN where undefined."""
+    x = np.asarray(list(values), dtype=np.float64)
+    if x.size == 0:
+        return math.nan, math.nan
+    if x.size == 1:
+        return float(x[0]), math.nan
+    return float(x.mean()), float(x.std(ddof=1) / math.sqrt(x.size))
+
+
+def loss_table(losses) -> dict[str, dict[int, float]]:
+    """{variant: {seed: loss}} from a frame with columns variant, seed, loss (or such a dict).
+
+    One loss per (variant, seed); a duplicate is refused (it would make the pairing ambiguous).
+    """
+    if isinstance(losses, dict):
+        return {str(v): {int(s): float(x) for s, x in seeds.items()} for v, seeds in losses.items()}
+    frame = pd.DataFrame(losses)
+    missing = {"variant", "seed", "loss"} - set(frame.columns)
+    if missing:
+        raise SinkscopeError(f"the losses need the columns variant, seed and loss (missing: {', '.join(sorted(missing))}).")
+    if frame.duplicated(["variant", "seed"]).any():
+        dup = frame[frame.duplicated(["variant", "seed"], keep=False)].iloc[0]
+        raise SinkscopeError(f"two losses for variant {dup['variant']} and seed {dup['seed']}; pairing needs one each.")
+    out: dict[str, dict[int, float]] = {}
+    for row in frame.itertuples(index=False):
+        out.setdefault(str(row.variant), {})[int(row.seed)] = float(row.loss)
+    return out
+
+
+def paired_improvement(losses, a: str, b: str) -> Paired:
+    """Improvement of ``a`` over ``b``: mean over shared seeds of (loss_b - loss_a), positive = ``a`` better."""
+    table = loss_table(losses)
+    la, lb = table.get(a, {}), table.get(b, {})
+    seeds = tuple(sorted(set(la) & set(lb)))
+    diffs = tuple(lb[s] - la[s] for s in seeds)
+    mean, se = mean_se(diffs)
+    return Paired(mean, se, len(seeds), seeds, diffs)
+
+
+def table1(losses, variants=None) -> pd.DataFrame:
+    """Seed 000 Table 1: rows ``block, variant, reference, improvement, se, n``.
+
+    Block ``over baseline``: every variant but the baseline, against the baseline. Block
+    ``over sinklogit``: every other variant with a learned phantom (``sink+*``) against the sink
+    logit (the filtering increment). Variants without a shared seed are left out.
+    """
+    table = loss_table(losses)
+    names = list(variants) if variants is not None else list(table)
+    rows = []
+    for block, reference, chosen in (
+        ("over baseline", BASELINE, [v for v in names if v != BASELINE]),
+        ("over sinklogit", SINK, [v for v in names if v.startswith("sink+")]),
+    ):
+        if reference not in table:
+            continue
+        for variant in chosen:
+            result = paired_improvement(table, variant, reference)
+            if result.n:
+                rows.append({"block": block, "variant": variant, "reference": reference,
+                             "improvement": result.mean, "se": result.se, "n": result.n})
+    return pd.DataFrame(rows, columns=["block", "variant", "reference", "improvement", "se", "n"])
+
+
+def table2(losses) -> pd.DataFrame:
+    """Seed 000 Table 2, one row per gate form whose three variants and the baseline were trained.
+
+    Columns: ``gate, sink, gate_alone, both, overlap, filter, share`` and the standard error of
+    each of the five paired columns (``*_se``), with ``n`` the seeds shared by all four variants.
+    """
+    table = loss_table(losses)
+    rows = []
+    for label, (gate, both) in GATE_PAIRS.items():
+        needed = (BASELINE, SINK, gate, both)
+        if not all(v in table for v in needed):
+            continue
+        seeds = sorted(set.intersection(*(set(table[v]) for v in needed)))
+        if not seeds:
+            continue
+        base = np.array([table[BASELINE][s] for s in seeds])
+        imp = {key: base - np.array([table[v][s] for s in seeds]) for key, v in
+               (("sink", SINK), ("gate_alone", gate), ("both", both))}
+        imp["overlap"] = imp["sink"] + imp["gate_alone"] - imp["both"]
+        imp["filter"] = imp["both"] - imp["sink"]
+        row = {"gate": label}
+        for key, values in imp.items():
+            row[key], row[f"{key}_se"] = mean_se(values)
+        row["share"] = row["filter"] / row["both"] if row["both"] != 0 else math.nan
+        row["n"] = len(seeds)
+        rows.append(row)
+    keys = ("sink", "gate_alone", "both", "overlap", "filter")
+    return pd.DataFrame(rows, columns=["gate", *keys, "share", *(f"{k}_se" for k in keys), "n"])
+
+
+def fmt_pm(mean: float, se: float, digits: int | None = None) -> str:
+    """``0.0185 ± 0.0033`` (or the mean alone when the standard error is undefined).
+
+    ``digits`` decimals; by default 4 (seed 000's tables), more when the standard error needs
+    them to show two significant figures (``0.000072 ± 0.000034``).
+    """
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    missing = se is None or (isinstance(se, float) and math.isnan(se))
+    if digits is None:
+        digits = 4
+        if not missing and 0 < se < 1e-3:
+            digits = min(8, 1 - math.floor(math.log10(se)))
+    if missing:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ± {se:.{digits}f}"

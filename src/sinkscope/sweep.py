@@ -1,0 +1,411 @@
+"""``sinkscope sweep``: every variant x every seed, trained, evaluated, probed and compared.
+
+    sinkscope sweep --variants baseline,sinklogit,normgate,projgate,sink+norm,sink+proj \\
+        --seeds 0,1,2 --task trigger --out sweeps/trigger
+
+The folder it fills:
+
+    OUT/runs/<variant>-s<seed>/ckpt          the trainer's checkpoint (``sinkscope train``)
+    OUT/runs/<variant>-s<seed>/sinks         ``sinkscope sinks`` on it (the task's validation windows)
+    OUT/runs/<variant>-s<seed>/selectivity   ``sinkscope selectivity`` (value-gated variants only)
+    OUT/losses.csv                           variant, seed, val_loss, step, fingerprint
+    OUT/table1.csv, OUT/table2.csv           seed 000's Tables 1 and 2 (``sinkscope.paired``)
+    OUT/sinks.csv                            seed 000 Table 15's columns per variant and seed
+    OUT/sweep.md, OUT/table1.png             the tables as one page, the improvements as a figure
+    OUT/sinks.png                            the sink measurements per variant as a figure
+    OUT/compare/report.html                  the probe runs compared on one page, by variant
+
+Evaluation: the loss of a run is the trainer's own final ``val_loss`` (positions i >= 1 of its
+fixed validation windows, SPEC.md "Training data (resolved)"). Those windows depend on the task
+and its data only, never on the run seed or variant (trigger: the task's seed-0 validation draw;
+text: the validation split), so every run is evaluated on the same batches; the sweep checks it by
+refusing runs whose data fingerprints or evaluation window counts differ.
+
+Resume: a checkpoint at its last step is finished and skipped; one at an earlier step is
+continued with the trainer's ``--resume`` (bitwise the uninterrupted result on CPU); a folder the
+trainer left without a checkpoint (stopped before the first) starts over. A probe run folder that
+exists is kept. Running the same command again therefore only does what is missing.
+
+Launchers: one run after the other (default); ``jobs > 1`` runs them as that many local processes
+(``concurrent.futures.ProcessPoolExecutor``, each limited to its share of the CPU threads); and
+``launcher="submitit"`` submits them as a SLURM job array through submitit when it is installed.
+The tables are written by this process once every run is there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from sinkscope.errors import SinkscopeError
+
+LAUNCHERS = ("local", "submitit")
+#: Table 15's measurements: (column, probe metric, scale). p0 and phantom mass as percentages.
+SINK_COLUMNS = (("p0_pct", "p0_mass", 100.0), ("phantom_pct", "phantom_mass", 100.0),
+                ("value_norm_ratio", "value_norm_ratio", 1.0), ("sink_rate", "sink_rate", 1.0))
+GATE_COLUMNS = (("gate_selectivity", "gate_selectivity", 1.0), ("gate_mean", "gate_mean", 1.0))
+
+
+@dataclass
+class SweepOptions:
+    """Everything ``sinkscope sweep`` takes."""
+
+    variants: tuple[str, ...] = ("baseline", "sinklogit", "normgate", "projgate", "sink+norm", "sink+proj")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    task: str = "trigger"  # trigger | text (the trainer's tasks)
+    tier: str | None = None  # None = the task's default tier (micro for trigger, tiny for text)
+    out: str = "sweeps/sweep"
+    steps: int | None = None  # None = the tier's
+    batch_size: int | None = None
+    eval_windows: int = 64  # the trainer's fixed validation windows (the losses of the tables)
+    task_options: list[str] = field(default_factory=list)  # --task-set key=value
+    text_file: str | None = None  # text task: train on this file instead of the bundled corpus
+    tokenizer: str | None = None  # text task: as for train (default bpe4096)
+    windows: str | None = None  # text task: doc-start (default) | random
+    overrides: list[str] = field(default_factory=list)  # --set key=value on the model (every run)
+    n_seqs: int = 64  # windows the probes measure (the task's validation windows)
+    probe: bool = True  # run sinks and selectivity on every checkpoint
+    jobs: int = 1  # runs at once (local processes)
+    launcher: str = "local"  # local | submitit (SLURM)
+    slurm: list[str] = field(default_factory=list)  # submitit parameters key=value (e.g. slurm_partition=gpu)
+    device: str = "auto"
+    report: bool = True  # the comparison page and the figure
+
+
+def parse_list(text: str | None, what: str, cast=str) -> tuple:
+    """``a,b,c`` -> ("a", "b", "c") (no empties, no duplicates)."""
+    items = [item.strip() for item in str(text or "").split(",") if item.strip()]
+    if not items:
+        raise SinkscopeError(f"--{what} needs at least one value (comma-separated).")
+    try:
+        values = tuple(cast(item) for item in items)
+    except ValueError:
+        raise SinkscopeError(f"--{what} takes comma-separated {cast.__name__} values, not {text!r}.") from None
+    if len(set(values)) != len(values):
+        raise SinkscopeError(f"--{what} lists a value twice ({text!r}).")
+    return values
+
+
+def check(options: SweepOptions) -> None:
+    """Every mistake a user can make, in one sentence, before anything is trained."""
+    from sinkscope.train.loop import resolve_options
+
+    if not options.variants or not options.seeds:
+        raise SinkscopeError("a sweep needs at least one variant and one seed.")
+    if options.launcher not in LAUNCHERS:
+        raise SinkscopeError(f"unknown --launcher {options.launcher!r}; use {' or '.join(LAUNCHERS)}.")
+    if options.launcher == "submitit":
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            raise SinkscopeError("--launcher submitit needs the submitit package (pip install submitit).") from None
+    if not isinstance(options.jobs, int) or options.jobs < 1:
+        raise SinkscopeError(f"--jobs must be a positive integer, not {options.jobs!r}.")
+    if options.n_seqs < 1:
+        raise SinkscopeError(f"--n-seqs must be at least 1, not {options.n_seqs}.")
+    for seed in options.seeds:
+        if not isinstance(seed, int) or seed < 0:
+            raise SinkscopeError(f"seeds must be non-negative integers, not {seed!r}.")
+    for variant in options.variants:  # resolve_options refuses unknown variants, tiers, tasks, options
+        resolve_options(train_options(options, variant, options.seeds[0]))
+
+
+def run_dir(options: SweepOptions, variant: str, seed: int) -> Path:
+    return Path(options.out) / "runs" / f"{variant}-s{seed}"
+
+
+def train_options(options: SweepOptions, variant: str, seed: int):
+    from sinkscope.train.loop import TrainOptions
+
+    return TrainOptions(variant=variant, task=options.task, tier=options.tier, seed=seed,
+                        out=str(run_dir(options, variant, seed) / "ckpt"), steps=options.steps,
+                        batch_size=options.batch_size, eval_windows=options.eval_windows,
+                        task_options=list(options.task_options), overrides=list(options.overrides),
+                        text_file=options.text_file, tokenizer=options.tokenizer, windows=options.windows,
+                        device=options.device, progress=False)
+
+
+def is_gated(variant: str) -> bool:
+    """Whether ``selectivity`` measures the variant (a value gate, or the output gate)."""
+    from sinkscope.commands.selectivity import OUTPUT_GATED_VARIANTS, VALUE_GATED_VARIANTS
+
+    return variant in VALUE_GATED_VARIANTS + OUTPUT_GATED_VARIANTS
+
+
+def _state(ckpt: Path, resolved) -> str:
+    """``done``, ``partial`` (a checkpoint before the last step), ``stale`` (a folder, no checkpoint) or ``new``.
+
+    A checkpoint trained with other settings (steps, batch, model overrides, task options, ...) is
+    refused rather than kept: its loss would not pair with the others'.
+    """
+    from sinkscope.train.checkpoint import is_checkpoint, read_config
+    from sinkscope.train.loop import RESULT_FIELDS
+
+    if not is_checkpoint(ckpt):
+        return "stale" if ckpt.exists() else "new"
+    meta = read_config(ckpt)
+    recorded, wanted = meta.get("train_options", {}), dataclasses.asdict(resolved)
+    for name in ("steps", "eval_windows", *RESULT_FIELDS):
+        if name in recorded and recorded[name] != wanted[name]:
+            raise SinkscopeError(f"the run in {ckpt} was trained with {name}={recorded[name]!r}, this sweep asks for "
+                                 f"{wanted[name]!r}; use the sweep's own settings or another --out.")
+    return "done" if int(meta.get("step", -1)) >= resolved.steps else "partial"
+
+
+def run_one(options: SweepOptions, variant: str, seed: int, threads: int | None = None) -> str:
+    """Train (or finish) one run and probe it; returns what was done, one line."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    from sinkscope.train.loop import resolve_options, train
+
+    log = lambda _message: None  # noqa: E731 - the sweep reports per run
+    topts = train_options(options, variant, seed)
+    ckpt = Path(topts.out)
+    state = _state(ckpt, resolve_options(topts))
+    if state == "partial":
+        train(dataclasses.replace(topts, resume=True), log=log)
+    elif state in ("new", "stale"):
+        train(dataclasses.replace(topts, overwrite=state == "stale"), log=log)
+    done = {"done": "kept", "partial": "resumed", "new": "trained", "stale": "trained"}[state]
+    if options.probe:
+        for command in ("sinks", "selectivity") if is_gated(variant) else ("sinks",):
+            done += f", {_probe(options, command, ckpt, ckpt.parent / command)}"
+    return f"{variant} seed {seed}: {done}"
+
+
+def _probe(options: SweepOptions, name: str, ckpt: Path, out: Path) -> str:
+    from sinkscope.commands import get_command
+    from sinkscope.options import check_options
+    from sinkscope.pipeline import execute
+    from sinkscope.results import is_run_folder
+
+    if is_run_folder(out):
+        return f"{name} kept"
+    command = get_command(name)
+    probe_options = command.options(model=str(ckpt), out=str(out), n_seqs=options.n_seqs, seed=0,
+                                    device=options.device, progress=False, figures=False, overwrite=out.exists())
+    check_options(probe_options)
+    command.check(probe_options)
+    execute(command, probe_options, log=lambda _m: None)
+    return f"{name} measured"
+
+
+def _run_local(options: SweepOptions, pairs, log) -> None:
+    if options.jobs == 1 or len(pairs) == 1:
+        for n, (variant, seed) in enumerate(pairs, 1):
+            log(f"[{n}/{len(pairs)}] {variant} seed {seed} ...")
+            log(run_one(options, variant, seed))
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = max(1, (os.cpu_count() or 1) // options.jobs)
+    with ProcessPoolExecutor(max_workers=options.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_one, options, variant, seed, threads) for variant, seed in pairs]
+        for future in as_completed(futures):
+            log(future.result())
+
+
+def _run_submitit(options: SweepOptions, pairs, log) -> None:
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=str(Path(options.out) / "submitit"))
+    params = {}
+    for item in options.slurm:
+        key, _, value = item.partition("=")
+        params[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    executor.update_parameters(**params)
+    jobs = executor.map_array(run_one, [options] * len(pairs), [v for v, _ in pairs], [s for _, s in pairs])
+    log(f"submitted {len(jobs)} jobs through submitit ({Path(options.out) / 'submitit'}); waiting for them")
+    for job in jobs:
+        log(job.result())
+
+
+def sweep(options: SweepOptions, log=None) -> Path:
+    """Run the sweep (module docstring); returns ``OUT/sweep.md``."""
+    log = log or (lambda message: print(message, flush=True))
+    check(options)
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pairs = [(variant, seed) for variant in options.variants for seed in options.seeds]
+    (out / "sweep.json").write_text(json.dumps(dataclasses.asdict(options), indent=2) + "\n", encoding="utf-8")
+    if options.launcher == "submitit":
+        _run_submitit(options, pairs, log)
+    else:
+        _run_local(options, pairs, log)
+    return write_tables(options, log)
+
+
+# ---- tables ------------------------------------------------------------------------------------
+
+
+def collect_losses(options: SweepOptions) -> pd.DataFrame:
+    """variant, seed, val_loss, step, fingerprint, eval_windows per finished run; checks that every
+    run was evaluated on the same windows (same data fingerprint and window count)."""
+    from sinkscope.train.checkpoint import read_config
+
+    rows = []
+    for variant in options.variants:
+        for seed in options.seeds:
+            meta = read_config(run_dir(options, variant, seed) / "ckpt")
+            data = meta.get("data", {})
+            if meta.get("val_loss_step") != meta.get("step"):
+                raise SinkscopeError(f"the {variant} seed {seed} checkpoint has no validation loss at its last step.")
+            rows.append({"variant": variant, "seed": seed, "loss": float(meta["val_loss"]), "step": int(meta["step"]),
+                         "fingerprint": data.get("fingerprint", data.get("stream_sha256")),
+                         "eval_windows": meta.get("train_options", {}).get("eval_windows")})
+    frame = pd.DataFrame(rows)
+    for column in ("fingerprint", "eval_windows", "step"):
+        if frame[column].nunique(dropna=False) > 1:
+            raise SinkscopeError(f"the runs of the sweep in {options.out} differ in {column} "
+                                 f"({', '.join(map(str, frame[column].unique()))}), so their losses are not paired.")
+    return frame
+
+
+def collect_sinks(options: SweepOptions) -> pd.DataFrame:
+    """Table 15's columns (model-level values) per variant and seed, plus the gate's selectivity."""
+    from sinkscope.results import is_run_folder, read_results
+
+    rows = []
+    for variant in options.variants:
+        for seed in options.seeds:
+            row = {"variant": variant, "seed": seed}
+            for command, columns in (("sinks", SINK_COLUMNS), ("selectivity", GATE_COLUMNS)):
+                folder = run_dir(options, variant, seed) / command
+                if not is_run_folder(folder):
+                    continue
+                table = read_results(folder)
+                model = table[table["layer"].isna() & table["head"].isna()]
+                for column, metric, scale in columns:
+                    values = model.loc[model["metric"] == metric, "value"]
+                    row[column] = float(values.iloc[0]) * scale if len(values) else math.nan
+            rows.append(row)
+    columns = ["variant", "seed", *(c for c, _, _ in SINK_COLUMNS + GATE_COLUMNS)]
+    return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def write_tables(options: SweepOptions, log=None) -> Path:
+    """losses.csv, table1.csv, table2.csv, sinks.csv, sweep.md (+ table1.png, compare/) from the runs."""
+    from sinkscope.fileio import atomic_write_text
+    from sinkscope.paired import fmt_pm, mean_se, table1, table2
+
+    log = log or (lambda _m: None)
+    out = Path(options.out)
+    losses = collect_losses(options)
+    t1, t2 = table1(losses, options.variants), table2(losses)
+    sinks = collect_sinks(options)
+    for name, frame in (("losses", losses), ("table1", t1), ("table2", t2), ("sinks", sinks)):
+        atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
+
+    lines = [f"# Sweep: {', '.join(options.variants)} x seeds {', '.join(map(str, options.seeds))}", "",
+             f"Task {options.task}, tier {options.tier or 'default'}, steps {losses['step'].iloc[0]}, "
+             f"{options.eval_windows} fixed validation windows (val_loss at positions >= 1).", "",
+             "## Validation loss (nats), mean ± se over seeds", "", "| variant | loss | n |", "| --- | --- | --- |"]
+    for variant, group in losses.groupby("variant", sort=False):
+        lines.append(f"| {variant} | {fmt_pm(*mean_se(group['loss']))} | {len(group)} |")
+    lines += ["", "## Table 1: paired improvement (nats), positive = better", "",
+              "| block | variant | improvement | n |", "| --- | --- | --- | --- |"]
+    lines += [f"| {r.block} | {r.variant} | {fmt_pm(r.improvement, r.se)} | {r.n} |" for r in t1.itertuples()]
+    lines += ["", "## Table 2: two-by-two decomposition (improvements over the baseline, nats, mean ± se)", "",
+              "| gate | sink | gate | both | overlap | filter | share |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in t2.itertuples():
+        share = "–" if math.isnan(r.share) else f"{100 * r.share:.0f}%"
+        cells = [fmt_pm(getattr(r, k), getattr(r, f"{k}_se")) for k in ("sink", "gate_alone", "both", "overlap", "filter")]
+        lines.append(f"| {r.gate} | {' | '.join(cells)} | {share} |")
+    if not len(t2):
+        lines.append("| (needs baseline, sinklogit, a gate and its sink+ twin) | | | | | | |")
+    lines += ["", "## Sink measurements (Table 15's columns; model means, mean ± se over seeds)", "",
+              "| variant | pos. 0 (%) | phantom (%) | norm ratio | sink rate | selectivity | mean gate |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for variant, group in sinks.groupby("variant", sort=False):
+        cells = []
+        for column, _, _ in SINK_COLUMNS + GATE_COLUMNS:
+            values = group[column].dropna()
+            cells.append(fmt_pm(*mean_se(values), digits=3) if len(values) else "–")
+        lines.append(f"| {variant} | {' | '.join(cells)} |")
+    page = out / "sweep.md"
+    atomic_write_text(page, "\n".join(lines) + "\n")
+    if options.report:
+        _figure(t1, out / "table1.png")
+        _sinks_figure(sinks, out / "sinks.png")
+        _compare(options, out / "compare", log)
+    log(f"wrote {page}")
+    return page
+
+
+def _figure(t1: pd.DataFrame, path: Path) -> None:
+    """Table 1 as bars with standard-error whiskers (positive = better)."""
+    if not len(t1):
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.variant}\nvs {r.reference}" for r in t1.itertuples()]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(labels)), 3.2))
+    ax.bar(range(len(labels)), t1["improvement"], yerr=t1["se"].fillna(0.0), capsize=3,
+           color=["#4c72b0" if b == "over baseline" else "#dd8452" for b in t1["block"]])
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("paired improvement (nats)")
+    ax.set_title("paired validation-loss improvement, mean ± se over seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _sinks_figure(sinks: pd.DataFrame, path: Path) -> None:
+    """Table 15's columns per variant: bars of the seed means with standard-error whiskers."""
+    from sinkscope.paired import mean_se
+
+    panels = [(c, label) for c, label in (("p0_pct", "position-0 mass (%)"), ("phantom_pct", "phantom mass (%)"),
+                                          ("value_norm_ratio", "position-0 value-norm ratio"),
+                                          ("gate_selectivity", "gate selectivity"))
+              if c in sinks and sinks[c].notna().any()]
+    if not panels:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = list(dict.fromkeys(sinks["variant"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
+    for ax, (column, label) in zip(axes[0], panels):
+        stats = [mean_se(sinks.loc[sinks.variant == v, column].dropna()) for v in variants]
+        ax.bar(range(len(variants)), [m for m, _ in stats], yerr=[0.0 if math.isnan(e) else e for _, e in stats],
+               capsize=3, color="#4c72b0")
+        ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=7)
+        ax.set_title(label, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _compare(options: SweepOptions, out: Path, log) -> None:
+    """The sinks runs on one page, grouped by variant (``sinkscope report --group-by variant``)."""
+    from sinkscope.report import build_report
+    from sinkscope.results import is_run_folder
+
+    runs = [str(run_dir(options, v, s) / "sinks") for v in options.variants for s in options.seeds]
+    runs = [r for r in runs if is_run_folder(Path(r))]
+    if len(runs) < 2:
+        return
+    import warnings
+
+    group = "variant" if len(options.variants) > 1 else None
+    try:
+        with warnings.catch_warnings():  # matplotlib's layout notes on very small models
+            warnings.simplefilter("ignore", UserWarning)
+            build_report(runs, out=str(out), group_by=group)
+    except SinkscopeError as error:  # the tables stand without the page
+        log(f"note: no comparison page ({error})")
