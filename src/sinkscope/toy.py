@@ -25,6 +25,8 @@ undefined (NaN) where the oracle is not below the baseline (no headroom).
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,13 +173,30 @@ def _module(variant: str, d: int, n_out: int, beta: float):
     return ToyModel()
 
 
+@contextlib.contextmanager
+def torch_threads(threads: int | None):
+    """torch's intra-op threads set to ``threads`` inside the block and restored after it (None: unchanged).
+
+    Restoring matters in-process (the API, recipes, tests): a thread count changes float
+    reduction order, so a later computation in the same process would not repeat bit for bit.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads:
+            torch.set_num_threads(before)
+
+
 def train_cell(options: ToyOptions, condition: str, load: int, seed: int) -> list[dict]:
     """Train every variant of one (condition, load, seed) on the same batches; one row per variant."""
     import torch
     import torch.nn.functional as F
 
-    if options.threads:
-        torch.set_num_threads(options.threads)
     data = ToyData(load * D, seed, n_relevant=options.n_relevant, p_relevant=options.p_relevant,
                    n_items=options.n_items)
     torch.manual_seed(seed)
@@ -256,7 +275,8 @@ def run_toy(options: ToyOptions, log=None) -> Path:
     for condition in options.conditions:
         for load in options.loads:
             for seed in options.seeds:
-                cell = train_cell(options, condition, load, seed)
+                with torch_threads(options.threads):
+                    cell = train_cell(options, condition, load, seed)
                 rows += cell
                 log(f"{condition} load {load} seed {seed}: "
                     + ", ".join(f"{r['variant']} {r['error']:.4f}" for r in cell))
