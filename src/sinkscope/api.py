@@ -85,6 +85,13 @@ def measure(
 
 def _as_tuples(options_cls: type, options: dict) -> dict:
     """Options the CLI repeats (tuple fields) take one value or a list too: "0.1" -> ("0.1",)."""
-    repeated = {f.name for f in fields(options_cls) if "tuple" in str(f.type)}
-    return {key: ((value,) if isinstance(value, str) else tuple(value)) if key in repeated and value is not None
-            else value for key, value in options.items()}
+    repeated = {f.name for f in fields(options_cls) if str(f.type).startswith("tuple")}
+    out = {key: ((value,) if isinstance(value, str) else tuple(value)) if key in repeated and value is not None
+           else value for key, value in options.items()}
+    if isinstance(out.get("seq_len"), (list, tuple)):  # several lengths: seq_len=[128, 512]
+        out["seq_len"] = tuple(out["seq_len"])
+    elif isinstance(out.get("seq_len"), str):
+        from sinkscope.options import parse_seq_len
+
+        out["seq_len"] = parse_seq_len(out["seq_len"])
+    return out

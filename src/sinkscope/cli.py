@@ -32,7 +32,7 @@ ModelArg = Annotated[
 OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder (default reports/<run-id>).")]
 TextFileOpt = Annotated[Optional[str], typer.Option("--text-file", help="UTF-8 text to use instead of the bundled corpus.")]
 DatasetOpt = Annotated[Optional[str], typer.Option("--dataset", help="A datasets corpus NAME[:CONFIG][:SPLIT].")]
-SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help="Tokens per window, BOS included [default: 512, or the model's context if shorter].")]
+SeqLenOpt = Annotated[Optional[str], typer.Option("--seq-len", help="Tokens per window, BOS included [default: 512, or the model's context if shorter]; several comma-separated lengths (128,512,2048) measure each in one run, on prefixes of the same windows.")]
 NSeqsOpt = Annotated[int, typer.Option("--n-seqs", help="Number of windows.")]
 BatchOpt = Annotated[int, typer.Option("--batch-size", help="Windows per forward pass (numbers do not change).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the window draw.")]
@@ -147,6 +147,10 @@ def _run(name: str, values: dict) -> None:
         values = {**values, "model": None if several or not models else models[0]}
     if values.get("group_by") and not several:
         raise SinkscopeError("--group-by averages runs of several models; give more than one MODEL.")
+    from sinkscope.options import parse_seq_len
+
+    if "seq_len" in values:
+        values = {**values, "seq_len": parse_seq_len(values["seq_len"])}
     names = {f.name for f in fields(command.options)}
     options = command.options(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
     check_options(options)

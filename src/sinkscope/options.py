@@ -30,6 +30,9 @@ class RunOptions:
         dataset: a ``datasets`` name ``NAME[:CONFIG][:SPLIT]`` instead of the bundled corpus.
         seq_len: tokens per window, BOS included; None = 512 (a SmolLM2 run near a minute on 2
             cores), or the model's context if shorter (trainer checkpoints: 128 for ``tiny``).
+            Several lengths (a tuple, ``--seq-len 128,512,2048``) measure every metric at each
+            length in one run, on prefixes of the same windows (``pipeline.py``, "several
+            lengths"); the table gains a ``seq_len`` column. One length is the plain run.
         n_seqs: number of windows.
         batch_size: windows per forward pass (does not change the numbers).
         seed: seeds the window draw.
@@ -51,7 +54,7 @@ class RunOptions:
     out: str | None = None
     text_file: str | None = None
     dataset: str | None = None
-    seq_len: int | None = None
+    seq_len: int | tuple[int, ...] | None = None
     n_seqs: int = 16
     batch_size: int = 4
     seed: int = 0
@@ -102,8 +105,11 @@ class Command:
 
 def check_options(options: RunOptions) -> None:
     """The options every command shares, checked in a second, before anything loads."""
-    if options.seq_len is not None and options.seq_len < 2:
-        raise SinkscopeError(f"--seq-len must be at least 2 (got {options.seq_len}).")
+    lengths = seq_lens(options.seq_len)
+    if lengths is not None and min(lengths) < 2:
+        raise SinkscopeError(f"--seq-len must be at least 2 (got {min(lengths)}).")
+    if lengths is not None and len(lengths) > 1 and options.resume:
+        raise SinkscopeError("--resume is not supported with several --seq-len values; run them without it.")
     if options.n_seqs < 1:
         raise SinkscopeError(f"--n-seqs must be at least 1 (got {options.n_seqs}).")
     if options.batch_size < 1:
@@ -117,6 +123,36 @@ def check_options(options: RunOptions) -> None:
     check_seed(options.seed)
 
 
+
+
+def parse_seq_len(text: str | int | None) -> int | tuple[int, ...] | None:
+    """``--seq-len``: ``"512"`` -> 512; ``"128,512,2048"`` -> (128, 512, 2048) (sorted, distinct)."""
+    if text is None or isinstance(text, int):
+        return text
+    try:
+        values = [int(v) for v in str(text).replace(" ", "").split(",") if v]
+    except ValueError:
+        raise SinkscopeError(f"--seq-len takes a length or comma-separated lengths such as 128,512 (got {text!r})."
+                             ) from None
+    if not values:
+        raise SinkscopeError("--seq-len needs at least one length.")
+    return values[0] if len(values) == 1 else tuple(sorted(set(values)))
+
+
+def seq_lens(seq_len) -> tuple[int, ...] | None:
+    """The lengths of a ``seq_len`` option as a sorted tuple (None: not given)."""
+    if seq_len is None:
+        return None
+    if isinstance(seq_len, (list, tuple)):
+        if not seq_len:
+            raise SinkscopeError("--seq-len needs at least one length.")
+        bad = [v for v in seq_len if isinstance(v, bool) or not isinstance(v, int)]
+        if bad:
+            raise SinkscopeError(f"--seq-len lengths must be integers (got {bad[0]!r}).")
+        return tuple(sorted(set(seq_len)))
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int):
+        raise SinkscopeError(f"--seq-len must be an integer or a list of them (got {seq_len!r}).")
+    return (seq_len,)
 
 
 def check_seed(seed, option: str = "--seed") -> None:

@@ -33,16 +33,17 @@ import torch
 
 from sinkscope import corpus as corpus_mod
 from sinkscope import distributed
-from sinkscope.capture.families import ModelSpec
+from sinkscope.capture.families import ModelSpec, layer_windows
 from sinkscope.errors import Interrupted, SinkscopeError
 from sinkscope.fileio import atomic_write_bytes
-from sinkscope.options import Command, RunOptions, check_options
+from sinkscope.options import Command, RunOptions, check_options, seq_lens
 from sinkscope.probes import get_probe
 from sinkscope.probes.base import Probe
 from sinkscope.results import (
     base_manifest,
     check_run_dir,
     default_run_dir,
+    layer_type_rows,
     lock_run_dir,
     rows_to_frame,
     staged_run_dir,
@@ -227,6 +228,14 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
             check_run_dir(out_dir, options.overwrite)
         elif not result.progress_file.is_file():
             raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
+    lengths = seq_lens(options.seq_len)
+    if lengths is not None and len(lengths) == 1:  # seq_len=[512] is the plain run at 512
+        options = replace(options, seq_len=lengths[0])
+    elif lengths is not None:
+        options = replace(options, seq_len=lengths)  # sorted, distinct
+    result.options = options
+    if len(lengths or ()) > 1 and inputs.windows is not None:
+        raise SinkscopeError("windows= are measured at their own length; several seq_len values need texts or a corpus.")
     limit = context_length(source) if inputs.model is None else _model_context(inputs.model)
     if options.seq_len is None and inputs.windows is None and not checkpoint_split:
         result.options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
@@ -236,7 +245,14 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     return result
 
 
-def _require_context(seq_len: int | None, limit: int | None) -> None:
+def longest(seq_len: int | tuple[int, ...] | None) -> int | None:
+    """The longest of the run's lengths (the windows are drawn at it; shorter ones are their prefixes)."""
+    lengths = seq_lens(seq_len)
+    return None if lengths is None else max(lengths)
+
+
+def _require_context(seq_len: int | tuple[int, ...] | None, limit: int | None) -> None:
+    seq_len = longest(seq_len)
     if seq_len is not None and limit is not None and seq_len > limit:
         raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
 
@@ -265,7 +281,7 @@ def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
     log(f"Tokenising the corpus {corpus.describe()} ...")
     bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
     doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
-    return corpus_mod.make_windows(doc_ids, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed,
+    return corpus_mod.make_windows(doc_ids, seq_len=longest(options.seq_len), n_seqs=options.n_seqs, seed=options.seed,
                                    bos_id=bos_id)
 
 
@@ -276,8 +292,10 @@ def _checkpoint_windows(plan_: Plan, log) -> corpus_mod.Windows:
     options = plan_.options
     log(f"Drawing {options.n_seqs} windows from the validation split of {plan_.source.location} (pass "
         "--text-file to measure other text) ...")
-    windows = checkpoint_windows(plan_.source.path, seq_len=options.seq_len, n_seqs=options.n_seqs, seed=options.seed)
-    plan_.options = replace(options, seq_len=int(windows.tokens.shape[1]))
+    windows = checkpoint_windows(plan_.source.path, seq_len=longest(options.seq_len), n_seqs=options.n_seqs,
+                                 seed=options.seed)
+    if len(seq_lens(options.seq_len) or ()) <= 1:
+        plan_.options = replace(options, seq_len=int(windows.tokens.shape[1]))
     return windows
 
 
@@ -500,12 +518,15 @@ def run_conditions(source: Source) -> dict:
     return {key: meta.get(key) for key in ("variant", "seed", "step", "tier")}
 
 
-def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> Result:
-    """The table and the manifest of a finished run."""
+def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, rows: list | None = None) -> Result:
+    """The table and the manifest of a finished run (``rows``: the table's rows, if not the probes')."""
     options, windows, source = plan_.options, loaded.windows, plan_.source
     conditions = run_conditions(source)
-    frame = rows_to_frame((row for probe in probes for row in probe.rows()), run_conditions=conditions)
+    rows = list(rows) if rows is not None else [row for probe in probes for row in probe.rows()]
     model = loaded.model
+    windows_per_layer = layer_windows(model.model, loaded.spec.n_layers)
+    rows += layer_type_rows(rows, windows_per_layer)
+    frame = rows_to_frame(rows, run_conditions=conditions)
     decode_token_ids(frame, model.tokenizer)
     manifest = base_manifest(plan_.command.name, asdict(options))
     manifest.update(
@@ -517,6 +538,7 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
             "n_parameters": sum(p.numel() for p in model.model.parameters()),
             "config": model_config_summary(model.model),
             "device_map": getattr(model.model, "hf_device_map", None),
+            "layer_windows": windows_per_layer,
         },
         conditions=conditions,
         dtype=str(model.dtype).removeprefix("torch."),
@@ -537,6 +559,57 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float) -> 
                 "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
     )
     return Result(frame, manifest, windows.tokens)
+
+
+# ---- several lengths, one run ------------------------------------------------------------------------
+
+
+def prefix_windows(windows: corpus_mod.Windows, seq_len: int) -> corpus_mod.Windows:
+    """The first ``seq_len`` tokens of every window (same documents, same starts, same BOS)."""
+    return corpus_mod.Windows(np.ascontiguousarray(windows.tokens[:, :seq_len]), windows.bos_id, windows.starts,
+                              windows.n_corpus_tokens)
+
+
+def run_lengths(plan_: Plan, loaded: Loaded, lengths: tuple[int, ...], log) -> list | None:
+    """Run the command's probes once per length on prefixes of the same windows.
+
+    The windows are drawn once at the longest length (``load``); the run at length n sees the
+    first n tokens of each, so every length measures the same documents from the same starts.
+    Each length is a complete run of :func:`run` (a causal model's first n positions are the
+    same in the long window, but a probe's per-sequence quantities such as the value-norm
+    median over the sequence are not, so nothing is cut out of the longest pass). Returns
+    ``[(length, probes, seconds), ...]``, or None on processes other than 0. No accumulator
+    checkpoint is kept (``--resume`` is refused with several lengths).
+    """
+    out = []
+    for n in lengths:
+        sub_plan = replace(plan_, options=replace(plan_.options, seq_len=n), out_dir=None)
+        finished = run(sub_plan, replace(loaded, windows=prefix_windows(loaded.windows, n)), log)
+        if finished is not None:
+            out.append((n, *finished))
+    return out if plan_.rank == 0 else None
+
+
+def assemble_lengths(plan_: Plan, loaded: Loaded, finished: list) -> Result:
+    """One table over the lengths (a ``seq_len`` column on every row) plus the leak-model fit.
+
+    The manifest is the run's at its longest length (its tokens are the longest windows; the
+    shorter ones are their prefixes), with ``windows.seq_lens`` listing every length.
+    """
+    from sinkscope.leak import LEAK_METRICS, leak_rows
+
+    rows = [replace(row, conditions=(*row.conditions, ("seq_len", n)))
+            for n, probes, _ in finished for probe in probes for row in probe.rows()]
+    rows += leak_rows(rows, layer_windows(loaded.model.model, loaded.spec.n_layers))
+    longest_n, probes, _ = finished[-1]
+    run_s = sum(seconds for _, _, seconds in finished)
+    result = assemble(plan_, loaded, probes, run_s, rows=rows)
+    result.manifest["windows"]["seq_lens"] = [n for n, _, _ in finished]
+    result.manifest["timing"]["run_s_per_length"] = {str(n): round(s, 3) for n, _, s in finished}
+    if any(row.probe == "leak_fit" for row in rows):
+        result.manifest["probes"]["leak_fit"] = {"options": {"fitted_at": finished[0][0]},
+                                                 "metrics": {m: asdict(i) for m, i in LEAK_METRICS.items()}}
+    return result
 
 
 def _kernel_choices() -> list[dict]:
@@ -607,12 +680,13 @@ def _carry_out(plan_: Plan, write: bool, log, *, finish: bool = True) -> Result 
         if plan_.rank != 0:
             log = lambda message: None  # noqa: E731 - only process 0 talks
     loaded = load(plan_, log)
-    finished = run(plan_, loaded, log)
+    lengths = seq_lens(plan_.options.seq_len) or ()
+    finished = run_lengths(plan_, loaded, lengths, log) if len(lengths) > 1 else run(plan_, loaded, log)
     if finished is None:
         if finish:
             distributed.finish()
         return None
-    result = assemble(plan_, loaded, *finished)
+    result = assemble_lengths(plan_, loaded, finished) if len(lengths) > 1 else assemble(plan_, loaded, *finished)
     if write:
         result.save(plan_.out_dir, overwrite=plan_.options.overwrite,
                     figures=plan_.options.figures)

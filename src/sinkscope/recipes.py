@@ -146,6 +146,10 @@ def _check_type(key: str, value, hint) -> None:
     text = str(hint)
     if value is None and "None" in text:
         return
+    if key == "seq_len" and isinstance(value, list):  # several lengths: seq_len = [128, 512, 2048]
+        if not value or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise SinkscopeError(f"option 'seq_len' must be an integer or a list of integers, not {value!r}.")
+        return
     if text.startswith(("list[", "tuple[")) or "list[" in text:
         if text.startswith(("list[int", "tuple[int")):  # e.g. seeds = [0, 1, 2]
             if not (isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
@@ -187,7 +191,8 @@ def _build(command: str, options: dict, variables: dict, where: str):
             raise SinkscopeError(f"unknown option {key!r} for {command}; known: {', '.join(sorted(fields))}.")
         value = _substitute(value, variables, where)
         _check_type(key, value, hints[key])
-        values[key] = tuple(value) if isinstance(value, list) and str(hints[key]).startswith("tuple[") else value
+        values[key] = tuple(value) if isinstance(value, list) and (str(hints[key]).startswith("tuple[")
+                                                                   or key == "seq_len") else value
     return options_cls(**values)
 
 

@@ -88,6 +88,37 @@ class Row:
     conditions: tuple[tuple[str, object], ...] = ()
 
 
+#: probes whose per-layer rows are not means over queries and heads (positions, channels, maxima,
+#: norms of one position, one layer's PCA): no layer-type split.
+NOT_SPLIT_BY_LAYER_TYPE = ("massive_activation", "p0_norm", "attn_out_norm", "mlp_pca", "mlp_pca_up", "p0_outliers")
+
+
+def layer_type_rows(rows: list[Row], windows: list[int | None]) -> list[Row]:
+    """Every metric's mean over the sliding layers and over the full ones (seed 000 Table 14).
+
+    For a model with at least one sliding-window layer (``windows[l]`` its W, None if full):
+    per (probe, metric, conditions), the mean of the per-layer rows over the layers of each type,
+    as a row with an empty layer and head and the condition ``layer_type`` = ``sliding`` or
+    ``full`` (``n`` summed). None for a model without sliding layers (its table is unchanged).
+    """
+    if not any(w is not None for w in windows):
+        return []
+    groups: dict[tuple, dict[str, list[Row]]] = {}
+    for row in rows:
+        if row.layer is None or row.head is not None or row.probe in NOT_SPLIT_BY_LAYER_TYPE:
+            continue
+        kind = "sliding" if row.layer < len(windows) and windows[row.layer] is not None else "full"
+        groups.setdefault((row.probe, row.metric, row.conditions), {}).setdefault(kind, []).append(row)
+    out = []
+    for (probe, metric, conditions), kinds in groups.items():
+        for kind in ("sliding", "full"):
+            members = kinds.get(kind)
+            if members:
+                out.append(Row(probe, metric, None, None, sum(r.value for r in members) / len(members),
+                               sum(r.n for r in members), (*conditions, ("layer_type", kind))))
+    return out
+
+
 def rows_to_frame(rows: Iterable[Row], run_conditions: dict | None = None) -> pd.DataFrame:
     """The tidy table with the schema's dtypes (nullable Int64 for layer and head).
 

@@ -203,3 +203,23 @@ class ModelSpec:
             has_output_gate=family.gate_module is not None,
             vocab_size=getattr(config, "vocab_size", None),
         )
+
+
+def layer_windows(model: nn.Module, n_layers: int) -> list[int | None]:
+    """The sliding window W of each decoder layer (None: full attention), from the model's config.
+
+    Trainer models: ``config.layer_window(l)`` (``layer_pattern``). Hugging Face models:
+    ``config.layer_types`` (Gemma 3, gpt-oss: ``"sliding_attention"`` layers get
+    ``config.sliding_window``); without ``layer_types`` every layer has ``sliding_window`` when
+    it is set and not switched off (``use_sliding_window = False``, Qwen2), e.g. Mistral.
+    """
+    config = getattr(model, "config", None)
+    if hasattr(config, "layer_window"):
+        return [config.layer_window(layer) for layer in range(n_layers)]
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types:
+        return [window if window and "sliding" in str(kind) else None for kind in list(types)[:n_layers]]
+    if window and getattr(config, "use_sliding_window", True) is not False:
+        return [int(window)] * n_layers
+    return [None] * n_layers

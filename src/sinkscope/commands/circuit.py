@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import Command, RunOptions
+from sinkscope.options import seq_lens, Command, RunOptions
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
@@ -124,7 +124,7 @@ def _check(options: CircuitOptions) -> None:
         raise SinkscopeError(f"--repeats {problem}.")
     if not 0.0 < options.sink_epsilon < 1.0:
         raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
-    if options.bos_experiments and options.seq_len is not None and options.seq_len < max(options.repeats) + 2:
+    if options.bos_experiments and options.seq_len is not None and min(seq_lens(options.seq_len)) < max(options.repeats) + 2:
         raise SinkscopeError(f"the BOS experiments need --seq-len >= {max(options.repeats) + 2} for repeats up to "
                              f"{max(options.repeats)}; lower --repeats or pass --no-bos-experiments.")
 

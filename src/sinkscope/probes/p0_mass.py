@@ -4,7 +4,17 @@
 
 the share of query i's real-key attention that lands on the first key, per (layer, head),
 averaged over queries i >= 1 (row 0 is trivially all on position 0) and sequences. On a
-sliding-window layer key 0 is invisible to queries i >= W, which then contribute 0.
+sliding-window layer key 0 is invisible to queries i >= W, which then contribute 0 to ``p0_mass``
+(kept so: it is the mass on key 0 of every query, and unchanged from earlier runs). So that "no
+sink" can be told from "sink out of reach", a sliding layer (``record.sliding_window`` set) also
+gets
+
+    p0_out_of_reach   the share of queries i >= 1 that cannot see key 0 (key 0 masked for them)
+    p0_mass_in_reach  p0 averaged over the queries that can see key 0 only
+
+Because a masked key's w_i0 is exactly 0, the in-reach mean is ``p0_mass / (1 - p0_out_of_reach)``
+per head (no per-query bookkeeping, no host transfer); its ``n`` counts the in-reach queries.
+Full layers get neither row (every query sees key 0).
 
 Not every row average skips row 0: the exposure probe's quiet and phantom mass
 (``probes/exposure.py``, SPEC.md "Quiet mass (exposure)") average over every query i >= 0, as
@@ -13,27 +23,67 @@ seed 000's Tables 3 and 11 do.
 
 from __future__ import annotations
 
+import torch
+
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
 
+#: a key-0 logit at or below this is masked (an additive mask of -inf or the dtype's minimum).
+MASKED_BELOW = -1e4
 
-@register_probe("p0_mass", metrics={"p0_mass": MetricInfo(
-    "Position-0 mass", "share of real-key mass",
-    "p0 = w_i0 = a_i0 / sum_j a_ij: the share of query i's attention on real keys that lands on "
-    "key 0, averaged over queries i >= 1 and windows",
-    "SPEC.md 'Position-0 mass'; seed 000 Table 15",
-    "higher = more attention parked on the first token")})
+
+@register_probe("p0_mass", metrics={
+    "p0_mass": MetricInfo(
+        "Position-0 mass", "share of real-key mass",
+        "p0 = w_i0 = a_i0 / sum_j a_ij: the share of query i's attention on real keys that lands on "
+        "key 0, averaged over queries i >= 1 and windows (on a sliding layer, queries that cannot see key 0 "
+        "count as 0: see p0_mass_in_reach)",
+        "SPEC.md 'Position-0 mass'; seed 000 Table 15",
+        "higher = more attention parked on the first token"),
+    "p0_mass_in_reach": MetricInfo(
+        "Position-0 mass where key 0 is in reach", "share of real-key mass",
+        "p0 averaged over the queries i >= 1 that can see key 0 (sliding-window layers only): "
+        "p0_mass / (1 - p0_out_of_reach)",
+        "SPEC.md 'Position-0 mass'; seed 000 Table 14 (sliding vs full)",
+        "higher = more attention parked on the first token while it is visible"),
+    "p0_out_of_reach": MetricInfo(
+        "Queries with key 0 out of reach", "share of queries",
+        "share of queries i >= 1 that cannot see key 0 (i - 0 >= W on a sliding layer of window W)",
+        "seed 002 (sliding windows)",
+        "a property of the window and the length: how much of p0_mass is zero by construction"),
+})
 class P0Mass(Probe):
     """Share of each head's real-key attention on position 0."""
 
     def setup(self) -> None:
         self.acc = HeadMeans(self.spec.n_layers, self.spec.n_heads)
+        self.out_of_reach = HeadMeans(self.spec.n_layers, self.spec.n_heads)
 
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
         p0 = record.key_mass(0, over="real")  # (B, H, T)
         self.acc.add(layer, p0[:, :, 1:], item_dims=(0, 2))
+        if record.sliding_window is not None:
+            masked = record.key_logits(0)[..., 0] <= MASKED_BELOW  # (B, H, T)
+            self.out_of_reach.add(layer, masked[:, :, 1:].to(torch.float32), item_dims=(0, 2))
 
     def rows(self) -> list[Row]:
-        return self.acc.rows(self.name, "p0_mass")
+        rows = self.acc.rows(self.name, "p0_mass")
+        windowed = [layer for layer in range(self.spec.n_layers) if self.out_of_reach.seen[layer]]
+        if not windowed:
+            return rows
+        rows += self.out_of_reach.rows(self.name, "p0_out_of_reach")
+        p0, out = self.acc.means(), self.out_of_reach.means()  # (L, H)
+        reach = 1.0 - out
+        in_reach = torch.where(reach > 0, p0 / reach.clamp(min=1e-300), torch.full_like(p0, float("nan")))
+        layer_values, total = [], 0
+        for layer in windowed:
+            counts = [int(round(float(c) * float(r))) for c, r in zip(self.acc.counts[layer], reach[layer])]
+            for head in range(self.spec.n_heads):
+                rows.append(Row(self.name, "p0_mass_in_reach", layer, head, float(in_reach[layer, head]), counts[head]))
+            layer_values.append(float(in_reach[layer].mean()))
+            rows.append(Row(self.name, "p0_mass_in_reach", layer, None, layer_values[-1], sum(counts)))
+            total += sum(counts)
+        rows.append(Row(self.name, "p0_mass_in_reach", None, None, sum(layer_values) / len(layer_values), total))
+        return rows

@@ -448,7 +448,36 @@ def _token_tables(run: RunData, metric: str) -> dict:
 
 def _model_value(table: pd.DataFrame, metric: str):
     rows = table[(table.metric == metric) & table.layer.isna()]
+    if "layer_type" in rows.columns:  # the sliding / full means are not the model value
+        rows = rows[rows["layer_type"].isna()]
     return rows["value"].iloc[0] if len(rows) else None
+
+
+LAYER_TYPE_NOTE = ("Models with sliding-window layers: each metric's mean over the sliding layers and over the full "
+                   "ones (per-layer means over heads, averaged over the layers of the type; seed 000 Table 14). On a "
+                   "sliding layer queries i >= W cannot see key 0 and count as 0 in p0_mass; p0_mass_in_reach "
+                   "averages over the queries that can see it and p0_out_of_reach is the share that cannot, so "
+                   "'no sink' reads apart from 'sink out of reach'.")
+
+
+def _layer_type_section(runs: list[RunData]) -> dict | None:
+    """One table per run: metric | sliding | full (the ``layer_type`` rows), or None without them."""
+    tables = []
+    for run in runs:
+        table = run.table
+        if "layer_type" not in table.columns or not table["layer_type"].notna().any():
+            continue
+        split = table[table["layer_type"].notna() & table.layer.isna() & table["head"].isna()]
+        others = [c for c in split.columns if c not in ("probe", "metric", "layer", "head", "value", "n", "layer_type")
+                  and split[c].notna().any()]
+        rows = []
+        for (metric, *rest), part in split.groupby(["metric", *others], sort=False, dropna=False):
+            values = dict(zip(part["layer_type"], part["value"]))
+            name = metric + "".join(f" ({c}={v})" for c, v in zip(others, rest) if not pd.isna(v))
+            rows.append([name, fmt(values.get("sliding")), fmt(values.get("full"))])
+        tables.append({"caption": f"{run.label}: mean over sliding and over full layers", "columns":
+                       ["metric", "sliding layers", "full layers"], "rows": rows})
+    return {"probe": "layer_types", "entries": [], "note": LAYER_TYPE_NOTE, "tables": tables} if tables else None
 
 
 def _layer_table(runs: list[RunData], metric: str) -> dict:
@@ -560,7 +589,7 @@ def bos_summary(windows: dict) -> str:
     return f"{policy}: no BOS prepended (the tokenizer's BOS is id {tokenizer_bos})"
 
 
-def _differences(runs: list[RunData]) -> list[str]:
+def _differences(runs: list[RunData], skip: tuple[str, ...] = ()) -> list[str]:
     """Warnings for a comparison of runs whose windows differ in seq-len, corpus or BOS policy."""
     def windows(run):
         return run.manifest.get("windows") if isinstance(run.manifest.get("windows"), dict) else {}
@@ -573,6 +602,8 @@ def _differences(runs: list[RunData]) -> list[str]:
               ("BOS policy", lambda r: bos_summary(windows(r)))]
     out = []
     for name, value in checks:
+        if name in skip:
+            continue
         values = [value(r) for r in runs]
         if len({str(v) for v in values}) > 1:
             listed = "; ".join(f"{r.label}: {v}" for r, v in zip(runs, values))
@@ -672,6 +703,131 @@ def group_runs(runs: list[RunData], key: str) -> list[RunData]:
     return out
 
 
+# ---- several lengths in one run (``--seq-len 128,512,2048``) --------------------------------------
+
+
+def run_lengths(run: RunData) -> list[int]:
+    """The lengths of a run measured at several (its ``seq_len`` column), else []."""
+    if "seq_len" not in run.table.columns:
+        return []
+    return sorted({int(v) for v in run.table["seq_len"].dropna()})
+
+
+def split_lengths(runs: list[RunData]) -> tuple[list[RunData], list[RunData]]:
+    """Each multi-length run as one run per length (so every metric is overlaid across lengths).
+
+    Returns the runs to draw (a multi-length run replaced by its lengths, labelled ``seq-len N``,
+    or ``<run> · seq-len N`` in a comparison; the ``leak_fit`` rows stay out) and the
+    multi-length runs themselves (for the "lengths" section).
+    """
+    out, several = [], []
+    for run in runs:
+        lengths = run_lengths(run)
+        if len(lengths) < 2:
+            out.append(run)
+            continue
+        several.append(run)
+        for n in lengths:
+            table = run.table[(run.table["seq_len"] == n) & (run.table["probe"] != "leak_fit")]
+            manifest = json.loads(json.dumps(run.manifest))
+            manifest.setdefault("windows", {})["seq_len"] = n
+            label = f"seq-len {n}" if len(runs) == 1 else f"{run.label} · seq-len {n}"
+            out.append(RunData(run.path, label, manifest, table.drop(columns="seq_len").reset_index(drop=True),
+                               run.shown))
+    return out, several
+
+
+#: metrics drawn against length (per layer) when a run has them.
+LENGTH_METRICS = ("p0_mass", "phantom_mass", "implicit_gate", "leak_gap", "leak_phantom_gap")
+#: the leak model's prediction drawn dashed beside a metric.
+PREDICTED_BY = {"p0_mass": "leak_p0_predicted", "phantom_mass": "leak_phantom_predicted"}
+LENGTHS_NOTE = ("Every length is measured on prefixes of the same windows (the same documents from the same "
+                "starts; the longest length's windows are the ones saved in tokens.npy). The fixed-gap model of "
+                "seed 001 gives a query that sees n keys the sink share 1/(1 + (n-1) e^{-Delta}); Delta is fitted "
+                "per head so that the mean over queries i >= 1 reproduces p0_mass at the shortest length, and its "
+                "prediction at the longer lengths is drawn dashed. Measured above the dashed line: the sink holds "
+                "as context grows (its gap grows with n); below: it leaks more than a fixed gap would.")
+
+
+def _per_layer(table: pd.DataFrame, metric: str) -> pd.DataFrame:
+    rows = table[(table.metric == metric) & table.layer.notna() & table["head"].isna()]
+    return pd.DataFrame({"layer": rows.layer.astype(int).to_numpy(), "seq_len": rows["seq_len"].astype(int).to_numpy(),
+                         "value": rows["value"].astype(float).to_numpy()})
+
+
+def _lengths_section(runs: list[RunData], fig_dir: Path) -> dict:
+    """Metrics against length per layer, the leak-model fit and its error, for each multi-length run."""
+    from sinkscope.report import figures
+
+    docs = _metric_docs(runs)
+    keep = _keeper(fig_dir)
+    entries = []
+    for k, run in enumerate(runs):
+        table, lengths = run.table, run_lengths(run)
+        suffix = f" ({run.label})" if len(runs) > 1 else ""
+        for metric in LENGTH_METRICS:
+            if not _has_layers(table, metric) or (metric == "phantom_mass" and not _has_phantom(run)):
+                continue
+            points = _per_layer(table, metric)
+            predicted = None
+            fit = PREDICTED_BY.get(metric)
+            if fit and _has_layers(table, fit):
+                shortest = points[points.seq_len == lengths[0]]
+                predicted = pd.concat([shortest, _per_layer(table, fit)])
+            floor = {n: uniform_p0(n) for n in lengths} if metric == "p0_mass" else None
+            fig = figures.metric_vs_length(points, metric, predicted=predicted, floor=floor)
+            info = docs.get(metric, MetricInfo(metric, "", "", ""))
+            entries.append({"metric": f"{metric}_vs_length{'_' + str(k) if k else ''}",
+                            "info": MetricInfo(f"{info.label} against length{suffix}", info.unit, info.formula,
+                                               info.source, info.direction),
+                            "note": None, "figures": [keep(fig, f"length_{figures._file_stem(metric)}_run{k}",
+                                                           "per layer against seq-len")],
+                            "table": _length_table(table, metric, lengths)})
+        if _has_layers(table, "leak_delta"):
+            info = docs.get("leak_delta", MetricInfo("leak_delta", "", "", ""))
+            delta = table[table.metric == "leak_delta"].drop(columns="seq_len")
+            fig = figures.layer_head_heatmap(delta, "leak_delta")
+            errors = table[(table.metric == "leak_p0_error") & table.layer.isna() & table["head"].isna()]
+            if "layer_type" in errors.columns:
+                errors = errors[errors["layer_type"].isna()]
+            note = "Mean signed error of the prediction over layers: " + ", ".join(
+                f"{fmt(v)} at seq-len {int(n)}" for n, v in zip(errors["seq_len"], errors["value"])) + "."
+            entries.append({"metric": f"leak_delta{'_' + str(k) if k else ''}",
+                            "info": MetricInfo(info.label + suffix, info.unit, info.formula, info.source,
+                                               info.direction),
+                            "note": note if len(errors) else None,
+                            "figures": [keep(fig, f"length_leak_delta_run{k}", "layer x head")],
+                            "table": _leak_table(table, lengths)})
+    return {"probe": "lengths", "entries": entries, "note": LENGTHS_NOTE, "tables": []}
+
+
+def _length_table(table: pd.DataFrame, metric: str, lengths: list[int]) -> dict:
+    points = _per_layer(table, metric).pivot(index="layer", columns="seq_len", values="value")
+    rows = [[str(layer)] + [fmt(points.loc[layer, n]) if n in points.columns else "—" for n in lengths]
+            for layer in points.index]
+    return {"columns": ["layer"] + [f"seq-len {n}" for n in lengths], "rows": rows,
+            "collapsed": len(rows) > COLLAPSE_ROWS}
+
+
+def _leak_table(table: pd.DataFrame, lengths: list[int]) -> dict:
+    """Per layer: Delta, then per longer length the measured and predicted p0 (layer means over heads)."""
+    delta = _per_layer(table, "leak_delta").set_index("layer")["value"]
+    measured = _per_layer(table, "p0_mass").pivot(index="layer", columns="seq_len", values="value")
+    predicted = _per_layer(table, "leak_p0_predicted").pivot(index="layer", columns="seq_len", values="value")
+    columns = ["layer", "Delta"]
+    for n in lengths[1:]:
+        columns += [f"p0 @ {n}", f"predicted @ {n}"]
+    rows = []
+    for layer in delta.index:
+        row = [str(layer), fmt(delta[layer])]
+        for n in lengths[1:]:
+            row += [fmt(measured.loc[layer, n]) if n in measured.columns else "—",
+                    fmt(predicted.loc[layer, n]) if n in predicted.columns else "—"]
+        rows.append(row)
+    return {"columns": columns, "rows": rows, "collapsed": len(rows) > COLLAPSE_ROWS,
+            "caption": f"Leak-model fit per layer ({len(rows)} layers; Delta in nats, fitted at seq-len {lengths[0]})"}
+
+
 def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
                  labels: list[str] | None = None, shown_paths: list[str | Path] | None = None,
                  group_by: str | None = None) -> Path:
@@ -700,6 +856,8 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
             run.shown = str(shown)
     if group_by:
         runs = group_runs(runs, group_by)
+    one_run = len(runs) == 1
+    runs, several_lengths = split_lengths(runs)
     seen: dict[str, int] = {}
     for run in runs:  # distinct labels for the legend
         if run.label in seen:
@@ -708,7 +866,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         else:
             seen[run.label] = 1
     if out is None:
-        if len(runs) == 1 and not trainings and not group_by:
+        if one_run and not trainings and not group_by:
             out = runs[0].path
         else:
             out = Path("reports") / f"{'compare' if runs else 'training'}-{datetime.now():%Y%m%d-%H%M%S}"
@@ -761,6 +919,11 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         if probe == "exposure":
             note = EXPOSURE_NOTE
         sections.append({"probe": probe, "entries": entries, "note": note, "tables": tables})
+    if several_lengths:
+        sections.append(_lengths_section(several_lengths, fig_dir))
+    layer_types = _layer_type_section(runs)
+    if layer_types:
+        sections.append(layer_types)
 
     exceptions = [text for prefix, text in (("massive_activation", "massive activations: the largest over layers"),
                                             ("token_share", "token-identity shares: pooled over every head of every "
@@ -777,7 +940,9 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     from jinja2 import Environment, PackageLoader
 
     env = Environment(loader=PackageLoader("sinkscope.report", "templates"), autoescape=True)  # every value is text: labels, tokens, paths
-    if len(runs) == 1:
+    if one_run and several_lengths:
+        title = f"sinkscope report: {several_lengths[0].label} at {len(runs)} lengths"
+    elif len(runs) == 1:
         title = "sinkscope report: " + runs[0].label
     elif runs:
         title = f"sinkscope comparison of {len(runs)} runs"
@@ -787,7 +952,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         title=title, runs=runs, trainings=trainings, training=training,
         run_info=_run_info(runs) if runs else None, summary=summary, sections=sections, notes=notes,
         aggregates_note=aggregates_note,
-        warnings=_differences(runs) if len(runs) > 1 else [],
+        warnings=_differences(runs, skip=("seq-len",) if several_lengths else ()) if len(runs) > 1 else [],
         generated=datetime.now().isoformat(timespec="seconds"), version=__version__,
     )
     page = out / "report.html"

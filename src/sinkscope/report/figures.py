@@ -49,6 +49,7 @@ __all__ = [
     "layer_head_grid",
     "layer_head_heatmap",
     "metric_axis_label",
+    "metric_vs_length",
     "model_value_plot",
     "per_layer_bars",
     "per_layer_line",
@@ -434,13 +435,19 @@ def per_layer_line(
         if label is not None or band is not None or reference_label is not None:
             # Below the axes: the band would hide an inside legend, and
             # overlaid runs append entries (one column per run).
-            handles = ax.get_legend_handles_labels()[0]
+            handles, texts = ax.get_legend_handles_labels()
             n_entries = sum(1 for h in handles if h.get_gid() != "reference")  # one column per run
             per_run = 2 if band is not None else 1
+            # as many columns as fit the figure's width (~90 characters of legend text per row)
+            fits = max(1, 90 // max(12, max((len(t) for t in texts), default=12) + 6))
+            ncols = max(1, min(4, fits, n_entries // per_run))
+            # a long legend below the axes gets its own room (else the axes collapse)
+            legend_rows = -(-len(texts) // ncols)
+            fig.set_size_inches(_LINE_FIGSIZE[0], max(_LINE_FIGSIZE[1], 2.6 + 0.19 * legend_rows))
             ax.legend(
                 loc="upper center",
                 bbox_to_anchor=(0.5, -0.16),
-                ncols=max(1, min(4, n_entries // per_run)),
+                ncols=ncols,
                 borderaxespad=0.0,
             )
     return fig
@@ -718,4 +725,55 @@ def dose_response(points: pd.DataFrame, junk: str) -> Figure:
         ax.set_xlabel("dose eps (junk norm / the head's median read norm)")
         ax.set_ylabel("loss increase (nats / token)")
         ax.grid(True, which="both", linewidth=0.4, alpha=0.4)
+    return fig
+
+
+def metric_vs_length(points: pd.DataFrame, metric: str, *, predicted: pd.DataFrame | None = None,
+                     floor: Mapping[int, float] | None = None) -> Figure:
+    """A metric's per-layer value against context length, one line per layer (``--seq-len A,B,C``).
+
+    Args:
+        points: rows ``layer, seq_len, value`` (the per-layer aggregates at each length).
+        metric: the metric drawn (axis label).
+        predicted: optional rows ``layer, seq_len, value`` drawn dashed in the layer's colour
+            (the fixed-gap leak model's prediction, fitted at the shortest length).
+        floor: optional ``seq_len -> value`` drawn as a grey dotted line (p0's uniform floor).
+
+    Returns:
+        The figure; x is the length on a log2 axis, colours run through the layers (viridis).
+    """
+    from matplotlib import cm, colors, ticker
+
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        layers = sorted(int(v) for v in points["layer"].unique())
+        cmap = matplotlib.colormaps["viridis"]
+        for k, layer in enumerate(layers):
+            color = cmap(k / max(len(layers) - 1, 1))
+            rows = points[points["layer"] == layer].sort_values("seq_len")
+            ax.plot(rows["seq_len"], rows["value"], marker="o", markersize=3, linewidth=1.2, color=color,
+                    label=f"layer {layer}" if len(layers) <= 12 else None)
+            if predicted is not None:
+                pred = predicted[predicted["layer"] == layer].sort_values("seq_len")
+                if len(pred):
+                    ax.plot(pred["seq_len"], pred["value"], linestyle="--", linewidth=0.9, color=color, alpha=0.8)
+        if floor:
+            xs = sorted(floor)
+            ax.plot(xs, [floor[x] for x in xs], linestyle=":", color="0.4", linewidth=1.0, label="uniform attention")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(int(v) for v in points["seq_len"].unique()))
+        ax.get_xaxis().set_major_formatter(ticker.ScalarFormatter())
+        ax.set_xlabel("context length (tokens per window)")
+        ax.set_ylabel(metric)
+        title = f"{metric} against length, per layer"
+        if predicted is not None:
+            title += " (dashed: fixed-gap fit)"
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, linewidth=0.4, alpha=0.4)
+        if len(layers) > 12:
+            norm = colors.Normalize(vmin=layers[0], vmax=layers[-1])
+            fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=7)
     return fig
