@@ -180,9 +180,12 @@ def test_ctrl_c_keeps_progress_and_says_how_to_resume(slow_model_dir, long_text,
     args = _slow_run_args(slow_model_dir, long_text)
     out = tmp_path / "interrupted"
     progress = tmp_path / ".interrupted.progress.pt"
+    # As from a shell: SIGINT at its default disposition in the child, whatever this test process
+    # inherited or a native library set (an ignored SIGINT is inherited through exec, and Python
+    # then installs no KeyboardInterrupt handler).
     proc = subprocess.Popen([sys.executable, "-m", "sinkscope", "sinks", *args, "--out", str(out)],
                             env={**os.environ, "PYTHONPATH": SRC}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline, next_window = time.time() + 120, 0
     while time.time() < deadline and proc.poll() is None and next_window < 3:  # well inside the window loop
         if progress.is_file():
