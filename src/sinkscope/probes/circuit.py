@@ -73,6 +73,7 @@ from sinkscope.commands.circuit import check_heads as _check_heads, check_repeat
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import Accumulator, HeadMeans, MetricInfo, Param, Probe, Row, intervenes, observes, \
     register_probe
+from sinkscope.probes.sink_rate import key_importance
 from sinkscope.probes.stats import median
 
 SUBTRACTED = "subtracted"
@@ -700,7 +701,7 @@ class BosExperiment(_LazyTensors):
         setting, r = self._parse()
         if r != 1:
             return
-        alpha = record.key_mass(0, over="all").mean(dim=-1)  # (B, H): alpha_0 over queries t >= 0
+        alpha = key_importance(record, 0)  # (B, H): alpha_0 over queries t >= 0
         self.hits[setting].add(layer, (alpha > self.epsilon).float(), item_dims=(0,))
 
     def rows(self) -> list[Row]:

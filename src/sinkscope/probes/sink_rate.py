@@ -15,9 +15,19 @@ itself, averaged over sequences. Defaults: k = 0, eps = 0.3.
 
 from __future__ import annotations
 
+import torch
+
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
+
+
+def key_importance(record: AttentionRecord, k: int = 0) -> torch.Tensor:
+    """alpha_k = mean over queries t >= k of a_tk (phantom, if any, in the normaliser), (B, H).
+
+    Gu et al.'s importance of key k; ``sink_rate`` and circuit's ``bos_sink_rate`` threshold it.
+    """
+    return record.key_mass(k, over="all")[:, :, k:].mean(dim=-1)  # (B, H, T - k) -> (B, H)
 
 
 @register_probe(
@@ -63,9 +73,7 @@ class SinkRate(Probe):
 
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
-        k = self.key
-        column = record.key_mass(k, over="all")[:, :, k:]  # (B, H, T - k): a_tk for t >= k
-        alpha = column.mean(dim=-1)  # (B, H)
+        alpha = key_importance(record, self.key)  # (B, H)
         self.alpha.add(layer, alpha, item_dims=(0,))
         self.hits.add(layer, (alpha > self.epsilon).float(), item_dims=(0,))
 
