@@ -320,8 +320,25 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, block_size: int,
     return rows_t[:, :-1].contiguous(), rows_t[:, 1:].contiguous()  # (B, T) inputs, (B, T) targets
 
 
+class SeededOrder:
+    """The resumable part of a batch order: its seed, the batches drawn so far and the generator.
+
+    Mixed into the training samplers (``TrainBatches``; ``tasks.TriggerBatches``), which define
+    ``seed``, ``index`` and ``generator``.
+    """
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "index": self.index, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state["seed"]) != int(self.seed):
+            raise SinkscopeError(f"the saved batch order is for seed {state['seed']}, not {self.seed}.")
+        self.index = int(state["index"])
+        self.generator.set_state(state["generator"])
+
+
 @dataclass
-class TrainBatches:
+class TrainBatches(SeededOrder):
     """Training windows drawn with replacement from a generator seeded by the run seed.
 
     ``next(rank, world_size)`` draws the whole global batch (``batch_size`` rows) and returns
@@ -365,15 +382,6 @@ class TrainBatches:
         if self.starts is not None:
             mine = self.starts[mine]
         return _windows(self.tokens, mine, self.block_size, self.bos)
-
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "index": self.index, "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if int(state["seed"]) != int(self.seed):
-            raise SinkscopeError(f"the saved batch order is for seed {state['seed']}, not {self.seed}.")
-        self.index = int(state["index"])
-        self.generator.set_state(state["generator"])
 
 
 def eval_batches(val_tokens: np.ndarray, block_size: int, n_windows: int) -> tuple[torch.Tensor, torch.Tensor]:

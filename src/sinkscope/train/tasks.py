@@ -289,7 +289,7 @@ def trigger_tokenizer(vocab: int):
 
 
 @dataclass
-class TriggerBatches:
+class TriggerBatches(tdata.SeededOrder):
     """Training windows of the trigger task from a generator seeded by the run seed (paired)."""
 
     task: TriggerTask
@@ -306,15 +306,6 @@ class TriggerBatches:
         per = self.batch_size // world_size
         mine = seq[rank * per:(rank + 1) * per]  # (B / world, T+1)
         return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
-
-    def state_dict(self) -> dict:
-        return {"seed": self.seed, "index": self.index, "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if int(state["seed"]) != int(self.seed):
-            raise SinkscopeError(f"the saved batch order is for seed {state['seed']}, not {self.seed}.")
-        self.index = int(state["index"])
-        self.generator.set_state(state["generator"])
 
 
 # ---- building a task from options --------------------------------------------------------------------
