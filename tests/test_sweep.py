@@ -69,6 +69,7 @@ def test_every_run_is_trained_probed_and_tabled(swept):
     assert base.phantom_pct.eq(0).all() and base.gate_selectivity.isna().all()
     page = (swept / "sweep.md").read_text()
     assert "Table 1" in page and "sink+norm" in page and (swept / "table1.png").is_file()
+    assert "Task trigger, tier micro," in page  # the task's default tier, named
     assert (swept / "sinks.png").is_file()
     assert (swept / "compare" / "report.html").is_file()
 

@@ -296,6 +296,7 @@ def write_tables(options: SweepOptions, log=None) -> Path:
     """losses.csv, table1.csv, table2.csv, sinks.csv, sweep.md (+ table1.png, compare/) from the runs."""
     from sinkscope.fileio import atomic_write_text
     from sinkscope.paired import fmt_pm, mean_se, table1, table2
+    from sinkscope.train.loop import TASK_TIERS
 
     log = log or (lambda _m: None)
     out = Path(options.out)
@@ -306,7 +307,7 @@ def write_tables(options: SweepOptions, log=None) -> Path:
         atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
 
     lines = [f"# Sweep: {', '.join(options.variants)} x seeds {', '.join(map(str, options.seeds))}", "",
-             f"Task {options.task}, tier {options.tier or 'default'}, steps {losses['step'].iloc[0]}, "
+             f"Task {options.task}, tier {options.tier or TASK_TIERS[options.task]}, steps {losses['step'].iloc[0]}, "
              f"{options.eval_windows} fixed validation windows (val_loss at positions >= 1).", "",
              "## Validation loss (nats), mean ± se over seeds", "", "| variant | loss | n |", "| --- | --- | --- |"]
     for variant, group in losses.groupby("variant", sort=False):
