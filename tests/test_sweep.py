@@ -70,6 +70,18 @@ def test_every_run_is_trained_probed_and_tabled(swept):
     page = (swept / "sweep.md").read_text()
     assert "Table 1" in page and "sink+norm" in page and (swept / "table1.png").is_file()
     assert "Task trigger, tier micro," in page  # the task's default tier, named
+    # Table 1 at every evaluation of the runs' log.csv: step 0 and the last step; the last equals Table 1
+    by_step = pd.read_csv(swept / "table1_by_step.csv")
+    assert sorted(by_step["step"].unique()) == [0, 6]
+    last = by_step[by_step.step == 6].set_index(["block", "variant"])
+    for r in t1.itertuples():
+        assert last.loc[(r.block, r.variant), "improvement"] == pytest.approx(r.improvement, abs=2e-6)  # log.csv: 6 decimals
+    logs = {(v, s): pd.read_csv(run_dir(options, v, s) / "ckpt" / "log.csv").set_index("step")["val_loss"]
+            for v in ("baseline", "sink+norm") for s in (0, 1)}
+    first = np.array([logs["baseline", s][0] - logs["sink+norm", s][0] for s in (0, 1)])
+    row0 = by_step[(by_step.step == 0) & (by_step.variant == "sink+norm")].iloc[0]
+    assert row0.improvement == pytest.approx(first.mean()) and row0.se == pytest.approx(first.std(ddof=1) / math.sqrt(2))
+    assert "during training" in page and (swept / "table1_by_step.png").is_file()
     assert (swept / "sinks.png").is_file()
     assert (swept / "compare" / "report.html").is_file()
 

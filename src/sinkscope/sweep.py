@@ -10,8 +10,10 @@ The folder it fills:
     OUT/runs/<variant>-s<seed>/selectivity   ``sinkscope selectivity`` (value-gated variants only)
     OUT/losses.csv                           variant, seed, val_loss, step, fingerprint
     OUT/table1.csv, OUT/table2.csv           seed 000's Tables 1 and 2 (``sinkscope.paired``)
+    OUT/table1_by_step.csv                   Table 1 at every evaluation of the runs' log.csv (step column)
     OUT/sinks.csv                            seed 000 Table 15's columns per variant and seed
     OUT/sweep.md, OUT/table1.png             the tables as one page, the improvements as a figure
+    OUT/table1_by_step.png                   the improvements over the baseline against the training step
     OUT/sinks.png                            the sink measurements per variant as a figure
     OUT/compare/report.html                  the probe runs compared on one page, by variant
 
@@ -270,6 +272,34 @@ def collect_losses(options: SweepOptions) -> pd.DataFrame:
     return frame
 
 
+def collect_curves(options: SweepOptions) -> pd.DataFrame:
+    """variant, seed, step, loss: every evaluation in each run's log.csv (the same fixed validation
+    windows as the final ``val_loss``), the last row kept where a resumed run logged a step twice."""
+    from sinkscope.train.loop import read_log
+
+    rows = []
+    for variant in options.variants:
+        for seed in options.seeds:
+            for row in read_log(run_dir(options, variant, seed) / "ckpt"):
+                if row["val_loss"]:
+                    rows.append({"variant": variant, "seed": seed, "step": int(row["step"]), "loss": float(row["val_loss"])})
+    frame = pd.DataFrame(rows, columns=["variant", "seed", "step", "loss"])
+    return frame.drop_duplicates(["variant", "seed", "step"], keep="last").reset_index(drop=True)
+
+
+def table1_by_step(curves: pd.DataFrame, variants) -> pd.DataFrame:
+    """Table 1 at every evaluation step that all runs logged: the rows of ``paired.table1`` with a
+    ``step`` column (the paired improvement during training, not only at its end). log.csv keeps six
+    decimals, so the last step agrees with Table 1 (full precision, config.json) to about 1e-6."""
+    from sinkscope.paired import table1
+
+    runs = curves.groupby(["variant", "seed"]).ngroups
+    frames = [table1(group, variants).assign(step=step) for step, group in curves.groupby("step")
+              if len(group) == runs]
+    columns = ["step", "block", "variant", "reference", "improvement", "se", "n"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
 def collect_sinks(options: SweepOptions) -> pd.DataFrame:
     """Table 15's columns (model-level values) per variant and seed, plus the gate's selectivity."""
     from sinkscope.results import is_run_folder, read_results
@@ -293,7 +323,8 @@ def collect_sinks(options: SweepOptions) -> pd.DataFrame:
 
 
 def write_tables(options: SweepOptions, log=None) -> Path:
-    """losses.csv, table1.csv, table2.csv, sinks.csv, sweep.md (+ table1.png, compare/) from the runs."""
+    """losses.csv, table1.csv, table2.csv, table1_by_step.csv, sinks.csv, sweep.md (+ table1.png,
+    table1_by_step.png, sinks.png, compare/) from the runs."""
     from sinkscope.fileio import atomic_write_text
     from sinkscope.paired import fmt_pm, mean_se, table1, table2
     from sinkscope.train.loop import TASK_TIERS
@@ -302,8 +333,10 @@ def write_tables(options: SweepOptions, log=None) -> Path:
     out = Path(options.out)
     losses = collect_losses(options)
     t1, t2 = table1(losses, options.variants), table2(losses)
+    by_step = table1_by_step(collect_curves(options), options.variants)
     sinks = collect_sinks(options)
-    for name, frame in (("losses", losses), ("table1", t1), ("table2", t2), ("sinks", sinks)):
+    for name, frame in (("losses", losses), ("table1", t1), ("table2", t2), ("table1_by_step", by_step),
+                        ("sinks", sinks)):
         atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
 
     lines = [f"# Sweep: {', '.join(options.variants)} x seeds {', '.join(map(str, options.seeds))}", "",
@@ -323,6 +356,15 @@ def write_tables(options: SweepOptions, log=None) -> Path:
         lines.append(f"| {r.gate} | {' | '.join(cells)} | {share} |")
     if not len(t2):
         lines.append("| (needs baseline, sinklogit, a gate and its sink+ twin) | | | | | | |")
+    over_base = by_step[by_step.block == "over baseline"]
+    if over_base["step"].nunique() > 1:
+        names = list(dict.fromkeys(over_base["variant"]))
+        lines += ["", "## Paired improvement over the baseline during training (nats, mean ± se, positive = better)", "",
+                  f"| step | {' | '.join(names)} |", f"| --- |{' --- |' * len(names)}"]
+        for step, group in over_base.groupby("step"):
+            cells = group.set_index("variant")
+            lines.append(f"| {step} | " + " | ".join(fmt_pm(cells.loc[v, "improvement"], cells.loc[v, "se"])
+                                                    if v in cells.index else "–" for v in names) + " |")
     lines += ["", "## Sink measurements (Table 15's columns; model means, mean ± se over seeds)", "",
               "| variant | pos. 0 (%) | phantom (%) | norm ratio | sink rate | selectivity | mean gate |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -336,6 +378,7 @@ def write_tables(options: SweepOptions, log=None) -> Path:
     atomic_write_text(page, "\n".join(lines) + "\n")
     if options.report:
         _figure(t1, out / "table1.png")
+        _curve_figure(over_base, out / "table1_by_step.png")
         _sinks_figure(sinks, out / "sinks.png")
         _compare(options, out / "compare", log)
     log(f"wrote {page}")
@@ -359,6 +402,33 @@ def _figure(t1: pd.DataFrame, path: Path) -> None:
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("paired improvement (nats)")
     ax.set_title("paired validation-loss improvement, mean ± se over seeds", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _curve_figure(over_base: pd.DataFrame, path: Path) -> None:
+    """Paired improvement over the baseline against the training step, one line per variant with
+    a band of one standard error (positive = better)."""
+    if over_base["step"].nunique() < 2:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.2))
+    for variant, group in over_base.groupby("variant", sort=False):
+        group = group.sort_values("step")
+        line, = ax.plot(group["step"], group["improvement"], marker="o", markersize=3, linewidth=1.2, label=variant)
+        se = group["se"].fillna(0.0)
+        ax.fill_between(group["step"], group["improvement"] - se, group["improvement"] + se,
+                        color=line.get_color(), alpha=0.15, linewidth=0)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("improvement over baseline (nats)")
+    ax.set_title("paired improvement during training, mean ± se", fontsize=9)
+    ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
