@@ -317,6 +317,35 @@ def test_eviction_and_layer_types_on_trainer_models_with_a_layer_pattern(variant
     assert set(fused["layer_type"].dropna()) == {"sliding", "full"}
 
 
+@pytest.mark.parametrize("attention", ["fused", "explicit"])
+@pytest.mark.parametrize("variant", ["baseline", "sinklogit", "sinktoken"])
+def test_sink_rate_in_reach_on_trainer_models_with_a_layer_pattern(variant, attention):
+    import torch
+
+    from sinkscope.train.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    T, W = 16, 4
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=3, n_head=4, n_embd=32, variant=variant,
+                          layer_pattern="sliding,full", window=W)).eval()
+    ids = torch.randint(0, 64, (3, T), generator=torch.Generator().manual_seed(1)).numpy()
+    table = sinkscope.measure("sink_rate", model, windows=ids, attention=attention).table
+    table = table[table["layer_type"].isna()] if "layer_type" in table.columns else table
+    heads = table[table["head"].notna()]
+    for metric in ("sink_rate_in_reach", "sink_alpha_in_reach"):
+        assert set(heads[heads.metric == metric].layer.astype(int)) == {0, 2}  # the sliding layers only
+    for layer in (0, 2):
+        for head in range(4):
+            alpha = _table_value(table, "sink_alpha", layer, head)
+            reach = _table_value(table, "sink_alpha_in_reach", layer, head)
+            # queries t = 0 .. W-1 see key 0 and the other T - W give it 0, so alpha_0 = (W / T) alpha_0^reach;
+            # the trainer's sink token stays visible to every query, so there both are the same mean
+            expected = alpha if variant == "sinktoken" else alpha * T / W
+            assert reach == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    model_row = _table_value(table, "sink_alpha_in_reach")
+    assert model_row == pytest.approx(np.mean([_table_value(table, "sink_alpha_in_reach", l) for l in (0, 2)]))
+
+
 def synthetic_share(delta: float, seq_len: int, window: int | None, phantom: bool) -> float:
     """Explicit softmax rows with a sliding window: key 0 (or a phantom) Delta above the rest."""
     shares = []

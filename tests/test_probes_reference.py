@@ -62,7 +62,7 @@ def reference_tables(model, ids: torch.Tensor, family: str) -> dict[str, dict]:
     per_head: dict[str, dict[int, np.ndarray]] = {m: {} for m in
                                                    ["p0_mass", "sink_rate", "sink_alpha", "phantom_mass",
                                                     "value_norm_ratio", "sink_logit", "p0_mass_in_reach",
-                                                    "p0_out_of_reach"]}
+                                                    "p0_out_of_reach", "sink_rate_in_reach", "sink_alpha_in_reach"]}
     types = getattr(model.config, "layer_types", None)
     window = getattr(model.config, "sliding_window", None)
     for layer, A in attentions.items():  # A: (B, H, T, S) = a_ij
@@ -73,6 +73,9 @@ def reference_tables(model, ids: torch.Tensor, family: str) -> dict[str, dict]:
             reach = np.arange(1, w0.shape[-1]) < window  # (T-1,)
             per_head["p0_mass_in_reach"][layer] = w0[:, :, 1:][:, :, reach].mean(axis=(0, 2))
             per_head["p0_out_of_reach"][layer] = np.full(w0.shape[1], (~reach).mean())
+            alpha_reach = A[..., 0][:, :, :window].mean(-1)  # (B, H): queries t = 0 .. W-1 see key 0
+            per_head["sink_alpha_in_reach"][layer] = alpha_reach.mean(0)
+            per_head["sink_rate_in_reach"][layer] = (alpha_reach > EPS).mean(0)
         alpha = A[..., 0].mean(-1)  # (B, H): mean over t >= 0 of a_t0
         per_head["sink_alpha"][layer] = alpha.mean(0)
         per_head["sink_rate"][layer] = (alpha > EPS).mean(0)

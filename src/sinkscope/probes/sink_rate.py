@@ -11,6 +11,16 @@ the fraction of sequences in which that head is a sink, the layer row the mean o
 the model row the mean over layers = Sink_k^eps averaged over sequences. ``sink_rate[s:]``
 restricts the model mean to layers l >= s (seed 003 uses s = 2). ``sink_alpha`` is alpha_k
 itself, averaged over sequences. Defaults: k = 0, eps = 0.3.
+
+On a sliding-window layer of window W, queries t >= k + W cannot see key k, so alpha_k mixes the
+head's behaviour with the share of queries out of reach (a head that sinks every query it can
+reach still falls below eps at long contexts). Those layers also get, as ``p0_mass_in_reach``
+beside ``p0_mass``:
+
+    alpha_k^reach = sum over queries t that see key k of a_tk / their number
+    sink_rate_in_reach, sink_alpha_in_reach   the same thresholding and means on alpha_k^reach
+
+with per-head and per-layer rows for the sliding layers and a model row averaged over them.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import torch
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
+from sinkscope.probes.p0_mass import MASKED_BELOW
 
 
 def key_importance(record: AttentionRecord, k: int = 0) -> torch.Tensor:
@@ -28,6 +39,13 @@ def key_importance(record: AttentionRecord, k: int = 0) -> torch.Tensor:
     Gu et al.'s importance of key k; ``sink_rate`` and circuit's ``bos_sink_rate`` threshold it.
     """
     return record.key_mass(k, over="all")[:, :, k:].mean(dim=-1)  # (B, H, T - k) -> (B, H)
+
+
+def key_importance_in_reach(record: AttentionRecord, k: int = 0) -> torch.Tensor:
+    """alpha_k^reach = mean of a_tk over the queries t that can see key k (not masked), (B, H)."""
+    visible = (record.key_logits(k)[..., 0] > MASKED_BELOW).to(torch.float32)  # (B, H, T); t < k are masked
+    mass = record.key_mass(k, over="all")  # (B, H, T)
+    return (mass * visible).sum(dim=-1) / visible.sum(dim=-1).clamp(min=1.0)  # (B, H)
 
 
 @register_probe(
@@ -58,6 +76,17 @@ def key_importance(record: AttentionRecord, k: int = 0) -> torch.Tensor:
             "alpha_0 = mean over queries t >= 0 of a_t0 (phantom, if any, in the normaliser), averaged over windows",
             "Gu et al. 2025 (importance score behind the sink rate)",
             "higher = key 0 receives more attention"),
+        "sink_rate_in_reach": MetricInfo(
+            "Sink rate, queries in reach", "fraction of heads",
+            "sink_rate with alpha_0 averaged over the queries that can see key 0 only (sliding-window layers only; "
+            "the model row averages those layers)",
+            "Gu et al. 2025; seed 002 (sliding windows)",
+            "higher = more heads sink the queries that can reach key 0"),
+        "sink_alpha_in_reach": MetricInfo(
+            "Key-0 importance, queries in reach", "mean attention on key 0",
+            "mean of a_t0 over the queries t that can see key 0 (sliding-window layers only), averaged over windows",
+            "Gu et al. 2025; seed 002 (sliding windows)",
+            "higher = key 0 receives more attention from the queries that can see it"),
     },
 )
 class SinkRate(Probe):
@@ -70,15 +99,23 @@ class SinkRate(Probe):
     def setup(self) -> None:
         self.hits = HeadMeans(self.spec.n_layers, self.spec.n_heads)
         self.alpha = HeadMeans(self.spec.n_layers, self.spec.n_heads)
+        self.hits_in_reach = HeadMeans(self.spec.n_layers, self.spec.n_heads)  # sliding layers only
+        self.alpha_in_reach = HeadMeans(self.spec.n_layers, self.spec.n_heads)
 
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
         alpha = key_importance(record, self.key)  # (B, H)
         self.alpha.add(layer, alpha, item_dims=(0,))
         self.hits.add(layer, (alpha > self.epsilon).float(), item_dims=(0,))
+        if record.sliding_window is not None:
+            reach = key_importance_in_reach(record, self.key)  # (B, H)
+            self.alpha_in_reach.add(layer, reach, item_dims=(0,))
+            self.hits_in_reach.add(layer, (reach > self.epsilon).float(), item_dims=(0,))
 
     def rows(self) -> list[Row]:
         rows = self.hits.rows(self.name, "sink_rate") + self.alpha.rows(self.name, "sink_alpha")
+        rows += (self.hits_in_reach.rows(self.name, "sink_rate_in_reach")
+                 + self.alpha_in_reach.rows(self.name, "sink_alpha_in_reach"))  # empty without sliding layers
         if self.layer_start is None:
             return rows
         late = [r for r in self.hits.rows(self.name, "sink_rate",

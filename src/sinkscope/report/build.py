@@ -457,7 +457,8 @@ LAYER_TYPE_NOTE = ("Models with sliding-window layers: each metric's mean over t
                    "ones (per-layer means over heads, averaged over the layers of the type; seed 000 Table 14). On a "
                    "sliding layer queries i >= W cannot see key 0 and count as 0 in p0_mass; p0_mass_in_reach "
                    "averages over the queries that can see it and p0_out_of_reach is the share that cannot, so "
-                   "'no sink' reads apart from 'sink out of reach'.")
+                   "'no sink' reads apart from 'sink out of reach'; sink_rate_in_reach and sink_alpha_in_reach do "
+                   "the same for Gu et al.'s sink rate.")
 
 
 def _layer_type_section(runs: list[RunData]) -> dict | None:
