@@ -60,6 +60,10 @@ def quiet_reads(norms: Tensor, quantiles: tuple[float, ...] | list[float] | None
     return norms.double().unsqueeze(-1) < cutoffs.permute(1, 2, 0).unsqueeze(2)  # (B, Hkv, S, K)
 
 
+#: a logit at or below this is masked (an additive mask of -inf or the dtype's minimum).
+MASKED_BELOW = -1e4
+
+
 @dataclass
 class AttentionRecord:
     """One layer's attention, as the model computed it.
@@ -190,6 +194,16 @@ class AttentionRecord:
         if self.mask is not None:
             return s + self.mask[..., keys].float()  # (B, 1, T, K) broadcast over heads
         return self._causal_fill(s, keys)
+
+    def key_visible(self, k: int) -> Tensor:
+        """Whether query t can see key k, bool (B, H, T): its logit is not masked (causal, window).
+
+        ``p0_mass`` (``p0_out_of_reach``) and ``sink_rate`` (the in-reach split) share key 0's.
+        """
+        cached = ("key_visible", k)
+        if cached not in self._cache:
+            self._cache[cached] = self.key_logits(k)[..., 0] > MASKED_BELOW  # (B, H, T)
+        return self._cache[cached]
 
     def lse(self) -> Tensor:
         """LSE_i = log sum_j exp(s_ij) over real keys, (B, H, T)."""

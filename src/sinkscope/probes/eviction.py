@@ -32,9 +32,8 @@ from __future__ import annotations
 import torch
 
 from sinkscope.capture import hooks
-from sinkscope.capture.record import AttentionRecord
+from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
-from sinkscope.probes.p0_mass import MASKED_BELOW
 
 _SOURCE = "seed 002 (eviction in sliding windows); sinkscope.probes.eviction"
 

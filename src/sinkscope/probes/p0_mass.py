@@ -29,9 +29,6 @@ from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
 
-#: a key-0 logit at or below this is masked (an additive mask of -inf or the dtype's minimum).
-MASKED_BELOW = -1e4
-
 
 @register_probe("p0_mass", metrics={
     "p0_mass": MetricInfo(
@@ -65,7 +62,7 @@ class P0Mass(Probe):
         p0 = record.key_mass(0, over="real")  # (B, H, T)
         self.acc.add(layer, p0[:, :, 1:], item_dims=(0, 2))
         if record.sliding_window is not None:
-            masked = record.key_logits(0)[..., 0] <= MASKED_BELOW  # (B, H, T)
+            masked = ~record.key_visible(0)  # (B, H, T)
             self.out_of_reach.add(layer, masked[:, :, 1:].to(torch.float32), item_dims=(0, 2))
 
     def rows(self) -> list[Row]:

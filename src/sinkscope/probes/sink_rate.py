@@ -30,7 +30,6 @@ import torch
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
-from sinkscope.probes.p0_mass import MASKED_BELOW
 
 
 def key_importance(record: AttentionRecord, k: int = 0) -> torch.Tensor:
@@ -43,7 +42,7 @@ def key_importance(record: AttentionRecord, k: int = 0) -> torch.Tensor:
 
 def key_importance_in_reach(record: AttentionRecord, k: int = 0) -> torch.Tensor:
     """alpha_k^reach = mean of a_tk over the queries t that can see key k (not masked), (B, H)."""
-    visible = (record.key_logits(k)[..., 0] > MASKED_BELOW).to(torch.float32)  # (B, H, T); t < k are masked
+    visible = record.key_visible(k).to(torch.float32)  # (B, H, T); t < k are masked
     mass = record.key_mass(k, over="all")  # (B, H, T)
     return (mass * visible).sum(dim=-1) / visible.sum(dim=-1).clamp(min=1.0)  # (B, H)
 
