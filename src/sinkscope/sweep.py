@@ -274,7 +274,8 @@ def collect_losses(options: SweepOptions) -> pd.DataFrame:
 
 def collect_curves(options: SweepOptions) -> pd.DataFrame:
     """variant, seed, step, loss: every evaluation in each run's log.csv (the same fixed validation
-    windows as the final ``val_loss``), the last row kept where a resumed run logged a step twice."""
+    windows as the final ``val_loss``; a resumed run's log holds each step once, as the trainer
+    drops the rows an interrupted run logged after its checkpoint)."""
     from sinkscope.train.loop import read_log
 
     rows = []
@@ -283,8 +284,7 @@ def collect_curves(options: SweepOptions) -> pd.DataFrame:
             for row in read_log(run_dir(options, variant, seed) / "ckpt"):
                 if row["val_loss"]:
                     rows.append({"variant": variant, "seed": seed, "step": int(row["step"]), "loss": float(row["val_loss"])})
-    frame = pd.DataFrame(rows, columns=["variant", "seed", "step", "loss"])
-    return frame.drop_duplicates(["variant", "seed", "step"], keep="last").reset_index(drop=True)
+    return pd.DataFrame(rows, columns=["variant", "seed", "step", "loss"])
 
 
 def table1_by_step(curves: pd.DataFrame, variants) -> pd.DataFrame:
