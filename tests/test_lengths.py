@@ -289,11 +289,16 @@ def test_eviction_probe_equals_a_hand_computation_on_tiny_gpt_oss(attention):
     assert n == 2 * (20 - 1 - (model.config.sliding_window - 1))  # every full window but the last query's
 
 
-def test_eviction_probe_skips_full_and_uncut_layers():
+def test_eviction_probe_refuses_a_model_it_cannot_measure():
+    """No sliding layers, or windows covering the whole sequence: one sentence, not an empty table."""
     from tiny_models import random_ids
 
-    table = sinkscope.measure("eviction", build("llama"), windows=random_ids(batch=1, length=12).numpy()).table
-    assert table.empty or not table["head"].notna().any()
+    from sinkscope.errors import SinkscopeError
+
+    with pytest.raises(SinkscopeError, match="no sliding-window layers"):
+        sinkscope.measure("eviction", build("llama"), windows=random_ids(batch=1, length=12).numpy())
+    with pytest.raises(SinkscopeError, match="covers the whole 8-token window"):
+        sinkscope.measure("eviction", build("gemma3_text"), windows=random_ids(batch=1, length=8).numpy())
 
 
 @pytest.mark.parametrize("variant", ["baseline", "sinklogit", "sinktoken"])

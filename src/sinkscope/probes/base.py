@@ -36,6 +36,17 @@ accumulators only add, the numbers do not depend on the batch size, a run can be
 windows merge across processes (``merge``). Nothing here moves a tensor to the host while the
 forward pass runs.
 
+What is state (what ``state_dict``/``load_state_dict``, ``snapshot``/``restore`` and ``merge``
+carry): every attribute holding a Tensor or an :class:`Accumulator`, directly or as the leaves of
+dicts (str or int keys), lists and tuples, keyed by its path (``self.quiet = {"median":
+HeadMeans(...)}`` is ``quiet.median``). Attributes without tensors (parameters, labels, head
+lists) are configuration. State is found the first time it is taken (after ``setup``), so a
+container's entries are made in ``setup``; a state that does not hold the same keys is refused.
+Tensors held any other way (an object, a set, a container mixing them with other values) are a
+TypeError naming the probe and attribute, unless the class lists the attribute in ``not_state``
+(configuration) or overrides these five methods (``MassiveActivation``). A Python number a probe
+increments is state the base class cannot see: count in a tensor.
+
 Pooling convention (SPEC.md "Averages"): a per-head value is the mean over items (query
 positions i >= 1 and sequences, unless the metric says otherwise: the exposure probe's quiet and
 phantom mass average over every query i >= 0, as seed 000's tables do); a per-layer value is the
@@ -47,9 +58,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -327,6 +340,9 @@ class Probe:
     #: the probe's numbers depend on which windows share a batch (value-read injection draws junk
     #: across the batch): the runner never halves its batch on out-of-memory, it says so instead.
     fixed_batch: ClassVar[bool] = False
+    #: attributes that hold tensors but are configuration, not accumulated (never checkpointed,
+    #: merged or rolled back), e.g. injection's gate directions.
+    not_state: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, spec: ModelSpec, **params):
         self.spec = spec
@@ -353,6 +369,16 @@ class Probe:
     def setup(self) -> None:
         """Create the accumulators (the parameters and ``self.spec`` are set)."""
 
+    @classmethod
+    def unmeasurable(cls, spec: ModelSpec, windows: list[int | None], seq_len: int | None) -> str | None:
+        """Why this probe can give no number on a model, as a phrase, or None (checked before the run).
+
+        ``windows`` is each layer's sliding window (None: full attention), ``seq_len`` the
+        windows' length. A probe that could only write an empty table says so here, so that the
+        run stops with one sentence instead of writing nothing.
+        """
+        return None
+
     def passes(self) -> tuple[str | None, ...]:
         """The forward passes this probe takes part in per batch: None is the clean pass."""
         return (None,)
@@ -376,8 +402,34 @@ class Probe:
         return {p.name: getattr(self, p.name) for p in self.params}
 
     # ---- accumulator state: checkpoints (resume), retries (OOM), merging (data parallel) ----
+    def _state_names(self) -> tuple[str, ...]:
+        """The attributes that are state, found (and checked) the first time state is taken."""
+        names = self.__dict__.get("_state_attributes")
+        if names is None:
+            names = self._state_attributes = tuple(
+                name for name, value in vars(self).items()
+                if name not in _BASE_ATTRIBUTES and name not in self.not_state and _is_state(self, name, value))
+        return names
+
+    def _state_paths(self) -> dict[str, tuple]:
+        """Every accumulator's key (``quiet.median``) and path (the attribute, then keys or indices)."""
+        paths: dict[str, tuple] = {}
+        for name in self._state_names():
+            for path in _leaf_paths(self, getattr(self, name), (name,)):
+                key = ".".join(map(str, path))
+                if key in paths:
+                    raise TypeError(f"{_owner(self, name)} has two accumulators keyed {key!r}")
+                paths[key] = path
+        return paths
+
     def _accumulators(self) -> dict[str, "Accumulator | Tensor"]:
-        return {k: v for k, v in vars(self).items() if isinstance(v, (Accumulator, Tensor))}
+        """Every accumulator by its key (see the module docstring for what is state)."""
+        return {key: _get(self, path) for key, path in self._state_paths().items()}
+
+    def _replace(self, key: str, value: "Accumulator | Tensor") -> None:
+        """Put ``value`` where the accumulator ``key`` is (dicts and lists in place, tuples rebuilt)."""
+        path = self._state_paths().get(key, (key,))
+        setattr(self, path[0], _put(getattr(self, path[0], None), path[1:], value))
 
     def state_dict(self) -> dict:
         """A CPU copy of every accumulator (small: per layer and head)."""
@@ -385,26 +437,135 @@ class Probe:
                 for k, v in self._accumulators().items()}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in self._accumulators().items():
+        mine = self._accumulators()
+        _check_keys(self, mine, state, "the state to load")
+        for key, value in mine.items():
             if isinstance(value, Accumulator):
                 value.load_state_dict(state[key])
             else:
-                setattr(self, key, state[key].clone().to(value.device))
+                self._replace(key, state[key].clone().to(value.device))
 
     def snapshot(self) -> dict:
         """A copy of every accumulator where it lives (no host transfer): for rolling back a batch."""
         return {k: v.snapshot() if isinstance(v, Accumulator) else v.clone() for k, v in self._accumulators().items()}
 
     def restore(self, snapshot: dict) -> None:
+        _check_keys(self, self._accumulators(), snapshot, "the snapshot")
         for key, value in snapshot.items():
-            setattr(self, key, value)
+            self._replace(key, value)
 
     def merge(self, other: "Probe") -> None:
         """Fold in another probe's accumulators (same class, same spec), as if it had seen its
         windows after this one's. Probes with non-additive state override this."""
-        for key, value in self._accumulators().items():
-            theirs = getattr(other, key)
+        theirs = other._accumulators()
+        mine = self._accumulators()
+        _check_keys(self, mine, theirs, "the probe to merge")
+        for key, value in mine.items():
             if isinstance(value, Accumulator):
-                value.merge(theirs)
+                value.merge(theirs[key])
             else:
-                setattr(self, key, value + theirs.to(value.device))
+                self._replace(key, self._added(value, theirs[key]))
+
+    def _added(self, mine: Tensor, theirs: Tensor) -> Tensor:
+        """A tensor accumulator merged with another share's."""
+        return mine + theirs.to(mine.device)
+
+
+# ---- what is state -------------------------------------------------------------------------------
+
+#: attributes every probe has that are not accumulated (``_state_attributes``: the state found).
+_BASE_ATTRIBUTES = frozenset({"spec", "pass_label", "batch_start", "_state_attributes"})
+#: values that hold no accumulated numbers: scalars, classes, functions, modules, devices, dtypes.
+_OPAQUE = (str, bytes, int, float, complex, bool, type(None), type, types.FunctionType, types.MethodType,
+           types.BuiltinFunctionType, types.ModuleType, torch.device, torch.dtype)
+_CONTAINERS = (dict, list, tuple)
+_HOW = ("keep tensors and Accumulators as attributes or as the leaves of dicts (str or int keys), lists and "
+        "tuples, list the attribute in the class's not_state if it is configuration, or override state_dict, "
+        "load_state_dict, snapshot, restore and merge")
+
+
+def _probe_name(probe: Probe) -> str:
+    cls = type(probe).__name__
+    return f"{probe.name!r} ({cls})" if hasattr(probe, "name") else cls
+
+
+def _owner(probe: Probe, name: str) -> str:
+    return f"the attribute {name!r} of the probe {_probe_name(probe)}"
+
+
+def _holds_state(value: Any, seen: set[int], depth: int = 0) -> bool:
+    """Whether ``value`` holds a Tensor, an Accumulator or an array anywhere (containers, sets, objects)."""
+    if isinstance(value, (Tensor, Accumulator, np.ndarray)):
+        return True
+    if isinstance(value, _OPAQUE) or depth > 8 or id(value) in seen:
+        return False
+    seen.add(id(value))
+    if isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    else:
+        items = list(getattr(value, "__dict__", {}).values())
+        items += [getattr(value, slot) for slot in getattr(type(value), "__slots__", ()) if hasattr(value, slot)]
+    return any(_holds_state(item, seen, depth + 1) for item in items)
+
+
+def _is_state(probe: Probe, name: str, value: Any) -> bool:
+    """True for an accumulator or a container of them; False for configuration; else a TypeError."""
+    if not _holds_state(value, set()):
+        return False
+    if isinstance(value, (Tensor, Accumulator, *_CONTAINERS)):
+        for _ in _leaf_paths(probe, value, (name,)):  # checks the whole container
+            pass
+        return True
+    raise TypeError(f"{_owner(probe, name)} holds tensors in a {type(value).__name__}, which the base class "
+                    f"cannot checkpoint, merge or roll back; {_HOW}.")
+
+
+def _leaf_paths(probe: Probe, value: Any, path: tuple):
+    """The paths of the accumulators in ``value`` (an accumulator, or a dict, list or tuple of them)."""
+    if isinstance(value, (Tensor, Accumulator)):
+        yield path
+        return
+    if isinstance(value, dict):
+        items = list(value.items())
+        bad = [k for k in value if not isinstance(k, (str, int)) or isinstance(k, bool)]
+        if bad:
+            raise TypeError(f"{_owner(probe, path[0])} keys accumulators by a {type(bad[0]).__name__} "
+                            f"({bad[0]!r}); {_HOW}.")
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    else:
+        where = ".".join(map(str, path))
+        raise TypeError(f"{_owner(probe, path[0])} mixes accumulators with {type(value).__name__} values "
+                        f"(at {where!r}), which the base class cannot checkpoint, merge or roll back; {_HOW}.")
+    for key, item in items:
+        yield from _leaf_paths(probe, item, (*path, key))
+
+
+def _get(probe: Probe, path: tuple) -> Any:
+    value = getattr(probe, path[0])
+    for key in path[1:]:
+        value = value[key]
+    return value
+
+
+def _put(node: Any, path: tuple, value: Any) -> Any:
+    """``node`` with the leaf at ``path`` replaced by ``value`` (dicts and lists in place, tuples rebuilt)."""
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    leaf = _put(node[key], rest, value)
+    if isinstance(node, tuple):
+        return (*node[:key], leaf, *node[key + 1:])
+    node[key] = leaf
+    return node
+
+
+def _check_keys(probe: Probe, mine: dict, theirs: dict, what: str) -> None:
+    """One sentence when ``theirs`` does not hold exactly this probe's accumulators."""
+    missing, unexpected = [k for k in mine if k not in theirs], [k for k in theirs if k not in mine]
+    if missing or unexpected:
+        raise ValueError(f"{what} does not match the accumulators of the probe {_probe_name(probe)}: "
+                         f"missing {missing or 'none'}, unexpected {unexpected or 'none'} "
+                         "(a container's entries must be created in setup()).")

@@ -95,17 +95,13 @@ def _grow(t: Tensor, shape: tuple[int, ...], device) -> Tensor:
 class _LazyTensors(Probe):
     """A probe whose tensor accumulators are created on first use (empty placeholders before)."""
 
-    def merge(self, other: "Probe") -> None:
-        for key, value in self._accumulators().items():
-            theirs = getattr(other, key)
-            if isinstance(value, Accumulator):
-                value.merge(theirs)
-            elif theirs.numel() == 0:
-                continue
-            elif value.numel() == 0:
-                setattr(self, key, theirs.clone())
-            else:
-                setattr(self, key, value + theirs.to(value.device))
+    def _added(self, mine: Tensor, theirs: Tensor) -> Tensor:
+        """An empty placeholder takes the other share's tensor; an empty other adds nothing."""
+        if theirs.numel() == 0:
+            return mine
+        if mine.numel() == 0:
+            return theirs.clone()
+        return mine + theirs.to(mine.device)
 
 
 # ---- norms and directional convergence --------------------------------------------------------------
@@ -636,9 +632,8 @@ class BosExperiment(_LazyTensors):
         self.hits = {s: HeadMeans(self.spec.n_layers, self.spec.n_heads) for s in self.settings}
 
     def _accumulators(self) -> dict:
-        out = super()._accumulators()
-        out.update({f"hits_{s}": acc for s, acc in self.hits.items()})
-        return out
+        """Declared here (this class loads, rolls back and merges them itself), keyed as ever: hits_with, ..."""
+        return {"loss_sum": self.loss_sum, "loss_n": self.loss_n, **{f"hits_{s}": acc for s, acc in self.hits.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         for s, acc in self.hits.items():

@@ -61,6 +61,16 @@ _SOURCE = "seed 002 (eviction in sliding windows); sinkscope.probes.eviction"
 class Eviction(Probe):
     """Change of each windowed head's output when its oldest key leaves the window."""
 
+    @classmethod
+    def unmeasurable(cls, spec, windows, seq_len):
+        sliding = [w for layer, w in enumerate(windows) if w is not None and layer in spec.attention_layers]
+        if not sliding:
+            return "the model has no sliding-window layers, so no key is ever evicted"
+        if seq_len is not None and all(w + 1 > seq_len or w < 2 for w in sliding):
+            return (f"every sliding window ({', '.join(map(str, sorted(set(sliding))))}) covers the whole "
+                    f"{seq_len}-token window, so no key leaves it; use a --seq-len above {min(sliding) + 1}")
+        return None
+
     def setup(self) -> None:
         L, H = self.spec.n_layers, self.spec.n_heads
         self.events = HeadMeans(L, H)  # 1 where a key leaves, per query

@@ -158,6 +158,7 @@ class Injection(Probe):
     """The loss increase when junk of a given type and dose is added to every head's quiet value reads."""
 
     fixed_batch = True
+    not_state = ("gate_directions",)  # read from a checkpoint, the same in every share
 
     def setup(self) -> None:
         self.doses = tuple(float(d) for d in self.doses)

@@ -198,10 +198,11 @@ class TokenShare(Probe):
     """How much of a value gate's variance the token identity explains, and the gate per token."""
 
     min_count: int
+    not_state = ("_batch",)
 
     def setup(self) -> None:
         self.sums = TokenSums(self.spec.n_layers, self.spec.n_kv_heads, self.spec.vocab_size)
-        self._batch: dict[str, Tensor] = {}  # the batch's token ids (a dict: not an accumulator)
+        self._batch: dict[str, Tensor] = {}  # the batch's token ids (not accumulated: not_state)
 
     @observes(hooks.TOKENS)
     def tokens(self, layer: None, ids: Tensor) -> None:
