@@ -325,7 +325,7 @@ def test_cli_mistakes_are_one_sentence():
 
 @pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss"])
 def test_subtraction_is_refused_where_it_is_not_exact(family):
-    with pytest.raises(SinkscopeError, match="--subtract-head"):
+    with pytest.raises(SinkscopeError, match="subtract_head"):
         sinkscope.measure("circuit", build(family), windows=random_ids(2, 12).numpy(), subtract_head=("0.1",),
                           progress=False)
 

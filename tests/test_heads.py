@@ -24,6 +24,7 @@ from sinkscope.capture import ModelSpec
 from sinkscope.capture.families import FAMILIES, get_submodule
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.cli import app
+from sinkscope.statefile import load_state, read_header
 from sinkscope.probes import get_probe
 from sinkscope.results import rows_to_frame
 from sinkscope.runner import run_probes
@@ -433,7 +434,8 @@ def test_a_run_killed_in_the_ablation_stage_resumes_there(tiny_llama_dir, text_f
     out = tmp_path / "killed"
     with pytest.raises(Interrupted):
         execute(command, command.options(**options, out=str(out)), log=lambda m: None)
-    state = torch.load(tmp_path / ".killed.progress.pt", weights_only=False)
+    progress = tmp_path / ".killed.progress.safetensors"
+    state = {**read_header(progress), **load_state(progress)}
     assert state["stage"] == 1 and state["next"] == 3 and len(state["done"]) == 1
     monkeypatch.setattr(HeadAblation, "loss", real)
     messages = []

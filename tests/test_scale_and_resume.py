@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from conftest import SAMPLE_TEXT, make_tokenizer
 from sinkscope.capture import ModelSpec
 from sinkscope.cli import app
+from sinkscope.statefile import read_header
 from sinkscope.commands.sinks import SINKS_PROBES, sinks_probes
 from sinkscope.results import rows_to_frame
 from sinkscope.runner import run_probes
@@ -97,7 +98,7 @@ def test_kill_and_resume_equals_an_uninterrupted_run(slow_model_dir, long_text, 
     assert runner.invoke(app, ["sinks", *args, "--out", str(straight)]).exit_code == 0
 
     killed = tmp_path / "killed"
-    progress = tmp_path / ".killed.progress.pt"
+    progress = tmp_path / ".killed.progress.safetensors"
     env = {**os.environ, "PYTHONPATH": SRC}
     proc = subprocess.Popen([sys.executable, "-m", "sinkscope", "sinks", *args, "--out", str(killed)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -106,7 +107,7 @@ def test_kill_and_resume_equals_an_uninterrupted_run(slow_model_dir, long_text, 
     while time.time() < deadline and proc.poll() is None:
         if progress.is_file():
             try:
-                next_window = torch.load(progress, weights_only=False)["next"]
+                next_window = read_header(progress)["next"]
             except Exception:  # noqa: BLE001 - replaced while reading; try again
                 next_window = 0
             if next_window >= 20:
@@ -179,7 +180,7 @@ def test_sharded_device_map_gives_the_same_table(tiny_llama_dir, text_file, tmp_
 def test_ctrl_c_keeps_progress_and_says_how_to_resume(slow_model_dir, long_text, tmp_path):
     args = _slow_run_args(slow_model_dir, long_text)
     out = tmp_path / "interrupted"
-    progress = tmp_path / ".interrupted.progress.pt"
+    progress = tmp_path / ".interrupted.progress.safetensors"
     # As from a shell: SIGINT at its default disposition in the child, whatever this test process
     # inherited or a native library set (an ignored SIGINT is inherited through exec, and Python
     # then installs no KeyboardInterrupt handler).
@@ -190,7 +191,7 @@ def test_ctrl_c_keeps_progress_and_says_how_to_resume(slow_model_dir, long_text,
     while time.time() < deadline and proc.poll() is None and next_window < 3:  # well inside the window loop
         if progress.is_file():
             try:
-                next_window = torch.load(progress, weights_only=False)["next"]
+                next_window = read_header(progress)["next"]
             except Exception:  # noqa: BLE001 - replaced while reading; try again
                 next_window = 0
         time.sleep(0.02)

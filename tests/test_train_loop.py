@@ -296,12 +296,12 @@ def test_damaged_checkpoints_fail_in_one_sentence(trained, env, tmp_path):
 def test_existing_out_and_bad_resume_are_refused(trained, env, tmp_path):
     import shutil
 
-    with pytest.raises(SinkscopeError, match="already exists and is not empty; pass --resume"):
+    with pytest.raises(SinkscopeError, match="already exists; pass --resume"):
         train(options(env, trained), log=quiet)
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(SinkscopeError, match="--overwrite only replaces a trainer checkpoint"):
+    with pytest.raises(SinkscopeError, match="holds files sinkscope did not write"):
         train(options(env, other, overwrite=True), log=quiet)
     assert (other / "notes.txt").exists()
     replaced = tmp_path / "replaced"

@@ -22,7 +22,46 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
 )
+# Examples in the commands' help are paragraphs that open with a line holding only ``\b``: click
+# prints such a paragraph as written instead of rewrapping it, so every example can be pasted.
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        number = version("sinkscope")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from sinkscope import __version__ as number
+    typer.echo(f"sinkscope {number}")
+    raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", envvar="SINKSCOPE_DEBUG",
+                                        help="Print the traceback behind an error (a plugin's, say) before its sentence.")] = False,
+) -> None:
+    """Measure attention sinks in causal language models."""
+    _state["debug"] = debug
+
+
+#: what the global options set for the command that runs (the callback runs before each command).
+_state = {"debug": False}
+
+
+def _echo_traceback(error: BaseException) -> None:
+    """Under --debug: the error's traceback, with what caused it (a plugin's own frames)."""
+    if _state["debug"]:
+        import traceback
+
+        typer.echo("".join(traceback.format_exception(error)).rstrip(), err=True)
 
 # ---- options shared by commands --------------------------------------------------------------
 ModelArg = Annotated[
@@ -58,12 +97,14 @@ def _friendly_errors(func):
         try:
             return func(*args, **kwargs)
         except SinkscopeError as error:
+            _echo_traceback(error)
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(error.exit_code) from None  # 1; 130 for an interrupted run (errors.Interrupted)
         except KeyboardInterrupt:
             typer.echo("error: interrupted; no run folder was written.", err=True)
             raise typer.Exit(130) from None
         except OSError as error:  # a full disk, a read-only or blocked output path, ...
+            _echo_traceback(error)
             where = f" {error.filename}" if error.filename else ""
             typer.echo(f"error: could not write or read{where} ({error.strerror or error}); "
                        "results already written are unchanged.", err=True)
@@ -115,14 +156,19 @@ def sinks(
 
     Examples:
 
+    \b
         sinkscope sinks                                  # SmolLM2-135M on the bundled Austen corpus
 
+    \b
         sinkscope sinks EleutherAI/pythia-1b --seq-len 1024 --n-seqs 64
 
+    \b
         sinkscope sinks model.gguf --text-file book.txt --bos add --out runs/book
 
+    \b
         sinkscope sinks openai/gpt-oss-20b --device-map auto --dtype bfloat16
 
+    \b
         torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
     """
     _run("sinks", locals())
@@ -155,6 +201,7 @@ def _run(name: str, values: dict) -> None:
     options = command.options(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
     check_options(options)
     command.check(options)
+    _check_inputs(options, models if several else [options.model])
     from sinkscope.pipeline import execute, execute_several
 
     if several:
@@ -165,6 +212,24 @@ def _run(name: str, values: dict) -> None:
     result = execute(command, options)
     if result is not None:  # None on data-parallel processes other than 0
         typer.echo(str(result.path))
+
+
+def _check_inputs(options, models: list) -> None:
+    """The mistakes a user makes most (a missing model or text file, ``--out .``), refused before torch is
+    imported, in the pipeline's order (``pipeline.plan`` checks them all again, with the rest)."""
+    from sinkscope.resolve import resolve_source
+
+    for model in models:
+        resolve_source(model, options.revision)
+    if options.text_file and not options.dataset and not os.path.isfile(os.path.expanduser(options.text_file)):
+        raise SinkscopeError(f"no text file at {options.text_file}.")  # corpus.text_file_corpus's sentence
+    if options.out and len(models) == 1:  # several models: --out holds one run folder per model
+        from sinkscope.results import _check_not_cwd, check_run_dir
+
+        if options.resume:  # the pipeline then looks for the interrupted run's progress file
+            _check_not_cwd(options.out)
+        else:
+            check_run_dir(options.out, options.overwrite)
 
 
 @app.command()
@@ -199,12 +264,16 @@ def selectivity(
 
     Examples:
 
+    \b
         sinkscope selectivity ckpt/normgate
 
+    \b
         sinkscope selectivity ckpt/normgate ckpt/sink+proj --out runs/gates
 
+    \b
         sinkscope selectivity ckpt/*-s0 ckpt/*-s1 --group-by variant --out runs/by-variant
 
+    \b
         sinkscope selectivity ckpt/outgate --n-seqs 64 --attention explicit
 
     With several models, --out holds one run folder per model and report.html compares them.
@@ -247,12 +316,16 @@ def heads(
 
     Examples:
 
+    \b
         sinkscope heads                                          # SmolLM2-135M on the bundled corpus
 
+    \b
         sinkscope heads --ablate-dormant --dormant-below 0.2     # zero the dormant heads: loss change
 
+    \b
         sinkscope heads openai/gpt-oss-20b --sink-set first+phantom --device-map auto
 
+    \b
         sinkscope heads ckpt/base ckpt/lb --ablate-dormant --out runs/lb-vs-base
     """
     _run("heads", locals())
@@ -295,12 +368,16 @@ def inject(
 
     Examples:
 
+    \b
         sinkscope inject                                         # SmolLM2-135M: 3 junk types x 2 cutoffs x 4 doses
 
+    \b
         sinkscope inject --junk gaussian --cutoff q25 --doses 0.4,0.8 --n-seqs 8 --seq-len 256
 
+    \b
         sinkscope inject ckpt/projgate --junk own-direction,structured
 
+    \b
         sinkscope inject ckpt/baseline ckpt/sink+proj --out runs/inject-cmp
     """
     values = dict(locals())
@@ -352,10 +429,13 @@ def circuit(
 
     Examples:
 
+    \b
         sinkscope circuit                                  # SmolLM2-135M, bundled corpus
 
+    \b
         sinkscope circuit --bos none --subtract-head 0.3   # one head removed
 
+    \b
         sinkscope circuit ckpt/base ckpt/forcesink -o runs/p0   # variants
     """
     values = dict(locals())
@@ -395,10 +475,13 @@ def measure(
 
     Examples:
 
+    \b
         sinkscope measure --probe p0_mass --probe value_norm_ratio
 
+    \b
         sinkscope measure ckpt/sinklogit --probe sink_rate --param sink_rate.epsilon=0.5
 
+    \b
         sinkscope measure model.gguf --plugin my_probes.py --probe my_probe
     """
     _run("measure", {**locals(), "probes": probe, "params": param or [], "plugins": plugin or []})
@@ -411,22 +494,26 @@ def report(
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder (default: the run folder for one run, reports/compare-<time> for several).")] = None,
     label: Annotated[Optional[list[str]], typer.Option("--label", help="A name per run, in order (default: folder names).")] = None,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Average runs sharing a condition (variant, seed, step, tier) and compare the groups.")] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the report in an --out folder that already holds one (never a folder holding files sinkscope did not write); rebuilding a run's own report needs none.")] = False,
 ) -> None:
     """Rebuild a run's report.html, or compare several runs on one page (no model is loaded).
 
     Examples:
 
+    \b
         sinkscope report reports/20261129-150033-SmolLM2-135M-Instruct.Q4_1
 
+    \b
         sinkscope report runs/bos-none runs/bos-add --label "no BOS" --label "BOS" --out runs/bos-compare
 
+    \b
         sinkscope report runs/ckpt-* --group-by variant --out runs/by-variant
     """
     from sinkscope.report import build_report
 
     if label and len(label) != len(run_dirs):
         raise SinkscopeError(f"give one --label per run folder ({len(run_dirs)}), not {len(label)}.")
-    typer.echo(str(build_report(run_dirs, out=out, labels=label, group_by=group_by)))
+    typer.echo(str(build_report(run_dirs, out=out, labels=label, group_by=group_by, overwrite=overwrite)))
 
 
 @app.command()
@@ -459,6 +546,7 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue the checkpoint in --out.")] = False,
     overwrite: OverwriteOpt = False,
     progress: ProgressOpt = True,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Allow code in the --tokenizer folder to run (never a checkpoint's own tokenizer's).")] = False,
 ) -> None:
     """Train a small GPT-2-style model with one of the attention variants of SPEC.md.
 
@@ -466,14 +554,19 @@ def train(
 
     Examples:
 
+    \b
         sinkscope train --variant sink+proj --tier tiny --seed 0 --out ckpt/sink-proj
 
+    \b
         sinkscope train --variant baseline --tier tiny --set n_layer=2 --steps 100 --out ckpt/quick
 
+    \b
         sinkscope train --task trigger --variant sinklogit --seed 1 --out ckpt/trigger-sinklogit
 
+    \b
         sinkscope train --variant sinklogit --set layer_pattern=sliding,full --set window=32 --out ckpt/gptoss-like
 
+    \b
         torchrun --nproc-per-node 8 -m sinkscope train --variant sinklogit --tier 124M --out ckpt/124m
     """
     from sinkscope.train.loop import TrainOptions, train as train_model
@@ -483,7 +576,7 @@ def train(
         min_lr=min_lr, warmup_steps=warmup_steps, grad_accum=grad_accum, eval_every=eval_every,
         checkpoint_every=checkpoint_every, stop_at=stop_at, text_file=text_file, dataset=dataset, tokenizer=tokenizer, tnlm=tnlm, lb_lambda=lb_lambda,
         force_sink_k=force_sink_k, overrides=list(set_ or []), device=device, resume=resume,
-        overwrite=overwrite, progress=progress,
+        overwrite=overwrite, progress=progress, trust_remote_code=trust_remote_code,
     )
     try:
         folder = train_model(options)
@@ -521,13 +614,17 @@ def sweep(
     """Train every variant for every seed, probe each checkpoint, write seed 000's Tables 1 and 2.
 
     Finished runs are skipped and interrupted ones resumed, so rerunning the command continues it.
+    --out is a new folder or this sweep's own: a folder holding files sinkscope did not write is refused.
 
     Examples:
 
+    \b
         sinkscope sweep --variants baseline,sinklogit,normgate,projgate,sink+norm,sink+proj --seeds 0,1,2 --task trigger --out sweeps/trigger
 
+    \b
         sinkscope sweep --variants baseline,sinklogit --seeds 0,1 --steps 200 --jobs 2 --out sweeps/quick
 
+    \b
         sinkscope sweep --task text --tier tiny --seeds 0,1,2 --launcher submitit --slurm slurm_partition=gpu --out sweeps/text
     """
     from sinkscope.sweep import SweepOptions, parse_list, sweep as run_sweep
@@ -558,13 +655,16 @@ def toy(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 256,
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads [default: torch's].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder (toy.csv, toy_summary.csv, toy.md, toy.png).")] = "reports/toy",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the toy task's earlier output in --out (never a folder holding files sinkscope did not write).")] = False,
 ) -> None:
     """Seed 000's toy superposition task: error by load per variant and the share of headroom closed.
 
     Examples:
 
+    \b
         sinkscope toy
 
+    \b
         sinkscope toy --loads 1,8 --seeds 0 --steps 500 --out reports/toy-quick
     """
     from sinkscope.sweep import parse_list
@@ -572,7 +672,7 @@ def toy(
 
     options = ToyOptions(loads=parse_list(loads, "loads", int), conditions=parse_list(conditions, "conditions"),
                          variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int),
-                         steps=steps, batch_size=batch_size, threads=threads, out=out)
+                         steps=steps, batch_size=batch_size, threads=threads, out=out, overwrite=overwrite)
     typer.echo(str(run_toy(options, log=lambda message: typer.echo(message, err=True))))
 
 
@@ -590,10 +690,13 @@ def run_recipe_command(
 
     Examples:
 
+    \b
         sinkscope run probes/sinks-smollm2.toml
 
+    \b
         sinkscope run probes/sinks-smollm2.toml probes/sinks-smollm2-bos.toml --model EleutherAI/pythia-160m
 
+    \b
         sinkscope run probes/sinks-smollm2.toml --set n_seqs=4 --set out=runs/quick
     """
     import json
@@ -618,10 +721,13 @@ def list_things(
 
     Examples:
 
+    \b
         sinkscope ls probes
 
+    \b
         sinkscope ls hooks
 
+    \b
         sinkscope ls families
     """
     if what == "probes":
@@ -649,14 +755,23 @@ def list_things(
         for model_type, family in FAMILIES.items():
             typer.echo(f"{model_type:14s} {family.label}")
     elif what == "commands":
-        from sinkscope.commands import discover as commands
-
-        for name, command in sorted(commands().items()):
-            typer.echo(f"{name:12s} {command.summary}")
+        for name, summary in sorted(_command_summaries().items()):
+            typer.echo(f"{name:12s} {summary}")
     else:
         from sinkscope.errors import suggest
 
         raise SinkscopeError(f"unknown listing {what!r}{suggest(what, LISTINGS)}; use {', '.join(LISTINGS)}.")
+
+
+def _command_summaries() -> dict[str, str]:
+    """Every command of the CLI (measuring or not) with the first line of its help."""
+    import inspect
+
+    summaries = {}
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__.lower().replace("_", "-")  # typer's own naming
+        summaries[name] = (info.help or inspect.getdoc(info.callback) or "").strip().split("\n")[0]
+    return summaries
 
 
 def main() -> None:  # pragma: no cover - console entry for python -m

@@ -150,6 +150,33 @@ def tokenize_documents(tokenizer, documents: list[str]) -> list[np.ndarray]:
     return out
 
 
+#: above this share of unknown tokens a text is refused; above UNKNOWN_WARN a warning is logged.
+UNKNOWN_REFUSE, UNKNOWN_WARN = 0.5, 0.05
+
+
+def check_unknown_share(doc_ids: list[np.ndarray], tokenizer, model_label: str, log, hint: str = "") -> None:
+    """Refuse a text the tokenizer cannot read: most of its tokens are the unknown token.
+
+    A tokenizer with a small word-level vocabulary (a trigger-task checkpoint's) maps every word it
+    does not know to its unknown token, so an English text becomes one id repeated and every
+    number measured on it is meaningless. More than ``UNKNOWN_REFUSE`` of the corpus's tokens
+    unknown is one sentence; more than ``UNKNOWN_WARN`` a warning.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    total = sum(len(ids) for ids in doc_ids)
+    if unk is None or total == 0:
+        return
+    share = sum(int((ids == unk).sum()) for ids in doc_ids) / total
+    token = getattr(tokenizer, "unk_token", None)
+    what = f"the tokenizer of {model_label} maps {share:.0%} of the text's {total:,} tokens to its unknown token " \
+           f"{token!r} (id {unk})"
+    if share > UNKNOWN_REFUSE:
+        raise SinkscopeError(f"{what}, so the windows would be that one id over and over; the tokenizer does not "
+                             f"cover this text{hint}.")
+    if share > UNKNOWN_WARN:
+        log(f"warning: {what}; the numbers measure a text with those words missing.")
+
+
 @dataclass
 class Windows:
     """The token windows of a run and how they were drawn."""
@@ -170,6 +197,8 @@ def check_token_range(tokens: np.ndarray, n_embeddings: int | None) -> None:
     Run before the forward pass: an id past the embedding is an ``IndexError`` on CPU and a
     device-side assert on a GPU. ``n_embeddings`` None (unknown) checks nothing.
     """
+    if tokens.size and int(tokens.min()) < 0:
+        raise SinkscopeError(f"the windows hold the negative token id {int(tokens.min())}; token ids start at 0.")
     if n_embeddings is None or tokens.size == 0:
         return
     largest = int(tokens.max())

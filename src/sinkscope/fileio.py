@@ -1,18 +1,32 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of one.
 
-Also the two guards every output folder shares: :func:`check_replaceable` (``--overwrite``
-replaces only a folder that is ours, or an empty one) and :func:`exclusive_lock` (one writer
-per output folder at a time).
+Also what every output folder shares, so that no writer deletes or overwrites a file sinkscope
+did not write:
+
+- :func:`write_inventory`: every folder a sinkscope writer fills (a run folder, a trainer
+  checkpoint, a report, a sweep, the toy task's folder, a comparison of several models) records
+  the files it wrote in a hidden ``.sinkscope-files`` (JSON), written last;
+- :func:`foreign_entries`: what a folder holds that no sinkscope writer recorded (a user's notes,
+  the model being measured, a symbolic link), found without following links;
+- :func:`check_replaceable`: an output folder is written only when it is absent or empty, or,
+  with ``--overwrite``, when everything in it is sinkscope's; a folder holding anything else is
+  refused, with or without ``--overwrite``;
+- :func:`check_inputs_outside`: the model, text file, tokenizer or recipe a command reads may
+  not lie inside the folder it replaces;
+- :func:`exclusive_lock`: one writer per output folder at a time, with a lock file that is
+  created exclusively and never followed through a symbolic link or truncated.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from sinkscope.errors import SinkscopeError
 
@@ -86,65 +100,209 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def check_replaceable(folder: Path, overwrite: bool, *, kind: str, is_ours: Callable[[Path], bool],
-                      hint: str = "pass --overwrite") -> None:
-    """Refuse an output ``folder`` that holds something, unless ``overwrite`` and it is one of ours.
+# ---- what sinkscope wrote: the inventory -------------------------------------------------------------
 
-    ``--overwrite`` replaces an empty folder or one that ``is_ours`` recognises (a run folder with
-    our manifest, a trainer checkpoint), never a folder holding anything else: that could be the
-    model being measured or a user's files.
+#: the hidden file in which a writer lists what it wrote into a folder (written last).
+INVENTORY = ".sinkscope-files"
+INVENTORY_FORMAT = 1
+#: hidden names sinkscope gives its own temporaries beside or inside a folder it writes: the lock,
+#: the accumulator checkpoint for --resume, staging folders, a folder moved aside during a swap,
+#: atomic-write temporaries.
+_TEMPORARY = re.compile(r"^\..+\.(lock|progress\.safetensors|progress\.pt|partial-[A-Za-z0-9_]+|old-\d+|"
+                        r"replacing-\d+|report-[A-Za-z0-9_]+|[A-Za-z0-9_]+\.tmp)$")
+
+
+def is_temporary_name(name: str) -> bool:
+    """Whether ``name`` is one sinkscope gives its temporaries (lock, progress, staging, swap)."""
+    return bool(_TEMPORARY.match(name))
+
+
+def _walk_files(folder: Path, prefix: str = "") -> Iterator[tuple[str, os.DirEntry]]:
+    """(relative path, entry) of every entry under ``folder``, not following symbolic links.
+
+    A folder holding its own inventory is yielded as one entry and not entered (it is another
+    writer's), and so is a sinkscope temporary (a killed run's staging folder). Other directories
+    are entered, not yielded.
+    """
+    with os.scandir(folder) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            rel = f"{prefix}{entry.name}"
+            if entry.is_dir(follow_symlinks=False) and not is_temporary_name(entry.name) \
+                    and not os.path.isfile(os.path.join(entry.path, INVENTORY)):
+                yield from _walk_files(Path(entry.path), rel + "/")
+            else:
+                yield rel, entry
+
+
+def write_inventory(folder: Path, writer: str, *, trees: Iterable[str] = (), keep: Iterable[str] = ()) -> None:
+    """Record every file now under ``folder`` as written by ``writer`` (atomically; call it last).
+
+    Call it only on a folder whose every file this writer (or an earlier sinkscope writer, listed
+    in ``keep``) wrote: a staging folder, or one checked with :func:`foreign_entries`. Subfolders
+    with an inventory of their own (a sweep's checkpoints) are theirs, not listed here.
+
+    Args:
+        folder: the folder written.
+        writer: what wrote it: ``run``, ``checkpoint``, ``report``, ``sweep``, ``toy``, ``comparison``.
+        trees: subfolders whose whole content this writer owns however it changes (a sweep's
+            ``submitit/`` logs).
+        keep: files recorded by an earlier inventory of this folder that stay recorded.
+    """
+    folder = Path(folder)
+    files = sorted({rel for rel, entry in _walk_files(folder)
+                    if rel != INVENTORY and not is_temporary_name(entry.name)
+                    and not entry.is_symlink() and entry.is_file(follow_symlinks=False)} | set(keep))
+    record = {"sinkscope_files": INVENTORY_FORMAT, "writer": writer, "files": files, "trees": sorted(set(trees))}
+    atomic_write_text(folder / INVENTORY, json.dumps(record, indent=1) + "\n")
+
+
+def read_inventory(folder: Path) -> dict | None:
+    """A folder's inventory (``writer``, ``files``, ``trees``), or None without a valid one."""
+    try:
+        record = json.loads((Path(folder) / INVENTORY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("files"), list):
+        return None
+    return {"writer": str(record.get("writer", "")), "files": [str(f) for f in record["files"]],
+            "trees": [str(t) for t in record.get("trees", []) if isinstance(t, str)]}
+
+
+def foreign_entries(folder: Path, legacy: Callable[[str], bool] | None = None) -> list[str]:
+    """What ``folder`` holds that sinkscope did not write, as relative paths (folders end in ``/``).
+
+    An entry is sinkscope's when the folder's inventory lists it, it lies in a tree the inventory
+    owns, it is one of sinkscope's temporaries, or it is a subfolder that is itself sinkscope's
+    (its own inventory, checked the same way). A folder without an inventory, written by a
+    sinkscope before inventories, is recognised by ``legacy(relative path)`` (the fixed names its
+    writer used), when given. A symbolic link is never sinkscope's.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    inventory = read_inventory(folder)
+    listed = set(inventory["files"]) if inventory else set()
+    trees = tuple(t.rstrip("/") + "/" for t in inventory["trees"]) if inventory else ()
+    foreign: list[str] = []
+    for rel, entry in _walk_files(folder):
+        if entry.is_symlink():
+            foreign.append(rel)
+        elif is_temporary_name(entry.name):
+            continue
+        elif entry.is_dir(follow_symlinks=False):  # another writer's folder: its own inventory decides
+            foreign += [f"{rel}/{inner}" for inner in foreign_entries(Path(entry.path))]
+        elif rel == INVENTORY and inventory is not None:
+            continue
+        elif not (rel in listed or rel.startswith(trees) or is_temporary_name(entry.name)
+                  or (inventory is None and legacy is not None and legacy(rel))):
+            foreign.append(rel)
+    return foreign
+
+
+def is_ours(folder: Path, legacy: Callable[[str], bool] | None = None) -> bool:
+    """Whether ``folder`` exists and holds only what sinkscope wrote (:func:`foreign_entries`)."""
+    folder = Path(folder)
+    return folder.is_dir() and (read_inventory(folder) is not None or legacy is not None) \
+        and not foreign_entries(folder, legacy)
+
+
+def describe_entries(entries: list[str], limit: int = 3) -> str:
+    """``notes.txt, mymodel/config.json and 4 more`` for a message."""
+    shown = ", ".join(entries[:limit])
+    return shown + (f" and {len(entries) - limit} more" if len(entries) > limit else "")
+
+
+def check_replaceable(folder: Path, overwrite: bool, *, kind: str, legacy: Callable[[str], bool] | None = None,
+                      hint: str = "pass --overwrite", option: str = "--out") -> None:
+    """Refuse an output ``folder`` that holds something, unless ``overwrite`` and all of it is sinkscope's.
+
+    ``--overwrite`` replaces an empty folder or one that holds only what sinkscope wrote
+    (:func:`foreign_entries`), never a folder holding anything else: that could be the model being
+    measured or a user's files.
 
     Args:
         folder: the output folder (need not exist).
         overwrite: whether the user asked to replace it.
-        kind: what the folder is, for the messages ("run", "checkpoint").
-        is_ours: recognises a folder this kind of command wrote.
+        kind: what the folder is, for the messages ("run", "trainer checkpoint", "report").
+        legacy: recognises the files of such a folder written before inventories existed.
         hint: what to do when it exists and ``overwrite`` is off.
+        option: the option that named the folder, for the messages.
     """
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise SinkscopeError(f"{folder} exists and is not a folder; choose another --out.")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not overwrite:
-            raise SinkscopeError(f"the {kind} folder {folder} already exists and is not empty; {hint}, "
-                                 "or choose another --out.")
-        if not is_ours(folder):
-            raise SinkscopeError(f"--overwrite only replaces a {kind} folder written by sinkscope or an empty folder, "
-                                 f"and {folder} holds other files; choose another --out.")
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise SinkscopeError(f"{folder} exists and is not a folder; choose another {option}.")
+    if not folder.is_dir() or all(is_temporary_name(entry.name) for entry in folder.iterdir()):
+        return  # absent, empty, or only sinkscope's temporaries (a lock, a staging folder)
+    foreign = foreign_entries(folder, legacy)
+    if foreign or (read_inventory(folder) is None and legacy is None):
+        what = describe_entries(foreign) if foreign else "no record of what wrote it"
+        raise SinkscopeError(f"the folder {folder} holds files sinkscope did not write ({what}); sinkscope never "
+                             f"replaces them, with or without --overwrite: choose another {option}, or move them.")
+    if not overwrite:
+        raise SinkscopeError(f"the {kind} folder {folder} already exists; {hint}, or choose another {option}.")
+
+
+def check_inputs_outside(folder: Path, inputs: dict[str, str | os.PathLike | None], option: str = "--out") -> None:
+    """Refuse an output ``folder`` that holds (or is) a file or folder the command reads, or lies inside one.
+
+    A writer replaces its folder whole, so the model being measured, a text file, a tokenizer or
+    a recipe inside it would be deleted; and a run folder inside a model's folder would change the
+    model's folder (a checkpoint with a foreign subfolder can no longer be resumed). ``inputs`` maps a description ("the model") to a path
+    (None or a hub id that is not a path on disk are skipped).
+    """
+    target = Path(os.path.realpath(folder))
+    for what, path in inputs.items():
+        if path is None or not os.path.exists(path):
+            continue
+        source = Path(os.path.realpath(path))
+        if source == target or target in source.parents:
+            raise SinkscopeError(f"{what} {path} lies inside {option} {folder}, which this command replaces; "
+                                 f"choose another {option}.")
+        if source in target.parents:  # writing into the model's (or tokenizer's) own folder changes it
+            raise SinkscopeError(f"{option} {folder} lies inside {what} {path}; sinkscope writes nothing into a "
+                                 f"folder it reads: choose another {option}.")
 
 
 @contextmanager
 def exclusive_lock(path: Path, busy: Callable[[str], str]) -> Iterator[None]:
     """Hold an exclusive lock file at ``path`` for the ``with`` block; a second holder fails at once.
 
-    The lock is ``flock`` on the file (released by the kernel if the process dies, so a kill
-    leaves no stale lock); the file holds the owner's process id and is removed on release.
-    ``busy(owner)`` gives the sentence of the :class:`SinkscopeError` raised when another
-    process (or another ``with`` block) holds it.
+    The lock file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and then ``flock``-ed (the
+    kernel releases the flock if the process dies, so a kill leaves no live lock); it holds the
+    owner's process id and is removed on release. A lock file left by a killed process is
+    recognised (not locked, one link, a process id and nothing else) and replaced; anything else
+    at ``path`` (a symbolic link, a file with other content or other links) is never opened for
+    writing, truncated or removed: one sentence instead. ``busy(owner)`` gives the sentence of the
+    :class:`SinkscopeError` raised when another process (or another ``with`` block) holds it.
     """
     import fcntl
 
     path = Path(path)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o666)
+        except FileExistsError:
+            _clear_stale_lock(path, busy)
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 64).decode("ascii", "replace").strip() or "unknown"
+        except BlockingIOError:  # another process created it between our unlink and our open
             os.close(fd)
-            raise SinkscopeError(busy(owner)) from None
+            continue
         except BaseException:
             os.close(fd)
             raise
-        try:  # the previous holder may have removed the file between our open and our flock
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        try:  # the file may have been removed (by its previous holder) between our open and our flock
+            same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
         except FileNotFoundError:
             same = False
         if same:
             break
         os.close(fd)
+    else:  # pragma: no cover - a hundred races in a row
+        raise SinkscopeError(busy("unknown"))
     try:
-        os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode("ascii"))
         yield
     finally:
@@ -152,3 +310,43 @@ def exclusive_lock(path: Path, busy: Callable[[str], str]) -> Iterator[None]:
             path.unlink(missing_ok=True)  # while still locked, so no one locks a removed file for long
         finally:
             os.close(fd)
+
+
+_PID_LINE = re.compile(rb"^\d*\n?$")
+
+
+def _clear_stale_lock(path: Path, busy: Callable[[str], str]) -> None:
+    """Remove a lock file a killed process left at ``path``; raise ``busy`` if a process holds it.
+
+    Only a regular file with one link holding at most a process id is removed (after checking
+    that no process holds its flock); anything else is refused in one sentence.
+    """
+    import fcntl
+    import stat
+
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > 32:
+        raise SinkscopeError(f"{path} is not a sinkscope lock file (it is a link, or holds something else); "
+                             "sinkscope leaves it alone: remove it yourself, or choose another --out.")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return
+    try:
+        content = os.read(fd, 64)
+        if not _PID_LINE.match(content):
+            raise SinkscopeError(f"{path} is not a sinkscope lock file (it holds something else); sinkscope leaves "
+                                 "it alone: remove it yourself, or choose another --out.")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SinkscopeError(busy(content.decode("ascii").strip() or "unknown")) from None
+        if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
+            path.unlink(missing_ok=True)  # a dead process's lock: ours to remove, while we hold its flock
+    except FileNotFoundError:
+        return
+    finally:
+        os.close(fd)

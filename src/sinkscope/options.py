@@ -120,6 +120,8 @@ def check_options(options: RunOptions) -> None:
         raise SinkscopeError("--resume needs the --out folder of the run to continue.")
     if options.attention not in ATTENTION_MODES:
         raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
+    if not options.checkpoint_seconds >= 0:  # NaN too
+        raise SinkscopeError(f"--checkpoint-seconds must be 0 or more (got {options.checkpoint_seconds:g}).")
     check_seed(options.seed)
 
 

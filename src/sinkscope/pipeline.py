@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import re
@@ -35,7 +34,7 @@ from sinkscope import corpus as corpus_mod
 from sinkscope import distributed
 from sinkscope.capture.families import ModelSpec, layer_windows
 from sinkscope.errors import Interrupted, SinkscopeError
-from sinkscope.fileio import atomic_write_bytes
+from sinkscope.fileio import check_inputs_outside
 from sinkscope.options import Command, RunOptions, check_options, seq_lens
 from sinkscope.probes import get_probe
 from sinkscope.probes.base import Probe
@@ -50,6 +49,7 @@ from sinkscope.results import (
     write_tables,
 )
 from sinkscope.runner import run_probes
+from sinkscope.statefile import load_state, read_header, save_state
 from sinkscope.sources import (
     LoadedModel,
     Source,
@@ -177,7 +177,28 @@ class Plan:
     @property
     def progress_file(self) -> Path | None:
         """Where a run keeps its accumulator checkpoint for ``--resume`` (beside the run folder)."""
-        return None if self.out_dir is None else self.out_dir.parent / f".{self.out_dir.name}.progress.pt"
+        return None if self.out_dir is None else progress_path(self.out_dir)
+
+
+def progress_path(out_dir: Path) -> Path:
+    """``.NAME.progress.safetensors`` beside the run folder: the accumulators for ``--resume``.
+
+    A safetensors file with a JSON header (``statefile.py``): reading it runs no code. Earlier
+    versions wrote a pickle, ``.NAME.progress.pt``, which is never read (:func:`_check_progress`).
+    """
+    out_dir = Path(out_dir)
+    return out_dir.parent / f".{out_dir.name}.progress.safetensors"
+
+
+def _check_progress(out_dir: Path) -> None:
+    """``--resume`` needs a progress file of this version; an old pickle one is named, never loaded."""
+    if progress_path(out_dir).is_file():
+        read_header(progress_path(out_dir), "the progress file of the interrupted run")  # damaged: now, not after loading
+        return
+    if (Path(out_dir).parent / f".{Path(out_dir).name}.progress.pt").is_file():
+        raise SinkscopeError(f"the interrupted run at {out_dir} was checkpointed by an earlier sinkscope in a pickle "
+                             "file, which is not read (loading a pickle can run code); run without --resume.")
+    raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
 
 
 def _in_memory_source(model: torch.nn.Module) -> Source:
@@ -195,6 +216,8 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     until the folder is written: a second writer fails now, and the place is proven writable.
     """
     inputs = inputs or Inputs()
+    if inputs.windows is not None:  # checked and converted first: its shape decides seq_len below
+        inputs = replace(inputs, windows=_given_windows(inputs.windows).tokens)
     cleanup = cleanup if cleanup is not None else contextlib.ExitStack()
     check_options(options)
     command.check(options)
@@ -226,8 +249,9 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     if out_dir is not None:
         if not options.resume:
             check_run_dir(out_dir, options.overwrite)
-        elif not result.progress_file.is_file():
-            raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
+        else:
+            _check_progress(out_dir)
+        check_inputs_outside(out_dir, {"the model": source.path, "the text file": options.text_file})
     lengths = seq_lens(options.seq_len)
     if lengths is not None and len(lengths) == 1:  # seq_len=[512] is the plain run at 512
         options = replace(options, seq_len=lengths[0])
@@ -281,6 +305,10 @@ def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
     log(f"Tokenising the corpus {corpus.describe()} ...")
     bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
     doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
+    source = plan_.source
+    hint = ("; a trigger-task checkpoint's vocabulary is its task's words: measure it without a text, on its own "
+            "validation windows") if source.kind == "checkpoint" else ""
+    corpus_mod.check_unknown_share(doc_ids, tokenizer, source.label or source.location, log, hint)
     return corpus_mod.make_windows(doc_ids, seq_len=longest(options.seq_len), n_seqs=options.n_seqs, seed=options.seed,
                                    bos_id=bos_id)
 
@@ -299,11 +327,27 @@ def _checkpoint_windows(plan_: Plan, log) -> corpus_mod.Windows:
     return windows
 
 
-def _given_windows(tokens: np.ndarray) -> corpus_mod.Windows:
-    tokens = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
-    if tokens.ndim != 2 or tokens.shape[1] < 2:
-        raise SinkscopeError(f"windows must be token ids of shape (n_seqs, seq_len >= 2), not {tokens.shape}.")
-    return corpus_mod.Windows(tokens, None, [], int(tokens.size))
+def _given_windows(tokens) -> corpus_mod.Windows:
+    """Token ids a caller handed over as ``windows=``, checked: integers, (n_seqs >= 1, seq_len >= 2), ids >= 0.
+
+    A numpy array, a torch tensor or nested lists; floats are refused rather than truncated.
+    """
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.detach().cpu().numpy()
+    try:
+        array = np.asarray(tokens)
+    except (ValueError, TypeError) as error:  # ragged lists
+        raise SinkscopeError(f"windows must be a rectangular array of token ids (n_seqs, seq_len) ({error}).") from error
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        kind = "floats" if np.issubdtype(array.dtype, np.floating) else f"{array.dtype} values"
+        raise SinkscopeError(f"windows must be integer token ids, not {kind}; convert them with .astype(int) if "
+                             "they are ids.")
+    if array.ndim != 2 or array.shape[0] < 1 or array.shape[1] < 2:
+        raise SinkscopeError(f"windows must be token ids of shape (n_seqs >= 1, seq_len >= 2), not {array.shape}; "
+                             "one window is windows=[ids].")
+    array = np.ascontiguousarray(array.astype(np.int64))
+    corpus_mod.check_token_range(array, None)  # negative ids
+    return corpus_mod.Windows(array, None, [], int(array.size))
 
 
 def is_bridge(model) -> bool:
@@ -354,6 +398,7 @@ def load(plan_: Plan, log) -> Loaded:
             tokenizer = tokenizer if tokenizer is not None else getattr(inputs.model, "tokenizer", None)
         if windows is None and tokenizer is None:
             raise SinkscopeError("texts need a tokenizer: pass tokenizer=..., or token ids as windows=...")
+        plan_.cleanup.callback(model.train, model.training)  # a caller's model leaves in the mode it came in
         loaded = LoadedModel(model.eval(), tokenizer, plan_.source, next(model.parameters()).dtype,
                              next(model.parameters()).device)
     else:
@@ -365,6 +410,7 @@ def load(plan_: Plan, log) -> Loaded:
             windows = _windows(plan_, tokenizer, log)
             corpus_mod.check_token_range(windows.tokens, vocab_size(plan_.source))
         log(f"Loading {plan_.source.label or plan_.source.location} ...")
+        _warn_if_unfinished(plan_.source, log)
         loaded = load_model(plan_.source, device=plan_.device, dtype=options.dtype, device_map=options.device_map,
                             trust_remote_code=options.trust_remote_code, tokenizer=tokenizer, log=log)
     load_s = time.perf_counter() - started
@@ -375,7 +421,31 @@ def load(plan_: Plan, log) -> Loaded:
         windows = _windows(plan_, loaded.tokenizer, log)
     corpus_mod.check_token_range(windows.tokens, embedding_rows(loaded.model))
     _fill_bos_token_id(plan_, loaded.tokenizer, windows)
+    _check_measurable(plan_, loaded.model, spec, int(windows.tokens.shape[1]))
     return Loaded(loaded, windows, spec, load_s)
+
+
+def _check_measurable(plan_: Plan, model, spec: ModelSpec, seq_len: int) -> None:
+    """One sentence, before the run, for a probe that could only write an empty table on this model."""
+    windows = layer_windows(model, spec.n_layers)
+    for name, _ in plan_.command.probes(plan_.options, spec):
+        reason = get_probe(name).unmeasurable(spec, windows, seq_len)
+        if reason:
+            raise SinkscopeError(f"the probe {name} cannot measure this model: {reason}.")
+
+
+def _warn_if_unfinished(source: Source, log) -> None:
+    """A trainer checkpoint short of its schedule (stopped with --stop-at, interrupted) is measured with a warning."""
+    if source.kind != "checkpoint":
+        return
+    from sinkscope.train.checkpoint import read_config
+
+    meta = read_config(source.path)
+    recorded = meta.get("train_options")
+    step, steps = meta.get("step"), recorded.get("steps") if isinstance(recorded, dict) else None
+    if isinstance(step, int) and isinstance(steps, int) and step < steps:
+        log(f"warning: the checkpoint {source.location} is at step {step} of the {steps} its training was scheduled "
+            "for (stopped or interrupted); it is measured as it is (continue it with `sinkscope train --resume`).")
 
 
 def _fill_bos_token_id(plan_: Plan, tokenizer, windows: corpus_mod.Windows) -> None:
@@ -408,6 +478,14 @@ def _fingerprint(options: RunOptions, tokens_sha256: str, source: Source) -> str
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _progress_tree(tree, path: Path) -> dict:
+    """The probes' states of a progress file, checked for shape (a damaged file is one sentence)."""
+    if not (isinstance(tree, dict) and isinstance(tree.get("probes"), list) and isinstance(tree.get("done"), list)):
+        raise SinkscopeError(f"the progress file {path} is damaged or was not written by sinkscope; delete it, or "
+                             "run without --resume.")
+    return tree
+
+
 def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
     """Run the probes; returns (probes with merged accumulators, seconds), or None on processes > 0.
 
@@ -425,12 +503,14 @@ def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
     progress_file = plan_.progress_file
     first, stop = distributed.share(len(windows.tokens), rank, world_size)
     state = None
-    if options.resume:
-        state = torch.load(progress_file, weights_only=False)
-        if state.get("fingerprint") != fingerprint:
+    if options.resume:  # the header first: nothing else of a file that is not this run's is read
+        what = "the progress file of the interrupted run"
+        header = read_header(progress_file, what)
+        if header.get("fingerprint") != fingerprint:
             raise SinkscopeError(
                 f"the interrupted run at {plan_.out_dir} was started with other options, model or tokens; "
                 "rerun it with the same options, or without --resume.")
+        state = {**header, **_progress_tree(load_state(progress_file, what), progress_file)}
     elif progress_file is not None and rank == 0:
         progress_file.unlink(missing_ok=True)  # a stale checkpoint of an abandoned run
 
@@ -442,12 +522,10 @@ def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
                 return
             if time.monotonic() - last_save[0] < options.checkpoint_seconds:
                 return
-            payload = {"fingerprint": fingerprint, "stage": stage, "next": next_window,
-                       "probes": [p.state_dict() for p in probes], "done": [p.state_dict() for p in done]}
-            buffer = io.BytesIO()
-            torch.save(payload, buffer)
             progress_file.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(progress_file, buffer.getvalue())
+            save_state(progress_file, {"probes": [p.state_dict() for p in probes],
+                                       "done": [p.state_dict() for p in done]},
+                       header={"fingerprint": fingerprint, "stage": stage, "next": next_window})
             last_save[0] = time.monotonic()
         return checkpoint
 
@@ -526,6 +604,9 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, row
     model = loaded.model
     windows_per_layer = layer_windows(model.model, loaded.spec.n_layers)
     rows += layer_type_rows(rows, windows_per_layer)
+    if not rows:
+        raise SinkscopeError(f"the {plan_.command.name} run produced no numbers on this model "
+                             f"({', '.join(p.name for p in probes)}: nothing to measure); no run folder was written.")
     frame = rows_to_frame(rows, run_conditions=conditions)
     decode_token_ids(frame, model.tokenizer)
     manifest = base_manifest(plan_.command.name, asdict(options))
@@ -612,6 +693,19 @@ def assemble_lengths(plan_: Plan, loaded: Loaded, finished: list) -> Result:
     return result
 
 
+def _warn_non_finite(table: pd.DataFrame, log) -> None:
+    """A table with NaN or infinite values is written, with a warning naming where they are."""
+    bad = table[~np.isfinite(table["value"].to_numpy(dtype=float))]
+    if bad.empty:
+        return
+    extra = [c for c in table.columns if c not in ("probe", "metric", "layer", "head", "value", "n")]
+    first = bad.iloc[0]
+    where = ", ".join(f"{c} {first[c]}" for c in extra if not pd.isna(first[c]))
+    log(f"warning: {len(bad)} of the {len(table)} numbers are not finite (NaN or inf), the first {first['metric']}"
+        f"{f' at {where}' if where else ''}; the model's arithmetic overflowed there (a dose or a --dtype too large "
+        "for it).")
+
+
 def _kernel_choices() -> list[dict]:
     """Which fused attention kernel ran for each kind of call (capture/kernels.py), for the manifest."""
     from sinkscope.capture.kernels import kernel_choices
@@ -687,6 +781,7 @@ def _carry_out(plan_: Plan, write: bool, log, *, finish: bool = True) -> Result 
             distributed.finish()
         return None
     result = assemble_lengths(plan_, loaded, finished) if len(lengths) > 1 else assemble(plan_, loaded, *finished)
+    _warn_non_finite(result.table, log)
     if write:
         result.save(plan_.out_dir, overwrite=plan_.options.overwrite,
                     figures=plan_.options.figures)
@@ -727,6 +822,12 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     loads. ``resume`` keeps the runs already written, continues an interrupted one and runs the
     rest. Under torchrun every process takes part in each run; process 0 writes.
 
+    The folder follows every writer's rules (:func:`check_comparison_dir`): absent or empty, it is
+    written; one written by an earlier comparison needs ``overwrite`` (each run folder in it is
+    then replaced under the run folder's own rules) or ``resume``; a folder holding anything
+    sinkscope did not write, or a model being measured, is refused. Its own files (the page,
+    ``figures/``) are recorded in its inventory (writer ``comparison``), at the start and at the end.
+
     Returns:
         The comparison page (the folder with ``figures`` off), or None on processes other than 0.
     """
@@ -743,6 +844,9 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     if is_run_folder(parent):
         raise SinkscopeError(f"--out {parent} is a run folder; several models need a folder of their own "
                              "(each model's run goes into a subfolder).")
+    for source in sources:  # a run folder replaced in the parent could be the model, or hold it
+        check_inputs_outside(parent, {"the model": source.path})
+    check_comparison_dir(parent, options.overwrite, options.resume)
     rank, world_size = distributed.world()
     children = [parent / name for name in run_folder_names(sources)]
     with contextlib.ExitStack() as cleanup:
@@ -751,7 +855,7 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
             # the figures are drawn once, on the comparison page (`sinkscope report <out>/<model>` draws a run's own)
             each = replace(options, model=source.location, out=str(child), figures=False)
             if options.resume:
-                progress = child.parent / f".{child.name}.progress.pt"
+                progress = progress_path(child)
                 if is_run_folder(child) and not progress.is_file():
                     log(f"Keeping the finished run {child}.")
                     plans.append(None)
@@ -759,7 +863,9 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
                 each = replace(each, resume=progress.is_file())
             plans.append(plan(command, each, write=True, cleanup=cleanup))
         if world_size > 1:
-            distributed.init()
+            distributed.init()  # every process has checked its folders: the parent is recorded after
+        if rank == 0:
+            _record_comparison(parent)
         for plan_ in plans:
             if plan_ is not None:
                 _carry_out(plan_, True, log, finish=False)
@@ -768,12 +874,46 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     if rank != 0:
         return None
     if not options.figures:
+        _record_comparison(parent)
         return parent
     from sinkscope.report import build_report
 
-    page = build_report(children, out=parent, labels=labels, group_by=group_by)
+    # the parent was checked above: its own page is replaced (the report records the parent's files)
+    page = build_report(children, out=parent, labels=labels, group_by=group_by, overwrite=True)
     log(f"Wrote the comparison {page}")
     return page
+
+
+#: the writer of a folder holding one run folder per model and their comparison page.
+COMPARISON_WRITER = "comparison"
+
+
+def check_comparison_dir(parent: Path, overwrite: bool, resume: bool) -> None:
+    """Refuse a several-model ``--out`` that this comparison may not write (before any model loads).
+
+    Absent or empty: fine. Holding only what sinkscope wrote for an earlier comparison (its
+    inventory, or before inventories its page, figures and run folders): needs ``overwrite`` or
+    ``resume``. Holding anything else (a user's file, a model), or another writer's folder (a
+    report's, a checkpoint's, a sweep's): refused, with or without them.
+    """
+    from sinkscope.fileio import check_replaceable, read_inventory
+    from sinkscope.report.build import report_folder_legacy
+
+    parent = Path(parent)
+    inventory = read_inventory(parent) if parent.is_dir() and not parent.is_symlink() else None
+    if inventory is not None and inventory["writer"] != COMPARISON_WRITER:
+        raise SinkscopeError(f"--out {parent} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not "
+                             "by a comparison of several models; choose another --out.")
+    check_replaceable(parent, overwrite or resume, kind="comparison", legacy=report_folder_legacy(parent),
+                      hint="pass --overwrite to replace its runs, or --resume to keep the finished ones")
+
+
+def _record_comparison(parent: Path) -> None:
+    """The parent's inventory: its own files (run folders keep their own inventories)."""
+    from sinkscope.fileio import write_inventory
+
+    parent.mkdir(parents=True, exist_ok=True)
+    write_inventory(parent, COMPARISON_WRITER)
 
 
 def option_fields(options_cls: type[RunOptions]) -> list[str]:

@@ -61,6 +61,7 @@ class ReportOptions:
     runs: list[str] = dataclasses.field(default_factory=list)  # run folders and trainer checkpoints
     labels: list[str] | None = None  # one per run, in order (default: folder names)
     out: str | None = None  # default: as `sinkscope report`
+    overwrite: bool = False  # replace a report sinkscope wrote at out (never other files)
 
 
 def _report(options: ReportOptions, log=None):
@@ -70,7 +71,7 @@ def _report(options: ReportOptions, log=None):
         raise SinkscopeError("a report step needs runs = [...] (run folders or checkpoints).")
     if options.labels and len(options.labels) != len(options.runs):
         raise SinkscopeError(f"give one label per run ({len(options.runs)}), not {len(options.labels)}.")
-    return build_report(options.runs, out=options.out, labels=options.labels)
+    return build_report(options.runs, out=options.out, labels=options.labels, overwrite=options.overwrite)
 
 
 def _train(options, log=None):
@@ -207,6 +208,9 @@ def load_steps(path: str, overrides: list[str] = ()) -> list[tuple[str, object]]
         raise SinkscopeError(f"no recipe file at {path}.")
     try:
         recipe = tomllib.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise SinkscopeError(f"the recipe {path} is not UTF-8 text (byte {error.start} cannot be read); save it as "
+                             "UTF-8.") from error
     except tomllib.TOMLDecodeError as error:
         raise SinkscopeError(f"the recipe {path} is not valid TOML ({error}).") from error
     commands = _commands()
@@ -300,6 +304,12 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None) -> list:
         raise SinkscopeError("give at least one recipe file.")
     commands = _commands()
     loaded = [named_run_dirs(path, load_steps(path, overrides)) for path in paths]
+    from sinkscope.fileio import check_inputs_outside
+
+    for path, steps in zip(paths, loaded):  # a step replaces its out: never the recipe being run
+        for _, options in steps:
+            if getattr(options, "out", None):
+                check_inputs_outside(options.out, {"the recipe": path}, option="out")
     results = []
     for steps in loaded:
         result = None

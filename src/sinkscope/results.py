@@ -6,6 +6,7 @@ A run folder holds:
     manifest.json                   what produced it (versions, model, corpus + hash, seed, BOS, options)
     tokens.npy                      int64 (n_seqs, seq_len): exactly the ids evaluated
     figures/                        heatmap_<metric>.{png,svg}, layers_<metric>.{png,svg}
+    .sinkscope-files                the files above, as written (``fileio.write_inventory``)
 
 ``layer`` and ``head`` are nullable integers: an empty ``head`` marks a layer aggregate, empty
 ``layer`` and ``head`` a model aggregate. Condition columns follow ``n`` where a run has them:
@@ -20,7 +21,8 @@ probe, so the report can read runs without them.
 Guards on the output folder, in the order a command uses them (all before the model loads):
 :func:`default_run_dir` (a run id unique per run), :func:`lock_run_dir` (one writer per folder;
 ``.NAME.lock`` beside it, which also proves the place is writable) and :func:`check_run_dir`
-(``--overwrite`` replaces only a run folder or an empty folder; never the current folder).
+(``--overwrite`` replaces only a folder holding nothing but what sinkscope wrote, as listed in its
+``.sinkscope-files``; never the current folder). The staging folder's inventory is written last.
 """
 
 from __future__ import annotations
@@ -37,13 +39,15 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import check_replaceable, default_folder_mode, exclusive_lock, replace_folder
+from sinkscope.fileio import (check_replaceable, default_folder_mode, exclusive_lock, replace_folder,
+                              write_inventory)
+
+if TYPE_CHECKING:  # numpy and pandas are imported where they are used: the CLI's early checks stay light
+    import numpy as np
+    import pandas as pd
 
 COLUMNS = ["probe", "metric", "layer", "head", "value", "n"]
 #: bumped when the folder layout or table schema changes incompatibly (the report checks it).
@@ -125,6 +129,8 @@ def rows_to_frame(rows: Iterable[Row], run_conditions: dict | None = None) -> pd
     Columns: ``COLUMNS``, then the rows' condition columns in order of first appearance, then
     ``run_conditions`` (one value for every row, e.g. a checkpoint's variant and seed).
     """
+    import pandas as pd
+
     rows = list(rows)
     extra: list[str] = []
     for row in rows:
@@ -158,6 +164,8 @@ def validate(frame: pd.DataFrame) -> None:
 
 def _read_one(path: Path) -> pd.DataFrame:
     """One results file with the schema's dtypes, or a sentence naming what is wrong with it."""
+    import pandas as pd
+
     other = "results.csv" if path.suffix == ".parquet" else "results.parquet"
     remedy = (f"delete it to use {other}, or rerun the measurement" if (path.parent / other).is_file()
               else "rerun the measurement")
@@ -180,6 +188,8 @@ def _read_one(path: Path) -> pd.DataFrame:
 
 def _disagreement(a: pd.DataFrame, b: pd.DataFrame) -> str | None:
     """Where two readings of one table differ (None if they agree; CSV values carry 9 digits)."""
+    import numpy as np
+
     if len(a) != len(b):
         return f"{len(a)} rows against {len(b)}"
     keys = ["probe", "metric", "layer", "head"]
@@ -277,7 +287,11 @@ def default_run_dir(label: str, seed: int | None = None) -> Path:
 
 
 def is_run_folder(folder: Path) -> bool:
-    """Whether ``folder`` holds a run folder's manifest (written by a sinkscope command)."""
+    """Whether ``folder`` holds a run folder's manifest (written by a sinkscope command).
+
+    Whether it may be replaced is another question (:func:`check_run_dir`): a manifest is easily
+    copied next to other files.
+    """
     try:
         manifest = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -294,16 +308,31 @@ def _check_not_cwd(out_dir: Path) -> None:
                              "own, e.g. --out runs/NAME.")
 
 
+#: the files a run folder holds (``figures/`` holds PNG and SVG files only).
+RUN_FILES = ("results.csv", "results.parquet", "manifest.json", "tokens.npy", "report.html")
+
+
+def is_legacy_run_file(rel: str) -> bool:
+    """A file of a run folder written before inventories (``fileio.foreign_entries``): its fixed names."""
+    return rel in RUN_FILES or (rel.startswith("figures/") and rel.count("/") == 1
+                                and rel.endswith((".png", ".svg")))
+
+
+def run_folder_legacy(folder: Path):
+    """``legacy`` for :func:`fileio.check_replaceable`: a run folder's fixed names, if it has a run manifest."""
+    return is_legacy_run_file if is_run_folder(folder) else None
+
+
 def check_run_dir(out_dir: Path, overwrite: bool) -> None:
     """Refuse an output folder a run may not take (checked before any heavy work, and again at the end).
 
     Refused: the current folder or one above it; a file; an existing non-empty folder unless
-    ``overwrite``; and, even with ``overwrite``, a folder that is neither empty nor a run folder
-    (a checkpoint being measured, a user's files).
+    ``overwrite``; and, even with ``overwrite``, a folder holding anything sinkscope did not
+    write (``fileio.foreign_entries``: a checkpoint being measured, a user's notes).
     """
     out_dir = Path(out_dir)
     _check_not_cwd(out_dir)
-    check_replaceable(out_dir, overwrite, kind="run", is_ours=is_run_folder)
+    check_replaceable(out_dir, overwrite, kind="run", legacy=run_folder_legacy(out_dir))
 
 
 def lock_path(out_dir: Path) -> Path:
@@ -354,6 +383,8 @@ def staged_run_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
     try:
         os.chmod(stage, default_folder_mode())
         yield stage
+        write_inventory(stage, "run")
+        check_run_dir(out_dir, overwrite)  # nothing of anyone else's appeared there while the run ran
         replace_folder(stage, out_dir)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -362,6 +393,8 @@ def staged_run_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
 
 def write_tables(stage: Path, frame: pd.DataFrame, manifest: dict, tokens: np.ndarray) -> None:
     """Write results.csv, results.parquet, manifest.json and tokens.npy into ``stage``."""
+    import numpy as np
+
     validate(frame)
     frame.to_csv(stage / "results.csv", index=False, float_format="%.9g")
     frame.to_parquet(stage / "results.parquet", index=False)

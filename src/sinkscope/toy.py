@@ -26,8 +26,8 @@ undefined (NaN) where the oracle is not below the baseline (no headroom).
 from __future__ import annotations
 
 import contextlib
-
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +61,7 @@ class ToyOptions:
     eval_seqs: int = 4096
     out: str = "reports/toy"
     threads: int | None = None  # torch threads; None = torch's default
+    overwrite: bool = False  # replace the toy task's earlier output in `out` (never a folder holding other files)
 
 
 class ToyData:
@@ -256,10 +257,67 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def run_toy(options: ToyOptions, log=None) -> Path:
-    """Every (condition, load, seed) cell; writes toy.csv, toy_summary.csv, toy.md and toy.png."""
-    from sinkscope.fileio import atomic_write_text
+#: the files the toy task writes (its folder holds nothing else).
+TOY_FILES = ("toy.csv", "toy_summary.csv", "toy.md", "toy.png")
+TOY_WRITER = "toy"
+_TOY_TITLE = "# Toy superposition task ("
 
+
+def toy_legacy(out: Path):
+    """``legacy`` for ``fileio.foreign_entries``: a toy folder written before inventories.
+
+    Recognised by its ``toy.md`` (the page's own title); its files are then ``TOY_FILES``. None
+    for any other folder: a user's ``toy.csv`` alone is never taken for the toy task's.
+    """
+    try:
+        with open(Path(out) / "toy.md", encoding="utf-8") as handle:
+            title = handle.read(len(_TOY_TITLE))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return (lambda rel: rel in TOY_FILES) if title == _TOY_TITLE else None
+
+
+def check_toy_dir(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` the toy task may not replace (before training, and again before the swap).
+
+    Absent or empty: written. The toy task's earlier output: replaced with ``overwrite``. Anything
+    else (a file sinkscope did not write, another writer's folder, the current folder): refused.
+    """
+    from sinkscope.fileio import check_replaceable, read_inventory
+
+    out = Path(out)
+    target, here = Path(os.path.abspath(out)), Path.cwd()
+    if target == here or target in here.parents:
+        raise SinkscopeError(f"--out {out} is the current folder or one above it; the toy task replaces its folder "
+                             "whole: give it a folder of its own, e.g. --out reports/toy.")
+    inventory = read_inventory(out) if out.is_dir() and not out.is_symlink() else None
+    if inventory is not None and inventory["writer"] != TOY_WRITER:
+        raise SinkscopeError(f"--out {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not by "
+                             "the toy task; choose another --out.")
+    check_replaceable(out, overwrite, kind="toy task", legacy=toy_legacy(out) if out.is_dir() else None,
+                      hint="pass --overwrite to replace it")
+
+
+@contextlib.contextmanager
+def lock_toy_dir(out: Path):
+    """``.NAME.lock`` beside the folder: a second toy run into it fails at once, in one sentence."""
+    from sinkscope.fileio import exclusive_lock
+
+    target = Path(os.path.abspath(out))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(target.parent / f".{target.name}.lock", lambda owner: (
+            f"another sinkscope process ({owner}) is writing {out} right now; wait for it to finish or choose "
+            "another --out.")):
+        yield
+
+
+def run_toy(options: ToyOptions, log=None) -> Path:
+    """Every (condition, load, seed) cell; writes toy.csv, toy_summary.csv, toy.md and toy.png.
+
+    The folder is written whole into a hidden sibling and swapped into place at the end
+    (``fileio.replace_folder``): a crash leaves the old output or the new one. ``--out`` is
+    checked first (:func:`check_toy_dir`) and locked for the whole run.
+    """
     log = log or (lambda message: print(message, flush=True))
     for variant in options.variants:
         if variant not in VARIANTS:
@@ -270,7 +328,20 @@ def run_toy(options: ToyOptions, log=None) -> Path:
     if any(load < 1 for load in options.loads) or options.steps < 1:
         raise SinkscopeError("loads and steps must be positive.")
     out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_toy_dir(out, options.overwrite)
+    with lock_toy_dir(out):
+        check_toy_dir(out, options.overwrite)  # under the lock
+        _run_toy(options, out, log)
+    log(f"wrote {out / 'toy.md'}")
+    return out / "toy.md"
+
+
+def _run_toy(options: ToyOptions, out: Path, log) -> None:
+    import shutil
+    import tempfile
+
+    from sinkscope.fileio import default_folder_mode, replace_folder, write_inventory
+
     rows = []
     for condition in options.conditions:
         for load in options.loads:
@@ -282,6 +353,23 @@ def run_toy(options: ToyOptions, log=None) -> Path:
                     + ", ".join(f"{r['variant']} {r['error']:.4f}" for r in cell))
     frame = pd.DataFrame(rows)
     summary = summarise(frame)
+    stage = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.partial-",
+                                  dir=Path(os.path.abspath(out)).parent))
+    try:
+        os.chmod(stage, default_folder_mode())
+        _write_outputs(options, frame, summary, stage)
+        write_inventory(stage, TOY_WRITER)
+        check_toy_dir(out, options.overwrite)  # nothing of anyone else's appeared there while it trained
+        replace_folder(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def _write_outputs(options: ToyOptions, frame: pd.DataFrame, summary: pd.DataFrame, out: Path) -> None:
+    """toy.csv, toy_summary.csv, toy.md and toy.png into ``out`` (the staging folder)."""
+    from sinkscope.fileio import atomic_write_text
+
     atomic_write_text(out / "toy.csv", frame.to_csv(index=False))
     atomic_write_text(out / "toy_summary.csv", summary.to_csv(index=False))
     lines = [f"# Toy superposition task ({options.steps} steps x {options.batch_size}, seeds "
@@ -298,8 +386,6 @@ def run_toy(options: ToyOptions, log=None) -> Path:
         lines.append("")
     atomic_write_text(out / "toy.md", "\n".join(lines))
     _figure(summary, out / "toy.png")
-    log(f"wrote {out / 'toy.md'}")
-    return out / "toy.md"
 
 
 def _figure(summary: pd.DataFrame, path: Path) -> None:

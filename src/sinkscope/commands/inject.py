@@ -39,6 +39,11 @@ PROJECTION_GATE_VARIANTS = ("projgate", "sink+proj")
 DEFAULT_EVAL_BATCH = 8  # seed 000: eight batches of eight windows
 
 
+#: the largest dose accepted (x the median read norm): far past any dose a seed uses, and short of
+#: float32 overflow in the norms after the corrupted layer (1e30 gave NaN losses).
+MAX_DOSE = 1e4
+
+
 @dataclass
 class InjectOptions(RunOptions):
     """``RunOptions`` plus the injection battery and the evaluation batch.
@@ -87,6 +92,10 @@ def _check(options: InjectOptions) -> None:
         raise SinkscopeError(f"--doses takes numbers such as 0.2,0.4,0.8,1.6 (got {raw!r}).") from None
     if not doses or any(not d >= 0 or d == float("inf") for d in doses):
         raise SinkscopeError(f"--doses takes finite numbers >= 0 (got {raw!r}).")
+    if max(doses) > MAX_DOSE:
+        raise SinkscopeError(f"--doses {max(doses):g} is out of range: a dose is the junk's norm in units of the "
+                             f"head's median read norm (seed 000 uses 0.2 to 1.6), and above {MAX_DOSE:g} the "
+                             "model's arithmetic overflows to NaN.")
     for name, values in (("--junk", options.junk), ("--cutoff", options.cutoffs), ("--doses", doses)):
         if len(set(values)) != len(values):
             raise SinkscopeError(f"{name} lists a value twice ({', '.join(map(str, values))}).")

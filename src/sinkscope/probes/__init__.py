@@ -8,8 +8,10 @@ when their module is imported, or from a file with :func:`load_plugin` (the CLI'
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
+import inspect
 import pkgutil
 import sys
 from pathlib import Path
@@ -50,9 +52,48 @@ def load_plugin(path: str) -> list[str]:
     except Exception as error:  # noqa: BLE001 - a broken plugin is the user's file: one sentence
         raise SinkscopeError(f"the probe plugin {path} failed to import ({type(error).__name__}: {error}).") from error
     added = sorted(set(PROBES) - before)
-    if not added and not any(getattr(cls, "__module__", "") == name for cls in PROBES.values()):
+    mine = [cls for cls in PROBES.values() if getattr(cls, "__module__", "") == name]
+    if not added and not mine:
         raise SinkscopeError(f"the plugin {path} registers no probe (decorate a Probe subclass with @register_probe).")
+    for cls in mine:
+        _guard(cls, path)
     return added
+
+
+def _guard(cls: type[Probe], path: str) -> None:
+    """Make every method of a plugin's probe turn an unexpected error into one sentence naming the file.
+
+    The error of the plugin's own code is kept as the sentence's cause (``sinkscope --debug`` prints
+    its traceback). Built-in probes are never wrapped: their errors are our bugs and surface as
+    tracebacks. A deliberate SinkscopeError and running out of memory (the runner halves the
+    batch) pass through unchanged. The wrapper costs one call per method call of a plugin probe.
+    """
+    for attr, method in inspect.getmembers(cls, inspect.isfunction):
+        if (attr.startswith("__") and attr != "__init__") or getattr(method, "_plugin_guard", False):
+            continue
+        setattr(cls, attr, _guarded(method, path))
+
+
+def _guarded(method, path: str):
+    @functools.wraps(method)  # keeps @observes/@intervenes marks
+    def guarded(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except SinkscopeError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the plugin's code, whatever it raised
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(error, torch.OutOfMemoryError):
+                raise
+            probe = getattr(self, "name", None) or type(self).__name__
+            detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+            raise SinkscopeError(
+                f"the probe {probe!r} of the plugin {path} failed in {method.__name__}() "
+                f"({type(error).__name__}{': ' + detail if detail else ''}); fix the plugin "
+                "(`sinkscope --debug ...` or SINKSCOPE_DEBUG=1 prints its traceback).") from error
+
+    guarded._plugin_guard = True
+    return guarded
 
 
 def get_probe(name: str) -> type[Probe]:

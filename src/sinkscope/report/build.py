@@ -6,6 +6,12 @@ it never loads a model, so it can be rebuilt, restyled or combined at any time:
     build_report([run])                  -> run/report.html, run/figures/*
     build_report([run_a, run_b], out=d)  -> d/report.html comparing the runs, d/figures/*
 
+Where it writes follows every writer's rules (no file sinkscope did not write is replaced): a
+run's own folder is rebuilt when it holds nothing else; any other ``out`` is written when absent
+or empty, and replaced with ``overwrite`` when it holds only sinkscope's files. The page and its
+figures are drawn beside ``out`` and renamed into place, and the folder's ``.sinkscope-files``
+records them (``build_report``).
+
 A trainer checkpoint folder (``sinkscope train --out ckpt``) may be given too: its ``log.csv``
 becomes a "Training" section with the loss curves of every checkpoint on one plot and a table
 of the final losses.
@@ -31,8 +37,12 @@ of the gate metrics per run, by tier with one line per variant when the runs spa
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import math
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,7 +51,8 @@ import pandas as pd
 
 from sinkscope import __version__
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import atomic_write_text
+from sinkscope.fileio import (atomic_write_text, check_replaceable, describe_entries, exclusive_lock, foreign_entries,
+                              is_temporary_name, read_inventory, write_inventory)
 from sinkscope.results import RUN_FORMAT_VERSION, MetricInfo, read_results
 
 #: Per-layer tables longer than this start collapsed.
@@ -831,18 +842,28 @@ def _leak_table(table: pd.DataFrame, lengths: list[int]) -> dict:
 
 def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
                  labels: list[str] | None = None, shown_paths: list[str | Path] | None = None,
-                 group_by: str | None = None) -> Path:
+                 group_by: str | None = None, overwrite: bool = False) -> Path:
     """Write ``report.html`` (+ ``figures/``) for one run or a comparison of several.
+
+    The output folder follows every writer's rules (``fileio.check_replaceable``): absent or
+    empty, it is written; holding only what sinkscope wrote, its report is replaced with
+    ``overwrite``; holding anything else, it is refused. Rebuilding one run's report in that run
+    folder itself (the default for one run) needs no ``overwrite``, only a run folder holding
+    nothing sinkscope did not write. The page and the figures are drawn into a hidden staging
+    folder inside ``out`` and moved into place with renames (the old ``figures/`` aside first,
+    removed once the new one is in place), then the folder's inventory is updated: a crash
+    leaves the old report or the new one, never a mix.
 
     Args:
         run_dirs: run folders written by a sinkscope command.
         out: output folder; default: the run folder itself for one run,
-            ``reports/compare-<time>`` for several.
+            ``reports/compare-<time>`` for several (a fresh name).
         labels: names for the runs (default: folder names).
         shown_paths: the paths the page names for the runs (default: ``run_dirs``); a run
             written into a staging folder names its final folder.
         group_by: a condition column (``variant``, ``seed``, ``step``, ``tier``): runs sharing its
             value are averaged and compared as one (see :func:`group_runs`).
+        overwrite: replace the report of an output folder that already holds sinkscope's files.
 
     Returns:
         The path of the written ``report.html``.
@@ -870,11 +891,175 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         if one_run and not trainings and not group_by:
             out = runs[0].path
         else:
-            out = Path("reports") / f"{'compare' if runs else 'training'}-{datetime.now():%Y%m%d-%H%M%S}"
+            out = _fresh_folder(Path("reports") / f"{'compare' if runs else 'training'}-{datetime.now():%Y%m%d-%H%M%S}")
     out = Path(out)
-    fig_dir = out / "figures"
-    fig_dir.mkdir(parents=True, exist_ok=True)
+    own_run = len(run_dirs) == 1 and not trainings and _same_folder(out, Path(run_dirs[0]))
+    _beside(out).mkdir(parents=True, exist_ok=True)
+    with _report_lock(out):
+        _remove_stale_temporaries(out)  # a killed build's staging folder (ours by name; we hold the lock)
+        _check_report_folder(out, overwrite, own_run)
+        made = not out.exists()
+        out.mkdir(exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{_name(out)}.report-", dir=_beside(out)))
+        try:
+            fig_dir = stage / "figures"
+            fig_dir.mkdir()
+            html = _render_page(runs, trainings, several_lengths, one_run, fig_dir)
+            atomic_write_text(stage / "report.html", html)
+            writer, trees = _check_report_folder(out, overwrite, own_run)  # nothing of anyone else's appeared
+            # the new names are recorded before they arrive, so a crash while moving leaves no file unrecorded
+            staged = ["report.html", *(f"figures/{entry.name}" for entry in fig_dir.iterdir())]
+            write_inventory(out, writer, trees=trees, keep=staged)
+            _install_report(stage, out)
+            shutil.rmtree(stage, ignore_errors=True)
+            write_inventory(out, writer, trees=trees)  # exactly what is there now
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            if made:  # leave no empty folder behind a failed first build
+                with contextlib.suppress(OSError):
+                    out.rmdir()
+            raise
+    return out / "report.html"
 
+
+# ---- where the report goes: checked, locked, staged, moved into place ---------------------------------
+
+#: writers whose folders may hold a report (a run's own, a comparison of several models, a report).
+REPORT_WRITERS = ("report", "comparison", "run")
+_GENERATOR = b'<meta name="generator" content="sinkscope'
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _fresh_folder(folder: Path) -> Path:
+    """``folder``, or ``folder-2``, ``folder-3``, ... if it exists: a default that never meets an earlier one."""
+    candidate, k = folder, 2
+    while candidate.exists() or candidate.is_symlink():
+        candidate, k = folder.with_name(f"{folder.name}-{k}"), k + 1
+    return candidate
+
+
+def _is_sinkscope_page(path: Path) -> bool:
+    """Whether ``path`` is a page sinkscope drew (its generator tag, near the top)."""
+    try:
+        with open(path, "rb") as handle:
+            return _GENERATOR in handle.read(4096)
+    except OSError:
+        return False
+
+
+def _is_figure_file(rel: str) -> bool:
+    return rel.startswith("figures/") and rel.count("/") == 1 and rel.endswith((".png", ".svg"))
+
+
+def report_folder_legacy(folder: Path):
+    """``legacy`` for ``fileio.foreign_entries``: a report or comparison folder written before inventories.
+
+    Recognised by a ``report.html`` sinkscope drew, or a run folder inside it (a comparison of
+    several models written with ``--no-figures``); its files are then the page, ``figures/*.png``
+    and ``*.svg``, and the fixed names of the run folders in it (``<run>/results.csv``, ...).
+    None for any other folder (a user's ``report.html`` is not recognised).
+    """
+    from sinkscope.results import is_legacy_run_file, is_run_folder
+
+    folder = Path(folder)
+    try:
+        children = [entry for entry in folder.iterdir() if entry.is_dir() and not entry.is_symlink()]
+    except OSError:
+        return None
+    runs = {child.name for child in children if is_run_folder(child)}
+    if not (_is_sinkscope_page(folder / "report.html") or runs):
+        return None
+
+    def legacy(rel: str) -> bool:
+        if rel == "report.html":
+            return _is_sinkscope_page(folder / rel)
+        if _is_figure_file(rel):
+            return True
+        head, _, rest = rel.partition("/")
+        return head in runs and is_legacy_run_file(rest)
+    return legacy
+
+
+def _check_report_folder(out: Path, overwrite: bool, own_run: bool) -> tuple[str, list[str]]:
+    """Refuse an output folder the report may not write; returns the writer and trees its inventory keeps.
+
+    One run's own folder is rebuilt without ``overwrite`` when it holds nothing sinkscope did not
+    write; any other folder follows ``fileio.check_replaceable`` (with ``overwrite`` for one that
+    already holds sinkscope's files), and must be a report's, a comparison's or a run's.
+    """
+    from sinkscope.results import run_folder_legacy
+
+    inventory = read_inventory(out) if out.is_dir() else None
+    trees = inventory["trees"] if inventory else []
+    if own_run:
+        legacy = run_folder_legacy(out)
+        foreign = foreign_entries(out, legacy)
+        if foreign or (inventory is None and legacy is None):
+            what = describe_entries(foreign) if foreign else "no record of what wrote it"
+            raise SinkscopeError(f"the run folder {out} holds files sinkscope did not write ({what}); sinkscope "
+                                 "rebuilds a run's report only in a folder holding nothing else: build it elsewhere "
+                                 "with --out DIR, or move them.")
+        return "run", trees
+    if inventory is not None and inventory["writer"] not in REPORT_WRITERS:
+        raise SinkscopeError(f"the folder {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, "
+                             "not by a report; choose another --out.")
+    check_replaceable(out, overwrite, kind="report", legacy=report_folder_legacy(out),
+                      hint="pass --overwrite to replace its report")
+    if inventory is not None:
+        return inventory["writer"], trees
+    from sinkscope.results import is_run_folder  # a comparison of several models written before inventories
+
+    held = [child for child in out.iterdir() if child.is_dir() and not child.is_symlink()] if out.is_dir() else []
+    return ("comparison" if any(is_run_folder(child) for child in held) else "report"), trees
+
+
+@contextlib.contextmanager
+def _report_lock(out: Path):
+    """``.NAME.lock`` beside the output folder (a run's own lock when it is a run folder)."""
+    with exclusive_lock(_beside(out) / f".{_name(out)}.lock", lambda owner: (
+            f"another sinkscope process ({owner}) is writing {out} right now; wait for it to finish or choose "
+            "another --out.")):
+        yield
+
+
+def _name(out: Path) -> str:
+    return Path(os.path.abspath(out)).name
+
+
+def _beside(out: Path) -> Path:
+    """The folder holding ``out`` (where its lock and the report's temporaries go)."""
+    return Path(os.path.abspath(out)).parent
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """A killed build's staging folder or set-aside figures beside ``out`` (ours by name; we hold the lock)."""
+    prefixes = (f".{_name(out)}.report-", f".{_name(out)}.figures.old-")
+    for entry in _beside(out).iterdir():
+        if (entry.name.startswith(prefixes) and is_temporary_name(entry.name) and entry.is_dir()
+                and not entry.is_symlink()):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _install_report(stage: Path, out: Path) -> None:
+    """Move the staged ``figures/`` and ``report.html`` into ``out`` (old figures aside, then removed)."""
+    figures_dir = out / "figures"
+    old = None
+    if figures_dir.exists() or figures_dir.is_symlink():
+        old = _beside(out) / f".{_name(out)}.figures.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(figures_dir, old)
+    os.replace(stage / "figures", figures_dir)
+    os.replace(stage / "report.html", out / "report.html")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _render_page(runs: list[RunData], trainings: list[TrainingLog], several_lengths: list[RunData], one_run: bool,
+                 fig_dir: Path) -> str:
+    """Draw every figure into ``fig_dir`` and return the page's HTML."""
     training = _training_section(trainings, fig_dir) if trainings else None
     from sinkscope.report import circuit as circuit_report
     docs = _metric_docs(runs)
@@ -956,6 +1141,4 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
         warnings=_differences(runs, skip=("seq-len",) if several_lengths else ()) if len(runs) > 1 else [],
         generated=datetime.now().isoformat(timespec="seconds"), version=__version__,
     )
-    page = out / "report.html"
-    atomic_write_text(page, html)
-    return page
+    return html

@@ -13,13 +13,22 @@ A checkpoint folder holds
     validation.txt     synthetic tasks only: the task's validation windows as text, one per line
                        (``tasks.TriggerTask.extra_files``)
 
+    .sinkscope-files   the files above, as written (``fileio.write_inventory``, writer
+                       ``checkpoint``); a folder holding only log.csv (a run stopped before its
+                       first checkpoint) has one too
+
 ``save_checkpoint`` writes everything into a hidden sibling folder and then renames it over the
 old one, so a reader (or a crash) sees the previous checkpoint or the new one. The swap is two
-renames; a crash between them leaves the previous checkpoint as ``.<name>.old-<pid>`` beside it.
+renames; a crash between them leaves the previous checkpoint as ``.<name>.old-<pid>`` beside it
+(a failed swap puts it back). A checkpoint folder is replaced only while it holds nothing but what
+sinkscope wrote (:func:`foreign_files`): a user's file in it stops the writer with one sentence
+instead of being deleted. A checkpoint written before inventories is recognised by its fixed
+file names (:func:`checkpoint_legacy`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -30,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import replace_folder
+from sinkscope.fileio import foreign_entries, is_temporary_name, replace_folder, write_inventory
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: is_checkpoint stays light
     import torch
@@ -41,19 +50,157 @@ TRAINER_FORMAT = 1
 #: files the loop owns that survive a checkpoint rewrite.
 CARRIED_FILES = ("log.csv",)
 _TIED_KEY = "sinkscope_tied"
+#: the inventory's writer name for a checkpoint folder.
+WRITER = "checkpoint"
+#: the fixed names of the files a checkpoint held before inventories existed: the trainer's own
+#: and those ``save_pretrained`` writes for the tokenizers the trainer takes.
+LEGACY_FILES = frozenset({
+    "config.json", "model.safetensors", "optimizer.pt", "log.csv", "validation.txt",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.json",
+    "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model",
+    "chat_template.jinja", "chat_template.json",
+})
+#: the model settings a checkpoint's config.json must hold (positive integers); the other GPTConfig
+#: fields have defaults that older checkpoints rely on.
+_SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+#: config.json's own fields besides ``model``: (allowed JSON types, may be null).
+_META_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
+    "step": ((int,), False), "variant": ((str,), False), "tier": ((str,), True), "task": ((str,), True),
+    "seed": ((int,), True), "tokens_seen": ((int,), True), "val_loss": ((int, float), True),
+    "val_loss_all": ((int, float), True), "val_loss_step": ((int,), True), "load_imbalance": ((int, float), True),
+    "train_options": ((dict,), False), "data": ((dict,), False), "rescheduled": ((list,), False),
+}
+#: the recorded training options a reader uses (``train --resume``, the checkpoint's validation windows).
+_OPTION_TYPES: dict[str, tuple[type, ...]] = {
+    **{name: (str,) for name in ("variant", "task", "tier", "text_file", "dataset", "tokenizer", "windows")},
+    **{name: (int,) for name in ("seed", "steps", "batch_size", "grad_accum", "warmup_steps", "eval_every",
+                                 "eval_windows", "checkpoint_every", "log_every", "val_tokens", "force_sink_k")},
+    **{name: (int, float) for name in ("lr", "min_lr", "weight_decay", "grad_clip", "lb_lambda")},
+    "tnlm": (bool,), "task_options": (list,), "overrides": (list,),
+}
+_DATA_TEXT = ("fingerprint", "stream_sha256", "corpus_sha256", "corpus", "tokenizer_fingerprint")
 
 
 def is_checkpoint(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` holds a trainer checkpoint (its config.json has ``sinkscope_trainer``)."""
+    """Whether ``folder`` holds a trainer checkpoint (its config.json has ``sinkscope_trainer``).
+
+    A damaged one counts (its readers say what is wrong with it, :func:`read_config`).
+    """
     path = Path(folder) / "config.json"
     try:
-        return "sinkscope_trainer" in json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, TypeError):
         return False
+    return isinstance(meta, dict) and "sinkscope_trainer" in meta
+
+
+def is_legacy_checkpoint_file(rel: str) -> bool:
+    """A file of a checkpoint written before inventories (``fileio.foreign_entries``): its fixed names."""
+    return rel in LEGACY_FILES
+
+
+def checkpoint_legacy(folder: str | os.PathLike):
+    """``legacy`` for ``fileio.check_replaceable``/``foreign_entries``: a checkpoint's fixed names, when the
+    folder is a checkpoint or holds only a log.csv (a run stopped before its first checkpoint); else None."""
+    folder = Path(folder)
+    if is_checkpoint(folder):
+        return is_legacy_checkpoint_file
+    try:
+        names = {entry.name for entry in os.scandir(folder) if not is_temporary_name(entry.name)}
+    except OSError:
+        return None
+    return is_legacy_checkpoint_file if names == {"log.csv"} else None
+
+
+def foreign_files(folder: str | os.PathLike) -> list[str]:
+    """What the checkpoint folder ``folder`` holds that sinkscope did not write (relative paths).
+
+    ``fileio.foreign_entries`` with the legacy names, and every subfolder: a checkpoint has none,
+    so one (even a run folder sinkscope wrote there) would be lost when the folder is replaced.
+    """
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    found = foreign_entries(folder, checkpoint_legacy(folder))
+    with os.scandir(folder) as entries:
+        subfolders = [f"{entry.name}/" for entry in entries
+                      if entry.is_dir(follow_symlinks=False) and not is_temporary_name(entry.name)]
+    return sorted(set(found) | {f for f in subfolders if not any(e.startswith(f) for e in found)})
+
+
+def _kind(value) -> str:
+    """``a list``, ``the string 'one'``, ... for a message about a value of the wrong type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {json.dumps(value)}"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _is(value, types: tuple[type, ...]) -> bool:
+    """isinstance without bool passing for int (JSON's true is not a step number)."""
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def check_config(meta, folder: str | os.PathLike) -> dict:
+    """``meta`` (a checkpoint's config.json) if every field a reader uses has its type; else one sentence.
+
+    The model's shape fields must be positive integers, its settings a valid ``GPTConfig``
+    (:func:`model_config`), and the other fields of config.json, its recorded ``train_options`` and
+    ``data`` of the types the trainer writes, so that every reader (loading, probe runs,
+    ``--resume``, a sweep) fails here in one sentence rather than later.
+    """
+    def damaged(what: str) -> SinkscopeError:
+        return SinkscopeError(f"the checkpoint's config.json in {folder} is damaged ({what}); restore it from a "
+                              "copy, or train the model again.")
+
+    if not isinstance(meta, dict) or "sinkscope_trainer" not in meta:
+        raise SinkscopeError(f"{folder} is not a sinkscope trainer checkpoint (config.json lacks sinkscope_trainer).")
+    version = meta["sinkscope_trainer"]
+    if not _is(version, (int,)) or version < 1:
+        raise damaged(f"sinkscope_trainer is {_kind(version)}, not a format number")
+    if version > TRAINER_FORMAT:
+        raise SinkscopeError(
+            f"the checkpoint in {folder} has trainer format {version}, newer than this "
+            f"sinkscope reads ({TRAINER_FORMAT}); upgrade sinkscope."
+        )
+    model = meta.get("model")
+    if not isinstance(model, dict):
+        raise damaged("it has no model settings" if model is None else f"model is {_kind(model)}, not a mapping")
+    for name in _SHAPE_FIELDS:
+        if name not in model:
+            raise damaged(f"the model settings lack {name}")
+        if not _is(model[name], (int,)) or model[name] < 1:
+            raise damaged(f"the model's {name} is {_kind(model[name])}, not a positive integer")
+    if "variant" in model and not isinstance(model["variant"], str):
+        raise damaged(f"the model's variant is {_kind(model['variant'])}, not a name")
+    for name, (types, nullable) in _META_TYPES.items():
+        if name in meta and not (_is(meta[name], types) or (nullable and meta[name] is None)):
+            raise damaged(f"{name} is {_kind(meta[name])}")
+    if "step" not in meta:
+        raise damaged("it has no step")
+    if meta["step"] < 0:
+        raise damaged(f"step is {meta['step']}")
+    for name, value in meta.get("train_options", {}).items():
+        types = _OPTION_TYPES.get(name)
+        if types is not None and value is not None and not _is(value, types):
+            raise damaged(f"the recorded option {name} is {_kind(value)}")
+        if types == (list,) and value is not None and not all(isinstance(item, str) for item in value):
+            raise damaged(f"the recorded option {name} holds something other than strings")
+    for name in _DATA_TEXT:
+        value = meta.get("data", {}).get(name)
+        if value is not None and not isinstance(value, str):
+            raise damaged(f"the data's {name} is {_kind(value)}")
+    model_config(meta, folder)  # every model field of its type, and a model GPTConfig accepts
+    return meta
 
 
 def read_config(folder: str | os.PathLike) -> dict:
-    """A checkpoint's config.json, or a one-sentence error."""
+    """A checkpoint's config.json, checked (:func:`check_config`), or a one-sentence error."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise SinkscopeError(f"there is no trainer checkpoint in {folder} (no config.json).")
@@ -61,14 +208,7 @@ def read_config(folder: str | os.PathLike) -> dict:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise SinkscopeError(f"the checkpoint's config.json in {folder} is damaged ({error}).") from error
-    if not isinstance(meta, dict) or "sinkscope_trainer" not in meta:
-        raise SinkscopeError(f"{folder} is not a sinkscope trainer checkpoint (config.json lacks sinkscope_trainer).")
-    if meta["sinkscope_trainer"] > TRAINER_FORMAT:
-        raise SinkscopeError(
-            f"the checkpoint in {folder} has trainer format {meta['sinkscope_trainer']}, newer than this "
-            f"sinkscope reads ({TRAINER_FORMAT}); upgrade sinkscope."
-        )
-    return meta
+    return check_config(meta, folder)
 
 
 def _dedup_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -97,16 +237,53 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(handle.fileno())
 
 
+class CheckpointWriteError(SinkscopeError):
+    """A checkpoint could not be written (a full disk, a failing writer); the folder is as it was.
+
+    Attributes:
+        step: the step whose checkpoint was being written.
+        reason: what failed, in a few words (``No space left on device``).
+    """
+
+    def __init__(self, folder: Path, step: int, reason: str):
+        self.step, self.reason = int(step), reason
+        super().__init__(f"could not write the checkpoint of step {step} into {folder} ({reason}); the folder is "
+                         "unchanged.")
+
+
+def _write_failure(error: BaseException) -> str | None:
+    """What a writer's failure says, when it is one a full disk or a failing writer raises (else None).
+
+    An OSError (ENOSPC, EIO, ...), torch.save's RuntimeError, a safetensors error, or the bare
+    ``Exception`` the tokenizers library raises for its I/O errors.
+    """
+    from safetensors import SafetensorError
+
+    if isinstance(error, OSError):
+        return error.strerror or str(error) or type(error).__name__
+    if isinstance(error, (RuntimeError, SafetensorError)) or type(error) is Exception:
+        text = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return text[:200]
+    return None
+
+
 def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                     step: int, train_state: dict | None, tokenizer, meta: dict,
-                    extra_files: dict[str, bytes] | None = None) -> Path:
+                    extra_files: dict[str, bytes] | None = None, *,
+                    carry_from: str | os.PathLike | None = None) -> Path:
     """Write a checkpoint of ``model`` (the bare module, not a DDP wrapper) into ``folder``.
+
+    The new folder is complete before it replaces the old one; a write that fails (a full disk)
+    raises :class:`CheckpointWriteError` and leaves ``folder`` as it was. A ``folder`` holding
+    files sinkscope did not write (:func:`foreign_files`) is never replaced: one sentence instead.
 
     Args:
         meta: config.json fields besides the model's (tier, seed, tokens_seen, train_options,
             data, ...); ``step``, ``variant``, ``model`` and ``versions`` are filled in here.
         train_state: data-loader state, RNG states, counters; saved in optimizer.pt.
         extra_files: {file name: contents} written into the folder too (a task's files).
+        carry_from: the folder whose ``CARRIED_FILES`` (log.csv) the checkpoint takes; default
+            ``folder`` (a replacement trained beside it gives its own).
     """
     import torch
     from safetensors.torch import save_file
@@ -114,8 +291,13 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
     from sinkscope.results import versions
 
     folder = Path(folder)
+    carry_from = folder if carry_from is None else Path(carry_from)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    except OSError as error:
+        raise CheckpointWriteError(folder, step, _write_failure(error)) from error
+    old = folder.parent / f".{folder.name}.old-{os.getpid()}"  # where replace_folder moves the old one aside
     try:
         config = model.config
         config_json = {
@@ -126,25 +308,48 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
             "step": int(step),
             "versions": versions(),
         }
-        tensors, aliases = _dedup_state(model)
-        save_file(tensors, str(stage / "model.safetensors"),
-                  metadata={"format": "pt", _TIED_KEY: json.dumps(aliases, sort_keys=True)})
-        tokenizer.save_pretrained(str(stage))
-        if optimizer is not None:
-            torch.save({"step": int(step), "optimizer": optimizer.state_dict(), "train_state": train_state or {}},
-                       stage / "optimizer.pt")
-        for name, contents in (extra_files or {}).items():
-            (stage / name).write_bytes(contents)
-        for name in CARRIED_FILES:
-            if (folder / name).is_file():
-                shutil.copy2(folder / name, stage / name)
-        # config.json last: a stage that has it is complete (is_checkpoint checks for it).
-        (stage / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
-        _fsync_tree(stage)
-        os.chmod(stage, 0o777 & ~_umask())
-        replace_folder(stage, folder)
+        try:
+            tensors, aliases = _dedup_state(model)
+            save_file(tensors, str(stage / "model.safetensors"),
+                      metadata={"format": "pt", _TIED_KEY: json.dumps(aliases, sort_keys=True)})
+            tokenizer.save_pretrained(str(stage))
+            if optimizer is not None:
+                torch.save({"step": int(step), "optimizer": optimizer.state_dict(), "train_state": train_state or {}},
+                           stage / "optimizer.pt")
+            for name, contents in (extra_files or {}).items():
+                (stage / name).write_bytes(contents)
+            for name in CARRIED_FILES:
+                if (carry_from / name).is_file():
+                    shutil.copy2(carry_from / name, stage / name)
+            # config.json, then the inventory: a stage that has config.json is complete (is_checkpoint).
+            (stage / "config.json").write_text(json.dumps(config_json, indent=2) + "\n", encoding="utf-8")
+            write_inventory(stage, WRITER)
+            _fsync_tree(stage)
+            os.chmod(stage, 0o777 & ~_umask())
+        except Exception as error:  # noqa: BLE001 - _write_failure picks the writers' failures, the rest propagate
+            reason = _write_failure(error)
+            if reason is None:
+                raise
+            raise CheckpointWriteError(folder, step, reason) from error
+        foreign = foreign_files(folder)
+        if foreign:  # a user's file appeared in the folder while the model trained: never deleted
+            from sinkscope.fileio import describe_entries
+
+            raise SinkscopeError(f"could not write the checkpoint of step {step}: {folder} now holds files that are "
+                                 f"not part of the checkpoint ({describe_entries(foreign)}), and replacing the folder "
+                                 "would delete them; move them out (the folder is unchanged) and continue with --resume.")
+        try:
+            replace_folder(stage, folder)
+        except OSError as error:
+            raise CheckpointWriteError(folder, step, _write_failure(error)) from error
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
+        if old.is_dir():  # the swap stopped between its renames: the old folder goes back (or away, if replaced)
+            if not folder.exists():
+                with contextlib.suppress(OSError):
+                    os.replace(old, folder)
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         raise
     return folder
 
@@ -172,10 +377,7 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
 
     folder = Path(folder)
     meta = read_config(folder)
-    try:
-        config = GPTConfig(**meta["model"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise SinkscopeError(f"the model settings in {folder}/config.json are not valid ({error}).") from error
+    config = model_config(meta, folder)
 
     weights = folder / "model.safetensors"
     if not weights.is_file():
@@ -189,8 +391,12 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
     for alias, kept in aliases.items():
         if kept in state:
             state[alias] = state[kept]
-    with torch.random.fork_rng(devices=[]):  # building the model must not move the caller's RNG
-        model = GPT(config)
+    try:
+        with torch.random.fork_rng(devices=[]):  # building the model must not move the caller's RNG
+            model = GPT(config)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise SinkscopeError(f"the model settings in {folder}/config.json are not valid "
+                             f"({str(error).splitlines()[0][:200]}).") from error
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as error:
@@ -208,8 +414,54 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
         path = folder / "optimizer.pt"
         if not path.is_file():
             raise SinkscopeError(f"the checkpoint in {folder} has no optimizer.pt, so it cannot be resumed.")
-        try:
+        try:  # weights_only: tensors and plain containers only, never code (a pickle needing more is refused)
             optimizer_state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as error:  # noqa: BLE001
-            raise SinkscopeError(f"the checkpoint's optimizer.pt in {folder} is damaged or incomplete ({error}).") from error
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            raise SinkscopeError(f"the checkpoint's optimizer.pt in {folder} is damaged or incomplete ({reason}).") from error
+        problem = _optimizer_state_problem(optimizer_state, meta)
+        if problem:
+            raise SinkscopeError(f"the checkpoint's optimizer.pt in {folder} is damaged or incomplete ({problem}), "
+                                 "so it cannot be resumed.")
     return model, tokenizer, meta, optimizer_state
+
+
+def model_config(meta: dict, folder: str | os.PathLike):
+    """The ``GPTConfig`` of config.json's ``model`` mapping, or one sentence.
+
+    Every recorded field must be one of GPTConfig's, of its type (a float field takes an integer).
+    Imports the model module (and torch) when first called.
+    """
+    import dataclasses
+
+    from sinkscope.train.model import GPTConfig
+
+    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
+    settings = meta["model"]
+    for name, value in settings.items():
+        if name not in fields:
+            raise SinkscopeError(f"the model settings in {folder}/config.json are not valid (unknown field {name!r}).")
+        expected = type(fields[name].default)
+        ok = _is(value, (expected,)) or (expected is float and _is(value, (int,)))
+        if not ok:
+            raise SinkscopeError(f"the model settings in {folder}/config.json are not valid ({name} is "
+                                 f"{_kind(value)}, not {'a number' if expected is float else 'an integer' if expected is int else 'a string'}).")
+    try:
+        return GPTConfig(**settings)
+    except (TypeError, ValueError) as error:
+        raise SinkscopeError(f"the model settings in {folder}/config.json are not valid ({error}).") from error
+
+
+def _optimizer_state_problem(state, meta: dict) -> str | None:
+    """What is wrong with optimizer.pt's contents for ``--resume`` (None if nothing)."""
+    if not isinstance(state, dict):
+        return f"it holds {_kind(state)}, not the trainer's state"
+    if not isinstance(state.get("optimizer"), dict) or not isinstance(state.get("train_state", {}), dict):
+        return "it lacks the optimizer state"
+    if not _is(state.get("step"), (int,)):
+        return "it has no step"
+    if state["step"] != meta.get("step"):
+        return f"it is of step {state['step']} and config.json of step {meta.get('step')}"
+    if not isinstance(state.get("train_state", {}).get("batches"), dict):
+        return "it lacks the batch order"
+    return None

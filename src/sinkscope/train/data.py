@@ -109,18 +109,33 @@ def train_bpe(documents: list[str], vocab_size: int = 4096):
     return _wrap_fast(bpe._tokenizer)
 
 
-def load_tokenizer_folder(folder: Path, what: str):
-    """A tokenizer saved with ``save_pretrained``; ``what`` completes the error sentence."""
+def load_tokenizer_folder(folder: Path, what: str, *, trust_remote_code: bool = False):
+    """A tokenizer saved with ``save_pretrained``; ``what`` completes the error sentence.
+
+    Code in the folder (an ``auto_map`` in its tokenizer_config.json) runs only with
+    ``trust_remote_code`` (``train --trust-remote-code``); without it such a folder is one
+    sentence, never transformers' "[y/N]" prompt. A checkpoint's own tokenizer is always loaded
+    without (the trainer wrote it).
+    """
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
+                                             trust_remote_code=bool(trust_remote_code))
     except Exception as error:  # noqa: BLE001 - any loading failure becomes one sentence
+        if "trust_remote_code" in str(error):
+            raise SinkscopeError(f"the tokenizer {what} needs code from its folder (an auto_map in its "
+                                 "tokenizer_config.json), and sinkscope does not run it unless asked; rerun with "
+                                 "--trust-remote-code if you trust that code, or choose another --tokenizer.") from None
         raise SinkscopeError(f"could not load the tokenizer {what} ({str(error).splitlines()[0][:200]}).") from error
 
 
-def load_tokenizer(spec: str | None, corpus: Corpus | None = None):
-    """The tokenizer named by ``spec`` (see the module docstring); ``corpus`` is needed for BPE."""
+def load_tokenizer(spec: str | None, corpus: Corpus | None = None, *, trust_remote_code: bool = False):
+    """The tokenizer named by ``spec`` (see the module docstring); ``corpus`` is needed for BPE.
+
+    ``trust_remote_code`` lets code in a tokenizer folder run (``train --trust-remote-code``);
+    sinkscope's own cached BPE is always loaded without.
+    """
     spec = spec or DEFAULT_TOKENIZER
     match = _BPE_SPEC.match(spec)
     if match:
@@ -143,7 +158,8 @@ def load_tokenizer(spec: str | None, corpus: Corpus | None = None):
         from transformers import AutoTokenizer
 
         try:
-            return AutoTokenizer.from_pretrained("gpt2", local_files_only=True)
+            return AutoTokenizer.from_pretrained("gpt2", local_files_only=True,
+                                                 trust_remote_code=bool(trust_remote_code))
         except Exception as error:  # noqa: BLE001
             raise SinkscopeError(
                 "the GPT-2 tokenizer is not in the local Hugging Face cache; download it once "
@@ -153,7 +169,7 @@ def load_tokenizer(spec: str | None, corpus: Corpus | None = None):
     folder = Path(spec).expanduser()
     if not folder.is_dir():
         raise SinkscopeError(f"unknown tokenizer {spec!r}; use bpe4096 (or bpe<N>), gpt2, or a tokenizer folder.")
-    return load_tokenizer_folder(folder, f"in {folder}")
+    return load_tokenizer_folder(folder, f"in {folder}", trust_remote_code=trust_remote_code)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -195,9 +211,11 @@ def token_stream(corpus: Corpus, tokenizer) -> np.ndarray:
     path = cache_root() / "tokens" / f"{corpus.sha256[:16]}-{fingerprint[:16]}.npy"
     if path.is_file():
         try:
-            return np.load(path)
+            stream = np.load(path, allow_pickle=False)
+            if stream.ndim == 1 and stream.dtype.kind in "ui":
+                return stream
         except (OSError, ValueError):
-            pass  # a damaged cache entry is rebuilt below
+            pass  # a damaged cache entry is rebuilt below (so is one of another shape or type)
     eos = end_of_text_id(tokenizer)
     dtype = np.uint16 if len(tokenizer) < 2**16 else np.int32
     pieces: list[np.ndarray] = []
@@ -234,8 +252,9 @@ def passage_index(corpus: Corpus, tokenizer) -> tuple[np.ndarray, np.ndarray]:
     path = cache_root() / "tokens" / f"{corpus.sha256[:16]}-{fingerprint[:16]}-passages.npy"
     if path.is_file():
         try:
-            index = np.load(path)
-            return index[0], index[1]
+            index = np.load(path, allow_pickle=False)
+            if index.ndim == 2 and index.shape[0] == 2 and index.dtype.kind in "ui":
+                return index[0], index[1]
         except (OSError, ValueError, IndexError):
             pass  # a damaged cache entry is rebuilt below
     backend = getattr(tokenizer, "backend_tokenizer", None)

