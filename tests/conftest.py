@@ -26,6 +26,16 @@ SAMPLE_TEXT = (
 )
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (for torchrun's --master-port: a fixed one collides with a
+    concurrent run's)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def make_tokenizer(add_bos: bool = False, vocab_size: int = 300):
     """A byte-level BPE tokenizer trained on SAMPLE_TEXT (ids < VOCAB), optionally adding BOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers

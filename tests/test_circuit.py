@@ -21,10 +21,10 @@ import sinkscope
 from collect import Collect
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
-from sinkscope.capture.families import FAMILIES, ModelSpec, get_submodule
+from sinkscope.capture.families import ModelSpec, get_submodule
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from tiny_models import FAMILY_NAMES, build, random_ids
+from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 
 TOL = 1e-4
 runner = CliRunner()
@@ -36,7 +36,7 @@ def _out(out):
 
 def layer_outputs(model, ids, family):
     """Each decoder layer's output hidden state (hook_resid_post), float64 numpy (B, T, C)."""
-    layers = get_submodule(model, FAMILIES[family].layers)
+    layers = get_submodule(model, PATHS[family].layers)
     got, handles = {}, []
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_hook(lambda _m, _i, out, i=i: got.__setitem__(i, _out(out))))
@@ -95,7 +95,7 @@ def test_attention_output_at_position_0_is_its_own_value_through_w_o(family):
     sink = Collect(hp.ATTN_V, hp.ATTN_OUT)
     with capture(model, sink, mode="explicit"), torch.no_grad():
         model(ids, use_cache=False)
-    family_row = FAMILIES[family]
+    family_row = PATHS[family]
     layer = get_submodule(model, family_row.layers)[0]
     v = sink.values[hp.ATTN_V][0]  # (B, S, Hkv, D)
     z0 = v[:, 0].repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)  # (B, H, D): a_00 = 1

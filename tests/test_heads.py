@@ -19,16 +19,17 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
+from conftest import free_port
 from sinkscope import gates
 from sinkscope.capture import ModelSpec
-from sinkscope.capture.families import FAMILIES, get_submodule
+from sinkscope.capture.families import get_submodule
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.cli import app
 from sinkscope.statefile import load_state, read_header
 from sinkscope.probes import get_probe
 from sinkscope.results import rows_to_frame
 from sinkscope.runner import run_probes
-from tiny_models import FAMILY_NAMES, build, random_ids
+from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 
 runner = CliRunner()
 TOL = 1e-5
@@ -42,7 +43,7 @@ def reference(model, ids: torch.Tensor, family: str, sink_set: str, below: float
     """{metric: {(layer, head) | (layer, None) | (None, None): value}} for the head_importance probe."""
     spec = ModelSpec.from_model(model)
     first, phantom = sink_set in ("first", "first+phantom"), sink_set in ("phantom", "first+phantom")
-    layers = get_submodule(model, FAMILIES[family].layers)
+    layers = get_submodule(model, PATHS[family].layers)
     gate_out, handles = {}, []
     if spec.has_output_gate:  # Qwen3-Next: q_proj emits [query, gate] per head; the head's G = mean sigmoid(gate)
         H, D = spec.n_heads, spec.head_dim
@@ -343,13 +344,13 @@ def _loss_with_heads_zeroed(model, ids: torch.Tensor, family: str, heads: dict[i
 
     model = copy.deepcopy(model)
     spec = ModelSpec.from_model(model)
-    layers = get_submodule(model, FAMILIES[family].layers)
+    layers = get_submodule(model, PATHS[family].layers)
     D = spec.head_dim
     with torch.no_grad():
         for layer, hs in heads.items():
-            out_proj = get_submodule(layers[layer], FAMILIES[family].out_proj)
+            out_proj = get_submodule(layers[layer], PATHS[family].out_proj)
             for h in hs:
-                if FAMILIES[family].out_proj_conv1d:
+                if PATHS[family].out_proj_conv1d:
                     out_proj.weight[h * D:(h + 1) * D, :] = 0  # GPT-2 Conv1D: weight (in, out)
                 else:
                     out_proj.weight[:, h * D:(h + 1) * D] = 0
@@ -517,7 +518,7 @@ def test_two_process_ablation_run_equals_one_process(tiny_llama_dir, text_file, 
     two = tmp_path / "two"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           "29531", "-m", "sinkscope", "heads", *args, "--out", str(two)],
+                           str(free_port()), "-m", "sinkscope", "heads", *args, "--out", str(two)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     a, b = pd.read_csv(one / "results.csv"), pd.read_csv(two / "results.csv")

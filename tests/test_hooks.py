@@ -14,17 +14,17 @@ from collect import Collect
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.attention import head_results
-from sinkscope.capture.families import FAMILIES, ModelSpec, find_submodule, get_submodule
+from sinkscope.capture.families import ModelSpec, find_submodule, get_submodule
 from sinkscope.errors import SinkscopeError
-from tiny_models import FAMILY_NAMES, build, random_ids
+from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 
 MOE = {"gpt_oss", "qwen3_next"}  # no dense MLP: no mlp.hook_pre
 STREAM = (hp.RESID_PRE, hp.RESID_MID, hp.RESID_POST, hp.LN1_NORMALIZED, hp.ATTN_OUT, hp.ATTN_Z, hp.ATTN_RESULT)
 
 
 def _parts(model, family: str, layer: int):
-    layer_module = get_submodule(model, FAMILIES[family].layers)[layer]
-    return layer_module, FAMILIES[family]
+    layer_module = get_submodule(model, PATHS[family].layers)[layer]
+    return layer_module, PATHS[family]
 
 
 def _module_io(module, store: dict, key: str):
@@ -35,8 +35,7 @@ def _module_io(module, store: dict, key: str):
 
 
 def _parallel(model, family) -> bool:
-    name = FAMILIES[family].parallel_residual
-    return bool(name and getattr(model.config, name, False))
+    return PATHS[family].parallel
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -80,7 +79,7 @@ def test_stream_hooks_equal_the_models_own_tensors(family, mode):
         assert results.shape == (2, 20, spec.n_heads, spec.hidden_size)
         assert torch.equal(z.reshape(2, 20, -1), o_in)
         _, o_module = _parts(model, family, layer)[0], find_submodule(_parts(model, family, layer)[0],
-                                                                       FAMILIES[family].out_proj)
+                                                                       PATHS[family].out_proj)
         bias = o_module.bias if getattr(o_module, "bias", None) is not None else 0.0
         # the sum over heads of hook_result plus the projection's bias is the projection's output
         torch.testing.assert_close(results.sum(dim=2) + bias, o_out, atol=1e-5, rtol=0)
@@ -99,7 +98,7 @@ def test_stream_hooks_equal_the_models_own_tensors(family, mode):
 def test_mlp_pre_is_the_mlps_first_projection(family):
     model = build(family)
     spec = ModelSpec.from_model(model)
-    fam = FAMILIES[family]
+    fam = PATHS[family]
     ids = random_ids(2, 16)
     collect = Collect(hp.RESID_PRE, hp.RESID_MID, hp.MLP_PRE, *([hp.MLP_PRE_LINEAR] if fam.mlp_pre_linear else []))
     with torch.no_grad(), capture(model, collect):
@@ -161,7 +160,7 @@ def test_zeroing_a_head_removes_exactly_its_result(family):
 
     ablated = Collect(hp.ATTN_RESULT, replacements={hp.ATTN_Z: zero_head})
     reference = {}
-    out_proj = find_submodule(_parts(model, family, layer)[0], FAMILIES[family].out_proj)
+    out_proj = find_submodule(_parts(model, family, layer)[0], PATHS[family].out_proj)
     with torch.no_grad():
         handle = _module_io(out_proj, reference, "clean")
         with capture(model, clean):

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from sinkscope.capture import ModelSpec
-from sinkscope.capture.families import FAMILIES, get_submodule
+from sinkscope.capture.families import get_submodule
 from sinkscope.commands.sinks import SINKS_PROBES, sinks_probes
 from sinkscope.results import rows_to_frame
 from sinkscope.runner import run_probes
-from tiny_models import FAMILY_NAMES, build, random_ids
+from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 
 EPS = 0.3
 TOL = 1e-5
@@ -46,7 +46,7 @@ def _value_hook(family: str, layer_module, spec: ModelSpec, store: dict, index: 
 def reference_tables(model, ids: torch.Tensor, family: str) -> dict[str, dict]:
     """{metric: {(layer, head) or (layer, None) or (None, None): value}} from the formulas."""
     spec = ModelSpec.from_model(model)
-    layers = get_submodule(model, FAMILIES[family].layers)
+    layers = get_submodule(model, PATHS[family].layers)
     values, hidden, handles = {}, {}, []
     for i in spec.attention_layers:
         handles.append(_value_hook(family, layers[i], spec, values, i))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from conftest import SAMPLE_TEXT, make_tokenizer
+from conftest import free_port, SAMPLE_TEXT, make_tokenizer
 from sinkscope.capture import ModelSpec
 from sinkscope.cli import app
 from sinkscope.statefile import read_header
@@ -137,7 +137,7 @@ def test_two_process_data_parallel_run_equals_one_process(tiny_llama_dir, text_f
     two = tmp_path / "two"
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", "29517", "-m", "sinkscope", "sinks", *args, "--out", str(two)],
+                           "--master-port", str(free_port()), "-m", "sinkscope", "sinks", *args, "--out", str(two)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     _assert_same(_table(one), _table(two))

@@ -18,6 +18,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from conftest import free_port
 from sinkscope.capture import ModelSpec
 from sinkscope.capture import hooks as hp
 from sinkscope.cli import app
@@ -579,7 +580,7 @@ def test_data_parallel_runs_of_several_models_equal_one_process(tmp_path, text_f
     two = tmp_path / "two"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           "29531", "-m", "sinkscope", "selectivity", *models, *common, "--out", str(two)],
+                           str(free_port()), "-m", "sinkscope", "selectivity", *models, *common, "--out", str(two)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("sink+norm", "outgate"):

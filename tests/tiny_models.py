@@ -65,6 +65,35 @@ def _configs():
 FAMILY_NAMES = sorted(_configs())
 
 
+class Paths:
+    """Where a family keeps its parts, written out by hand from its modeling file (the reference
+    the capture's discovery is tested against: ``discover.Parts`` must find exactly these)."""
+
+    def __init__(self, layers, ln1="input_layernorm", attention="self_attn", out_proj="self_attn.o_proj",
+                 attn_out="self_attn", ln2="post_attention_layernorm", parallel=False, mlp_pre="mlp.gate_proj",
+                 mlp_pre_linear="mlp.up_proj", out_proj_conv1d=False):
+        self.layers, self.ln1, self.attention, self.out_proj, self.attn_out = layers, ln1, attention, out_proj, attn_out
+        self.ln2, self.parallel, self.mlp_pre, self.mlp_pre_linear = ln2, parallel, mlp_pre, mlp_pre_linear
+        self.out_proj_conv1d = out_proj_conv1d
+
+
+#: the parts of each tiny family (the table sinkscope kept before it found them itself).
+PATHS = {
+    "llama": Paths("model.layers"),
+    "mistral": Paths("model.layers"),
+    "qwen2": Paths("model.layers"),
+    "qwen3": Paths("model.layers"),
+    "gemma3_text": Paths("model.layers", attn_out="post_attention_layernorm", ln2="pre_feedforward_layernorm"),
+    "gpt_neox": Paths("gpt_neox.layers", attention="attention", out_proj="attention.dense",
+                      attn_out="post_attention_dropout", parallel=True, mlp_pre="mlp.dense_h_to_4h",
+                      mlp_pre_linear=None),  # use_parallel_residual=True in the tiny config
+    "gpt2": Paths("transformer.h", ln1="ln_1", attention="attn", out_proj="attn.c_proj", attn_out="attn", ln2="ln_2",
+                  mlp_pre="mlp.c_fc", mlp_pre_linear=None, out_proj_conv1d=True),
+    "gpt_oss": Paths("model.layers", mlp_pre=None, mlp_pre_linear=None),
+    "qwen3_next": Paths("model.layers", mlp_pre=None, mlp_pre_linear=None),
+}
+
+
 def build(family: str, seed: int = 0) -> torch.nn.Module:
     """A tiny eval-mode float32 model of ``family`` with eager attention."""
     cls, config = _configs()[family]

@@ -103,6 +103,9 @@ def _friendly_errors(func):
         except KeyboardInterrupt:
             typer.echo("error: interrupted; no run folder was written.", err=True)
             raise typer.Exit(130) from None
+        except BrokenPipeError:  # `sinkscope ls probes | head`: the reader left, nothing is wrong
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
         except OSError as error:  # a full disk, a read-only or blocked output path, ...
             _echo_traceback(error)
             where = f" {error.filename}" if error.filename else ""
@@ -715,9 +718,11 @@ LISTINGS = ("probes", "hooks", "families", "commands")
 @_friendly_errors
 def list_things(
     what: Annotated[str, typer.Argument(help="probes | hooks | families | commands")] = "probes",
+    model: Annotated[Optional[str], typer.Argument(help="With hooks: a model whose hook points to list (hub id, folder, .gguf, checkpoint).", show_default=False)] = None,
     plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A Python file that registers probes (repeatable).")] = None,
+    trust_remote_code: TrustOpt = False,
 ) -> None:
-    """List the probes (metrics, hook points, parameters), the hook points, the families or the commands.
+    """List the probes (metrics, hook points, parameters), the hook points (of one model), the families or the commands.
 
     Examples:
 
@@ -746,14 +751,20 @@ def list_things(
     elif what == "hooks":
         from sinkscope.capture.hooks import HOOK_POINTS, INTERVENABLE
 
+        absent = _absent_hooks(model, trust_remote_code) if model is not None else {}
         for name, point in HOOK_POINTS.items():
             mark = " (intervenable)" if name in INTERVENABLE else ""
-            typer.echo(f"{name:34s} {point.shape:18s} {point.what}{mark}")
+            if name in absent:
+                typer.echo(f"{name:34s} {'absent':18s} {absent[name]}")
+            else:
+                typer.echo(f"{name:34s} {point.shape:18s} {point.what}{mark}")
     elif what == "families":
-        from sinkscope.capture.families import FAMILIES
+        from sinkscope.conformance.matrix import read_verified
 
-        for model_type, family in FAMILIES.items():
-            typer.echo(f"{model_type:14s} {family.label}")
+        typer.echo("Any transformers causal LM with softmax attention is measured: its parts are found by watching "
+                   "one forward pass. Verified by the conformance matrix (docs/architectures.md):")
+        for row in read_verified():
+            typer.echo(f"{row['model_type']:24s} {row['status']:8s} {row.get('path', '')}")
     elif what == "commands":
         for name, summary in sorted(_command_summaries().items()):
             typer.echo(f"{name:12s} {summary}")
@@ -772,6 +783,25 @@ def _command_summaries() -> dict[str, str]:
         name = info.name or info.callback.__name__.lower().replace("_", "-")  # typer's own naming
         summaries[name] = (info.help or inspect.getdoc(info.callback) or "").strip().split("\n")[0]
     return summaries
+
+
+def _absent_hooks(model: str, trust_remote_code: bool) -> dict[str, str]:
+    """The hook points a model lacks, with the reason (its parts found by ``capture.discover``)."""
+    from sinkscope.resolve import resolve_source
+
+    source = resolve_source(model)
+    from sinkscope.capture.families import ModelSpec, family_of
+    from sinkscope.sources import load_model
+
+    loaded = load_model(source, device="cpu", dtype="float32", trust_remote_code=trust_remote_code, log=lambda m: None)
+    if hasattr(loaded.model, "model_spec"):  # the bundled trainer emits every point itself
+        return {}
+    parts = family_of(loaded.model)
+    ModelSpec.from_model(loaded.model)
+    typer.echo(f"{model}: {parts.label}, layers {parts.layers}, attention {parts.attention} in layers "
+               f"{', '.join(map(str, parts.attention_layers))}"
+               f"{', parallel residual' if parts.parallel else ''}{f', learned sink ({parts.sink_form})' if parts.sink_form else ''}")
+    return {name: reason for name, reason in parts.absent.items()}
 
 
 def main() -> None:  # pragma: no cover - console entry for python -m

@@ -99,8 +99,10 @@ def gate_from_lse(lse: Tensor, *, first_logit: Tensor | None, sink_logit: Tensor
     dtype = torch.promote_types(lse.dtype, torch.float32)
     lse = lse.to(dtype)
     b = None if sink_logit is None else sink_logit.to(dtype).view(1, -1, 1)  # (1, H, 1)
-    if phantom and b is None:
-        raise ValueError("the phantom is in the sink set but the model has no phantom logit")
+    if phantom and b is None:  # a layer without a phantom in a model with one (MiMo's full layers): no phantom mass
+        if not first:
+            return torch.ones_like(lse)  # (B, H, T): nothing in the sink set, every row fully active
+        phantom = False
     rest, sink = lse, None  # (B, H, T)
     if first:
         s0 = first_logit.to(dtype)  # (B, H, T)

@@ -32,6 +32,7 @@ import torch
 
 from sinkscope import corpus as corpus_mod
 from sinkscope import distributed
+from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec, layer_windows
 from sinkscope.errors import Interrupted, SinkscopeError
 from sinkscope.fileio import check_inputs_outside
@@ -48,7 +49,7 @@ from sinkscope.results import (
     staged_run_dir,
     write_tables,
 )
-from sinkscope.runner import run_probes
+from sinkscope.runner import check_capture, run_probes
 from sinkscope.statefile import load_state, read_header, save_state
 from sinkscope.sources import (
     LoadedModel,
@@ -298,6 +299,8 @@ class Loaded:
     windows: corpus_mod.Windows
     spec: ModelSpec
     load_s: float
+    #: the logits check of the capture on the first window (``runner.check_capture``), for the manifest
+    capture_check: dict = field(default_factory=dict)
 
 
 def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
@@ -422,7 +425,9 @@ def load(plan_: Plan, log) -> Loaded:
     corpus_mod.check_token_range(windows.tokens, embedding_rows(loaded.model))
     _fill_bos_token_id(plan_, loaded.tokenizer, windows)
     _check_measurable(plan_, loaded.model, spec, int(windows.tokens.shape[1]))
-    return Loaded(loaded, windows, spec, load_s)
+    check = check_capture(loaded.model, windows.tokens, attention=options.attention,
+                          device=None if options.device_map else loaded.device)
+    return Loaded(loaded, windows, spec, load_s, check)
 
 
 def _check_measurable(plan_: Plan, model, spec: ModelSpec, seq_len: int) -> None:
@@ -476,6 +481,39 @@ def _fingerprint(options: RunOptions, tokens_sha256: str, source: Source) -> str
     blob = json.dumps({"options": keep, "tokens": tokens_sha256, "source": source.to_dict()}, sort_keys=True,
                       default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def available_probes(command: Command, specs: list[tuple[str, dict]], spec: ModelSpec, log) -> list[tuple[str, dict]]:
+    """The command's probes that the model's hook points allow (``ModelSpec.missing_hooks``).
+
+    A hook point an architecture lacks is absent, not wrong: a probe reading it is left out of a
+    command's run with a warning naming the point (``sinks`` on a model with hyper-connections runs
+    without massive activations); a probe named by the user (``measure --probe``), or a command
+    left with no probe, is one sentence.
+    """
+    missing = set(spec.missing_hooks)
+    weights_only = spec.attention_path != "interface"
+    if not missing and not weights_only:
+        return specs
+    kept = []
+    for name, params in specs:
+        probe = get_probe(name)
+        lacking = sorted(set(probe.hooks) & missing)
+        needs_qkv = weights_only and hp.ATTN in probe.hooks and not probe.reads_weights_only
+        if not lacking and not needs_qkv:
+            kept.append((name, params))
+            continue
+        what = (f"the probe {name} reads {', '.join(lacking)}, which this {spec.family} model does not have" if lacking
+                else f"the probe {name} reads queries, keys or values, which the eager fallback for this "
+                     f"{spec.family} model does not give (its attention does not call transformers' attention "
+                     "interface; sinkscope reads its weights only)")
+        if command.name == "measure":
+            raise SinkscopeError(f"{what} (`sinkscope ls hooks MODEL` lists what it has); choose other probes.")
+        log(f"warning: {what}; it is left out of this {command.name} run.")
+    if not kept:
+        raise SinkscopeError(f"none of the {command.name} probes can run on this {spec.family} model (it lacks "
+                             f"{', '.join(sorted(missing))}).")
+    return kept
 
 
 def _progress_tree(tree, path: Path) -> dict:
@@ -550,11 +588,15 @@ def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
     def build(specs: list[tuple[str, dict]]) -> list[Probe]:
         return [get_probe(name)(spec, **params) for name, params in specs]
 
+    if spec.attention_path != "interface":
+        from sinkscope.capture.discover import EAGER_FALLBACK
+
+        log(f"note: attention is read through the {EAGER_FALLBACK}.")
     log(f"Running {spec.family} ({spec.n_layers} layers x {spec.n_heads} heads) over "
         f"{windows.tokens.shape[0]} windows of {windows.tokens.shape[1]} tokens on {model.device} in "
         f"{str(model.dtype)[6:]}" + (f", {world_size} processes" if world_size > 1 else "") + " ...")
     started = time.perf_counter()
-    first_specs = plan_.command.probes(options, spec)
+    first_specs = available_probes(plan_.command, plan_.command.probes(options, spec), spec, log)
     probes = build(first_specs)
     if state is not None and state.get("stage", 0) == 1:  # the first stage had finished
         for probe, probe_state in zip(probes, state["done"]):
@@ -567,6 +609,8 @@ def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
     second: list[Probe] = []
     if plan_.command.followup is not None:
         specs = plan_.command.followup(options, spec, probes) if is_main else None
+        if specs:
+            specs = available_probes(plan_.command, specs, spec, log)
         if world_size > 1:
             specs = distributed.broadcast_from_rank0(specs)
         if specs:
@@ -636,6 +680,7 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, row
         probes={p.name: {"options": p.options(), "metrics": {m: asdict(i) for m, i in p.metrics.items()}}
                 for p in probes},
         kernels=_kernel_choices(),
+        capture_check=loaded.capture_check,
         timing={"load_s": round(loaded.load_s, 3), "run_s": round(run_s, 3),
                 "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
     )

@@ -59,7 +59,8 @@ class Dispatcher:
     def emit(self, template: str, layer: int | None, value) -> None:
         if template == hp.ATTN:  # checked on the device, read once per batch (check_finite)
             # a fused record's LSE is D times smaller than q, and a NaN or inf in q reaches it
-            inputs = value.kernel_lse if value.kernel_lse is not None else value.query
+            inputs = value.kernel_lse if value.kernel_lse is not None else (
+                value.query if value.query is not None else value.weights)
             self.finite.append((layer, torch.isfinite(inputs).all()))
         for observe in self._observers.get(template, ()):
             observe(layer, value)
@@ -266,3 +267,66 @@ def _forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, *, nat
 def _free_cache(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+# ---- the self-check: the capture must not change the model's logits -------------------------------------
+
+#: tokens of the self-check (a prefix of the first window: causal, so a prefix is a valid check).
+CHECK_TOKENS = 32
+#: the largest |logit difference| allowed, relative to the largest |logit| (at least 1), by dtype.
+CHECK_TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-8, torch.bfloat16: 5e-2, torch.float16: 2e-2}
+
+
+def check_capture(model: torch.nn.Module, tokens: np.ndarray, *, attention: str = "fused",
+                  device: torch.device | str | None = None) -> dict:
+    """Compare the logits of the model's own forward with the logits under the capture, on one prefix.
+
+    The first window's first :data:`CHECK_TOKENS` tokens run twice: as the model computes them
+    (its own attention implementation, no hook), and with the capture attached in ``attention``
+    mode, observing attention records (so sinkscope's attention function computes every softmax
+    layer) and intervening on nothing. A capture that observes the architecture exactly leaves the
+    logits unchanged to the dtype's round-off (:data:`CHECK_TOLERANCE`); anything else stops the
+    run with one sentence naming the architecture, so a new architecture is never measured wrong.
+
+    Returns:
+        ``{"tokens", "max_abs_diff", "relative", "tolerance", "dtype"}`` for the manifest.
+    """
+    if is_native(model):
+        return {}
+    device = torch.device(device) if device is not None else _input_device(model)
+    ids = torch.from_numpy(np.ascontiguousarray(tokens[:1, :CHECK_TOKENS])).to(device)  # (1, T')
+    dtype = next(model.parameters()).dtype
+    observer = _CheckSink()
+    with torch.inference_mode():
+        own = model(input_ids=ids, use_cache=False).logits.float()  # (1, T', V)
+        with capture(model, observer, mode=attention):
+            seen = model(input_ids=ids, use_cache=False).logits.float()  # (1, T', V)
+    if not bool(torch.isfinite(own).all()):  # the model itself is broken: the run's own check names the layer
+        return {"tokens": int(ids.shape[1]), "skipped": "the model's own logits are not finite"}
+    diff = float((own - seen).abs().max())
+    scale = max(1.0, float(own.abs().max()))
+    tolerance = CHECK_TOLERANCE.get(dtype, 5e-2)
+    result = {"tokens": int(ids.shape[1]), "max_abs_diff": diff, "relative": diff / scale, "tolerance": tolerance,
+              "dtype": str(dtype).removeprefix("torch."), "attention": attention}
+    if not diff / scale <= tolerance:  # also catches NaN
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise SinkscopeError(
+            f"sinkscope's capture changes the {model_type!r} model's logits (by {diff:.3g}, {diff / scale:.2g} of their "
+            f"scale, on the first {ids.shape[1]} tokens; {tolerance:g} is allowed in {result['dtype']}), so its "
+            f"attention is not observed exactly and nothing would be measured right; sinkscope stops here "
+            f"(--attention {'explicit' if attention == 'fused' else 'fused'} may work; please report the architecture).")
+    return result
+
+
+class _CheckSink:
+    """Observes attention records (so the capture computes attention) and discards them."""
+
+    observed = frozenset({hp.ATTN})
+    intervened = frozenset()
+    record_columns = frozenset()
+
+    def emit(self, template, layer, value) -> None:
+        pass
+
+    def replace(self, template, layer, value):
+        return value

@@ -268,7 +268,7 @@ def _architecture_error(error: Exception) -> SinkscopeError:
 
     return SinkscopeError(
         f"transformers cannot build this model as a causal LM ({_short(error)}); "
-        f"sinkscope supports the model types: {supported_families()}."
+        f"sinkscope measures {supported_families()}."
     )
 
 

@@ -38,13 +38,18 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from sinkscope.capture import hooks as hp
-from sinkscope.capture.families import Family, ModelSpec, family_of, find_submodule, get_submodule
+from sinkscope.capture.discover import LAYER_OF, Parts
+from sinkscope.capture.families import ModelSpec, family_of, find_submodule, get_submodule
 from sinkscope.capture.kernels import attention_with_lse
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.errors import SinkscopeError
 
 IMPLEMENTATION = "sinkscope"
 FUSED_IMPLEMENTATION = "sinkscope_fused"
+#: the fused function with transformers' float (eager) mask, for models without SDPA support: they may
+#: edit the mask as floats (DeepSeek V4 appends a float bias with ``.to(mask.dtype)``), which a boolean
+#: mask from ``sdpa_mask`` does not survive.
+FUSED_EAGER_MASK = "sinkscope_fused_eager_mask"
 MODES = {"explicit": IMPLEMENTATION, "fused": FUSED_IMPLEMENTATION}
 
 
@@ -72,9 +77,14 @@ _ACTIVE: contextvars.ContextVar["_ActiveCapture | None"] = contextvars.ContextVa
 class _ActiveCapture:
     """Per-``capture`` state: the sink, and values waiting for a later hook of their layer."""
 
-    def __init__(self, sink: HookSink, spec: ModelSpec):
+    def __init__(self, sink: HookSink, spec: ModelSpec, sink_form: str | None = None):
         self.sink = sink
         self.spec = spec
+        #: how the model applies its learned sink (``discover.Parts.sink_form``)
+        self.sink_form = sink_form
+        #: ids of the decoder layers' attention modules, and the layer running now (layer pre-hooks)
+        self.attention_modules: set[int] = set()
+        self.current_layer: int | None = None
         self.observe_attention = hp.ATTN in sink.observed
         self.replace_values = hp.ATTN_V in sink.intervened
         self.observe_values = hp.ATTN_V in sink.observed
@@ -107,9 +117,66 @@ def _sliding_window(module: nn.Module, kwargs: dict) -> int | None:
     return kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
 
 
-def _sink_logits(module: nn.Module) -> Tensor | None:
-    sinks = getattr(module, "sinks", None)
+def _sink_logits(module: nn.Module, kwargs: dict) -> Tensor | None:
+    """The learned sink logits b_h the model hands its attention function (``s_aux``; gpt-oss's ``sinks``)."""
+    sinks = kwargs.get("s_aux")
+    if not isinstance(sinks, Tensor):
+        sinks = getattr(module, "sinks", None)
     return sinks.detach() if isinstance(sinks, Tensor) else None
+
+
+def _layer(module: nn.Module) -> int | None:
+    """The decoder layer an attention call belongs to, or None for a call sinkscope does not observe.
+
+    Inside a capture: the decoder layer running now, when ``module`` is that layer's attention
+    module (a module shared by several layers, Zamba2's, is measured in each); None for any other
+    module calling the interface (a vision tower, a residual-mixing module). Outside one: the
+    module's ``layer_idx``, else the layer discovery found it in.
+    """
+    active = _ACTIVE.get()
+    if active is not None and id(module) not in active.attention_modules:
+        return None
+    if active is not None and active.current_layer is not None:
+        return active.current_layer
+    index = getattr(module, "layer_idx", None)  # called outside a layer's forward: its own index
+    return index if isinstance(index, int) else LAYER_OF.get(module)
+
+
+def fold_into_mask(attention_mask: Tensor | None, kwargs: dict, query: Tensor, key: Tensor) -> Tensor | None:
+    """The mask with what some models pass beside it folded in: a sparse indexer's ``indices``, a ``position_bias``.
+
+    ``position_bias`` (Inkling's; (B or 1, H, T, S)) is added to every logit, as the model's eager
+    function adds it; folded into the additive mask, the fused kernel and the record's logits see it
+    too. Both are removed from ``kwargs``.
+    """
+    attention_mask = sparse_index_mask(attention_mask, kwargs.pop("indices", None), query, key)
+    bias = kwargs.pop("position_bias", None)
+    if isinstance(bias, Tensor):
+        S = key.shape[-2]
+        base = causal_additive_mask(query.shape[-2], S, query.dtype, query.device) if attention_mask is None \
+            else _additive(attention_mask[:, :, :, :S], query.dtype)
+        attention_mask = base + bias[..., :S].to(query.dtype)  # (B, H, T, S)
+    return attention_mask
+
+
+def sparse_index_mask(attention_mask: Tensor | None, indices: Tensor | None, query: Tensor, key: Tensor) -> Tensor | None:
+    """The mask with only the keys a sparse indexer selected visible (DeepSeek V3.2's DSA, GLM-MoE-DSA, ...).
+
+    Such models hand a registered attention implementation the top-k key positions of each query
+    as ``indices`` (B, T, k) and leave the selection to it (only "eager" and "sdpa" get it folded
+    into the mask). Returns an additive float mask (B, 1, T, S) hiding every other key, or the mask
+    unchanged when there are no indices.
+    """
+    if not isinstance(indices, Tensor):
+        return attention_mask
+    T, S = query.shape[-2], key.shape[-2]
+    if attention_mask is None:
+        base = causal_additive_mask(T, S, query.dtype, query.device)  # (1, 1, T, S)
+    else:
+        base = _additive(attention_mask[:, :, :, :S], query.dtype)  # (B, 1, T, S)
+    hidden = torch.ones(indices.shape[0], T, S, dtype=torch.bool, device=query.device)
+    hidden = hidden.scatter(-1, indices.long().clamp(min=0, max=S - 1), False).unsqueeze(1)  # (B, 1, T, S)
+    return base.masked_fill(hidden, torch.finfo(query.dtype).min)
 
 
 def sinkscope_attention(
@@ -125,12 +192,15 @@ def sinkscope_attention(
     Shapes: query (B, H, T, D), key/value (B, Hkv, S, D), mask (B, 1, T, S);
     returns the eager function's (out (B, T, H, D), weights (B, H, T, S)) unchanged.
     """
+    attention_mask = fold_into_mask(attention_mask, kwargs, query, key)
     active = _ACTIVE.get()
+    layer = _layer(module)
+    if active is not None and layer is None:  # not a decoder layer's attention: computed, not observed
+        return _family_eager(module)(module, query, key, value, attention_mask, **kwargs)
     if active is not None:
-        value = active.values(module.layer_idx, value)  # (B, Hkv, S, D)
+        value = active.values(layer, value)  # (B, Hkv, S, D)
     out, weights = _family_eager(module)(module, query, key, value, attention_mask, **kwargs)
     if active is not None and active.observe_attention:
-        layer = module.layer_idx
         mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
         record = AttentionRecord(
             layer=layer,
@@ -141,10 +211,15 @@ def sinkscope_attention(
             mask=mask,
             weights=weights.float(),
             sliding_window=_sliding_window(module, kwargs),
-            sink_logits=_sink_logits(module),
+            sink_logits=_sink_logits(module, kwargs),
             output_gate=active.pending_gates.pop(layer, None),
             softcap=kwargs.get("softcap"),
         )
+        if record.has_phantom and active.sink_form == "rescale":
+            # the eager rows sum to 1 and the output is scaled by sigmoid(LSE - b) = 1 - phi: the same
+            # algebra as a softmax column for the sink, so the record's weights are a_ij = w_ij (1 - phi_i)
+            record.weights = record.weights * (1 - record.phantom_mass()).unsqueeze(-1)
+            record._cache.clear()
         active.sink.emit(hp.ATTN, layer, record)
     return out, weights
 
@@ -178,6 +253,7 @@ def sinkscope_fused_attention(
     soft-capping fall back to the explicit function, with the causal mask built here when
     ``sdpa_mask`` left it implicit (None).
     """
+    attention_mask = fold_into_mask(attention_mask, kwargs, query, key)
     if kwargs.get("softcap") is not None:
         S = key.shape[-2]
         if attention_mask is None:  # sdpa_mask returns None when the mask is plain causal
@@ -186,8 +262,11 @@ def sinkscope_fused_attention(
             mask = _additive(attention_mask[:, :, :, :S], query.dtype)  # (B, 1, T, S)
         return sinkscope_attention(module, query, key, value, mask, **kwargs)
     active = _ACTIVE.get()
+    layer = _layer(module)
+    if layer is None:  # not a decoder layer's attention (a residual-mixing module, a vision tower): its own
+        return _family_eager(module)(module, query, key, value, attention_mask, **kwargs)  # eager, unobserved
     if active is not None:
-        value = active.values(module.layer_idx, value)  # (B, Hkv, S, D)
+        value = active.values(layer, value)  # (B, Hkv, S, D)
     S = key.shape[-2]
     mask = None if attention_mask is None else _additive(attention_mask[:, :, :, :S], query.dtype)
     scale = _scale(query, kwargs)
@@ -198,15 +277,14 @@ def sinkscope_fused_attention(
                                                   AttentionRecord.quiet_indicator_columns(value))
     else:
         out, lse = attention_with_lse(query, key, value, scale, mask)  # (B, H, T, D), (B, H, T); GQA inside
-    sinks = getattr(module, "sinks", None)
-    if isinstance(sinks, Tensor):
+    sinks = _sink_logits(module, kwargs)
+    if sinks is not None:  # both forms (an extra softmax column, the output rescaled by sigmoid(LSE - b)) are this
         phi = torch.sigmoid(sinks.float().view(1, -1, 1) - lse)  # (B, H, T)
         out = out * (1 - phi).unsqueeze(-1).to(out.dtype)  # drop the phantom's share
     if active is not None and active.observe_attention:
-        layer = module.layer_idx
         active.sink.emit(hp.ATTN, layer, AttentionRecord(
             layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
-            kernel_lse=lse, sliding_window=_sliding_window(module, kwargs), sink_logits=_sink_logits(module),
+            kernel_lse=lse, sliding_window=_sliding_window(module, kwargs), sink_logits=sinks,
             output_gate=active.pending_gates.pop(layer, None), quiet_columns=quiet,
         ))
     return out.transpose(1, 2).contiguous(), None  # (B, T, H, D)
@@ -240,6 +318,13 @@ def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return mask.to(dtype)
 
 
+def implementation_for(model: nn.Module, mode: str) -> str:
+    """The registered implementation name for ``mode``: the fused one with a float mask where the model has no SDPA."""
+    if mode == "fused" and getattr(model, "_supports_sdpa", True) is False:
+        return FUSED_EAGER_MASK
+    return MODES[mode]
+
+
 _registered = False
 
 
@@ -254,6 +339,8 @@ def register_interfaces() -> None:
         AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
         AttentionInterface.register(FUSED_IMPLEMENTATION, sinkscope_fused_attention)
         AttentionMaskInterface.register(FUSED_IMPLEMENTATION, sdpa_mask)
+        AttentionInterface.register(FUSED_EAGER_MASK, sinkscope_fused_attention)
+        AttentionMaskInterface.register(FUSED_EAGER_MASK, eager_mask)
         _registered = True
 
 
@@ -283,13 +370,13 @@ def head_results(z: Tensor, out_proj: nn.Module, conv1d: bool) -> Tensor:
     return torch.einsum("bthd,chd->bthc", z, weight.view(-1, H, D).to(z.dtype))  # (B, T, H, C)
 
 
-def _install_hooks(model: nn.Module, family: Family, spec: ModelSpec, active: _ActiveCapture) -> list:
+def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _ActiveCapture) -> list:
     """Forward hooks for every requested point outside the attention function; returns the handles."""
     sink, observed, intervened = active.sink, active.sink.observed, active.sink.intervened
     handles: list = []
     found: dict[str, bool] = {}
     layers = get_submodule(model, family.layers)
-    parallel = bool(family.parallel_residual and getattr(model.config, family.parallel_residual, False))
+    parallel = family.parallel
     want_pre_store = hp.RESID_MID in observed and parallel
 
     def on(template: str, module: nn.Module | None, hook, pre: bool = False) -> None:
@@ -298,8 +385,24 @@ def _install_hooks(model: nn.Module, family: Family, spec: ModelSpec, active: _A
             handles.append(module.register_forward_pre_hook(hook, with_kwargs=True) if pre
                            else module.register_forward_hook(hook))
 
+    def enter(_m, _args, index):
+        active.current_layer = index
+
+    def leave(_m, _args, _out):
+        active.current_layer = None
+
+    attention_modules = {index: find_submodule(layers[index], family.attention) for index in spec.attention_layers}
+    active.attention_modules = {id(m) for m in attention_modules.values() if m is not None}
+    # the attention function learns its layer from ``layer_idx``; where that cannot tell it (a module shared
+    # by several layers, Zamba2's, or one without its own index, GPT-Neo's), from hooks on the layers
+    track = (active.observe_attention or active.replace_values or active.observe_values) and (
+        len(active.attention_modules) < len([m for m in attention_modules.values() if m is not None])
+        or any(getattr(m, "layer_idx", None) != index for index, m in attention_modules.items() if m is not None))
     for index, layer_module in enumerate(layers):
         is_attention = index in spec.attention_layers
+        if track:
+            handles.append(layer_module.register_forward_pre_hook(lambda m, a, index=index: enter(m, a, index)))
+            handles.append(layer_module.register_forward_hook(leave))
         if hp.RESID_PRE in observed or want_pre_store:
             def resid_pre(_m, args, kwargs, index=index):
                 hidden = _input_of(args, kwargs)  # (B, T, C)
@@ -315,7 +418,7 @@ def _install_hooks(model: nn.Module, family: Family, spec: ModelSpec, active: _A
             on(hp.LN1_NORMALIZED, find_submodule(layer_module, family.ln1),
                lambda _m, _i, out, index=index: sink.emit(hp.LN1_NORMALIZED, index, _output_of(out)))
         if hp.RESID_MID in observed and not parallel:
-            on(hp.RESID_MID, find_submodule(layer_module, family.ln2),
+            on(hp.RESID_MID, find_submodule(layer_module, family.ln2 or family.mlp),
                lambda _m, args, kwargs, index=index: sink.emit(hp.RESID_MID, index, _input_of(args, kwargs)), pre=True)
         if (hp.ATTN_OUT in observed or (hp.RESID_MID in observed and parallel)) and is_attention:
             def attn_out(_m, _i, out, index=index):
@@ -367,9 +470,37 @@ def _install_hooks(model: nn.Module, family: Family, spec: ModelSpec, active: _A
     if missing:
         for handle in handles:
             handle.remove()
-        raise SinkscopeError(f"{family.label} models have no {', '.join(missing)} (see `sinkscope ls hooks`); "
-                             "choose probes that do not need it.")
+        why = "; ".join(f"{name}: {family.absent[name]}" for name in missing if family.absent.get(name))
+        raise SinkscopeError(f"{family.label} models have no {', '.join(missing)}{f' ({why})' if why else ''}; "
+                             "choose probes that do not need it (`sinkscope ls hooks MODEL` lists what it has).")
     return handles
+
+
+def _read_eager_weights(model: nn.Module, family: Parts, active: _ActiveCapture) -> list:
+    """The eager fallback (``discover.EAGER_FALLBACK``): every pass returns its attention weights, made records.
+
+    For a model whose attention does not call the attention interface, a pre-hook on the model asks
+    for ``output_attentions`` and a hook on its output turns each softmax layer's weights into an
+    explicit :class:`AttentionRecord` holding weights only (the model computed them; no q, k or v),
+    then drops them from the output. The weights of every layer exist at once: memory quadratic in
+    the sequence length, as the model's own eager attention.
+    """
+    def ask(_module, args, kwargs):
+        return args, {**kwargs, "output_attentions": True}
+
+    def read(_module, _args, _kwargs, output):
+        weights = getattr(output, "attentions", None)
+        if weights is None:
+            return None
+        for layer, w in zip(family.attention_layers, [w for w in weights if isinstance(w, Tensor)]):
+            active.sink.emit(hp.ATTN, layer, AttentionRecord(
+                layer=layer, query=None, key=None, value=None, scale=float("nan"), mask=None,
+                weights=w.float(), output_gate=active.pending_gates.pop(layer, None)))
+        output.attentions = None
+        return output
+
+    return [model.register_forward_pre_hook(ask, with_kwargs=True),
+            model.register_forward_hook(read, with_kwargs=True)]
 
 
 @contextlib.contextmanager
@@ -388,13 +519,15 @@ def capture(model: nn.Module, sink: HookSink, *, mode: str = "fused") -> Iterato
     spec = ModelSpec.from_model(model)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
-    active = _ActiveCapture(sink, spec)
-    switch = bool({hp.ATTN, hp.ATTN_V} & (sink.observed | sink.intervened))
+    active = _ActiveCapture(sink, spec, family.sink_form)
+    switch = bool({hp.ATTN, hp.ATTN_V} & (sink.observed | sink.intervened)) and family.interface
     previous = model.config._attn_implementation
     handles = _install_hooks(model, family, spec, active)
+    if not family.interface and hp.ATTN in sink.observed:
+        handles += _read_eager_weights(model, family, active)
     if switch:
         register_interfaces()
-        model.set_attn_implementation(MODES[mode])
+        model.set_attn_implementation(implementation_for(model, mode))
     token = _ACTIVE.set(active)
     try:
         yield spec

@@ -1,13 +1,11 @@
-"""The model families sinkscope can observe, declared in one table.
+"""What the capture cannot find in a model, declared; and the sizes every probe needs (``ModelSpec``).
 
-Attention itself is observed through transformers' attention interface (``attention.py``),
-the one seam every family below shares. What lives *outside* the attention function is
-declared here per family: the module paths behind the named hook points (``hooks.py``: the
-residual stream, the norms, the output projection, the MLP's first projection), which layers
-have softmax attention at all, and where an output gate is computed (Qwen3-Next packs it into
-``q_proj``). To add a family: add a row to ``FAMILIES`` and a tiny config to
-``tests/tiny_models.py``; the conformance tests (tests/test_hooks.py and the probe references)
-then cover it.
+Attention is observed through transformers' attention interface (``attention.py``); the parts
+outside it (the decoder layers, the attention module, its output projection, the norms, the
+residual order, the MLP's first projections, the softmax-attention layers, a learned sink and its
+form) are **found** by watching one forward pass (``discover.py``), for any causal LM. This module
+keeps only the true quirks (``QUIRKS``: an output gate packed into ``q_proj``, which no module
+outputs), each with the reason it cannot be found, and :class:`ModelSpec`.
 """
 
 from __future__ import annotations
@@ -36,92 +34,49 @@ def _qwen3_next_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Family:
-    """Where a family keeps the parts the named hook points read (``capture/hooks.py``).
-
-    Paths are dotted attribute paths. ``layers`` is relative to the CausalLM; the others are
-    relative to one decoder layer. A path that a layer lacks (a linear-attention layer's
-    ``self_attn``, a mixture-of-experts MLP's ``gate_proj``) means the point does not exist there.
+class Quirk:
+    """What discovery (``discover.py``) cannot find in a model type, declared, with the reason.
 
     Attributes:
-        model_type: ``config.model_type`` this row describes.
-        label: human name used in messages.
-        layers: the ``ModuleList`` of decoder layers.
-        ln1: the attention's input norm (``ln1.hook_normalized`` is its output).
-        attention: the attention module (its output, item 0, is the attention output).
-        out_proj: the output projection W_O; its input is ``hook_z``, (B, T, H*D).
-        attn_out: the module whose output is what the block adds to the residual stream
-            (the attention module, or a post-attention norm/dropout after it).
-        ln2: the MLP's input norm; its input is ``hook_resid_mid`` for sequential blocks.
-        parallel_residual: config attribute that, when true, makes attention and MLP read the
-            same ``resid_pre`` (GPT-NeoX ``use_parallel_residual``).
-        mlp_pre: the module whose output is ``mlp.hook_pre`` (the activation's input).
-        mlp_pre_linear: gated MLPs: the up projection (``mlp.hook_pre_linear``).
-        out_proj_conv1d: W_O is a GPT-2 ``Conv1D`` (weight (in, out)) rather than ``nn.Linear``.
-        attention_layer_type: if set, only layers whose ``config.layer_types[i]`` equals it
-            have softmax attention (the others, e.g. Qwen3-Next's linear attention, emit no record).
-        gate_module: path of the module whose output holds the output gate; ``gate_reader``
-            turns that output into (B, T, H, D) gate values in (0, 1).
+        gate_module: path (from a decoder layer) of the module whose output holds an output gate.
+        gate_reader: turns that output into (B, T, H, D) gate values in (0, 1).
+        why: why it cannot be found by watching the forward pass.
     """
 
-    model_type: str
-    label: str
-    layers: str
-    ln1: str = "input_layernorm"
-    attention: str = "self_attn"
-    out_proj: str = "self_attn.o_proj"
-    attn_out: str = "self_attn"
-    ln2: str = "post_attention_layernorm"
-    parallel_residual: str | None = None
-    mlp_pre: str | None = "mlp.gate_proj"
-    mlp_pre_linear: str | None = "mlp.up_proj"
-    out_proj_conv1d: bool = False
-    attention_layer_type: str | None = None
     gate_module: str | None = None
     gate_reader: Callable[[Tensor, int, int], Tensor] | None = None
+    why: str = ""
 
 
-FAMILIES: dict[str, Family] = {
-    f.model_type: f
-    for f in [
-        Family("llama", "Llama (SmolLM2, Llama 2/3)", "model.layers"),
-        Family("mistral", "Mistral", "model.layers"),
-        Family("qwen2", "Qwen2", "model.layers"),
-        Family("qwen3", "Qwen3", "model.layers"),
-        Family("gemma3_text", "Gemma 3", "model.layers", attn_out="post_attention_layernorm",
-               ln2="pre_feedforward_layernorm"),
-        Family("gpt_neox", "GPT-NeoX (Pythia)", "gpt_neox.layers", attention="attention", out_proj="attention.dense",
-               attn_out="post_attention_dropout", parallel_residual="use_parallel_residual",
-               mlp_pre="mlp.dense_h_to_4h", mlp_pre_linear=None),
-        Family("gpt2", "GPT-2", "transformer.h", ln1="ln_1", attention="attn", out_proj="attn.c_proj",
-               attn_out="attn", ln2="ln_2", mlp_pre="mlp.c_fc", mlp_pre_linear=None, out_proj_conv1d=True),
-        Family("gpt_oss", "gpt-oss (learned sinks)", "model.layers", mlp_pre=None, mlp_pre_linear=None),
-        Family(
-            "qwen3_next",
-            "Qwen3-Next (output gate)",
-            "model.layers",
-            attention_layer_type="full_attention",
-            gate_module="self_attn.q_proj",
-            gate_reader=_qwen3_next_gate,
-        ),
-    ]
+_PACKED_GATE = Quirk(
+    gate_module="self_attn.q_proj", gate_reader=_qwen3_next_gate,
+    why="the output gate is the second half of each head's q_proj output, multiplied into the attention output "
+        "inside the attention module's forward: no module outputs the gate itself, so it cannot be hooked")
+
+#: the true quirks, by ``config.model_type``; everything else is found (``discover.py``).
+QUIRKS: dict[str, Quirk] = {
+    "qwen3_next": _PACKED_GATE,
+    "qwen3_5_text": _PACKED_GATE,
+    "qwen3_5_moe_text": _PACKED_GATE,
 }
 
+#: the model types sinkscope was first written for (named in messages; every causal LM is tried).
+FIRST_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gpt_neox", "gpt2", "gpt_oss", "qwen3_next")
 
 def supported_families() -> str:
-    """A readable list of supported ``model_type`` values, for error messages."""
-    return ", ".join(sorted(FAMILIES))
+    """What sinkscope measures, for messages: any causal LM whose attention it can observe."""
+    return ("any transformers causal LM with softmax attention (found by watching one forward pass; "
+            "`sinkscope ls families` lists the verified model types)")
 
 
-def family_of(model: nn.Module) -> Family:
-    """The :class:`Family` row for a loaded model, or a one-sentence error."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in FAMILIES:
-        raise SinkscopeError(
-            f"sinkscope does not support the architecture {model_type!r}; "
-            f"supported model types are: {supported_families()}."
-        )
-    return FAMILIES[model_type]
+def family_of(model: nn.Module):
+    """The :class:`~sinkscope.capture.discover.Parts` of a loaded transformers model, or a one-sentence error."""
+    from sinkscope.capture.discover import discover
+
+    if getattr(model, "config", None) is None:
+        raise SinkscopeError(f"a {type(model).__name__} is not a transformers model (it has no config); sinkscope "
+                             "measures transformers causal LMs and its own trainer's checkpoints.")
+    return discover(model)
 
 
 def get_submodule(root: nn.Module, dotted: str) -> nn.Module:
@@ -161,6 +116,14 @@ class ModelSpec:
         has_value_gate: whether each value read is gated, g_j v_j (the trainer's ``normgate``,
             ``projgate``, ``sink+*``; ``routing-norm`` holds the same gate in the routing slot).
         vocab_size: rows of the input embedding (token ids are below it), when known.
+        mlp_kind: ``"gated"`` (``mlp.hook_pre`` and ``hook_pre_linear``), ``"dense"`` (``hook_pre``
+            only) or None (no pre-activation point: a mixture of experts, a fused projection).
+        attn_out_normalised: the block normalises the attention output before adding it (Gemma's
+            post-attention norm), so removing a head from ``hook_attn_out`` is not a subtraction.
+        missing_hooks: hook-point templates the model lacks (``discover.Parts.absent``).
+        attention_path: ``"interface"`` (the attention calls transformers' attention interface:
+            fused and explicit records) or ``"eager"`` (``discover.EAGER_FALLBACK``: records hold the
+            model's weights from ``output_attentions`` only, memory quadratic in the sequence length).
     """
 
     family: str
@@ -174,34 +137,34 @@ class ModelSpec:
     has_output_gate: bool
     has_value_gate: bool = False
     vocab_size: int | None = None
+    mlp_kind: str | None = "dense"
+    attn_out_normalised: bool = False
+    missing_hooks: tuple[str, ...] = ()
+    attention_path: str = "interface"
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ModelSpec":
-        """The spec of a transformers model, or the bundled trainer's own ``model_spec()``."""
+        """The spec of a transformers model (its discovered parts), or the bundled trainer's ``model_spec()``."""
         if hasattr(model, "model_spec"):
             return model.model_spec()
-        family = family_of(model)
-        config = model.config
-        n_layers = config.num_hidden_layers
-        n_heads = config.num_attention_heads
-        n_kv = getattr(config, "num_key_value_heads", None) or n_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-        if family.attention_layer_type is not None:
-            types = list(config.layer_types)
-            layers = tuple(i for i, kind in enumerate(types) if kind == family.attention_layer_type)
-        else:
-            layers = tuple(range(n_layers))
+        from sinkscope.capture.discover import text_config
+
+        parts = family_of(model)
         return cls(
-            family=family.model_type,
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=n_kv,
-            head_dim=head_dim,
-            hidden_size=config.hidden_size,
-            attention_layers=layers,
-            has_phantom=family.model_type == "gpt_oss",
-            has_output_gate=family.gate_module is not None,
-            vocab_size=getattr(config, "vocab_size", None),
+            family=parts.model_type,
+            n_layers=len(get_submodule(model, parts.layers)),
+            n_heads=parts.n_heads,
+            n_kv_heads=parts.n_kv_heads,
+            head_dim=parts.head_dim,
+            hidden_size=parts.hidden_size,
+            attention_layers=parts.attention_layers,
+            has_phantom=parts.sink_form is not None,
+            has_output_gate=parts.gate_module is not None,
+            vocab_size=getattr(text_config(model.config), "vocab_size", None),
+            mlp_kind="gated" if parts.mlp_pre_linear else "dense" if parts.mlp_pre else None,
+            attn_out_normalised=parts.attn_out_normalised,
+            missing_hooks=tuple(sorted(parts.absent)),
+            attention_path="interface" if parts.interface else "eager",
         )
 
 

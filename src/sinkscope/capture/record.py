@@ -70,7 +70,9 @@ class AttentionRecord:
 
     Attributes:
         layer: index of the decoder layer (0-based, in the model's own numbering).
-        query: (B, H, T, D) queries after RoPE / norms, exactly as attention saw them.
+        query: (B, H, T, D) queries after RoPE / norms, exactly as attention saw them. None (and
+            ``key``, ``value`` None) in a record of the eager fallback, which holds the model's
+            weights only (``weights_only``).
         key: (B, Hkv, S, D) keys after RoPE.
         value: (B, Hkv, S, D) values, before any gate.
         scale: the factor multiplying q . k (the model's own, e.g. 1/sqrt(D)).
@@ -126,11 +128,16 @@ class AttentionRecord:
     # ---- shapes ---------------------------------------------------------------------------
     @property
     def n_heads(self) -> int:
-        return self.query.shape[1]
+        return (self.query if self.query is not None else self.weights).shape[1]
 
     @property
     def n_kv_heads(self) -> int:
-        return self.key.shape[1]
+        return self.key.shape[1] if self.key is not None else self.n_heads
+
+    @property
+    def weights_only(self) -> bool:
+        """A record of the eager fallback (``discover.EAGER_FALLBACK``): the model's weights, no q, k or v."""
+        return self.query is None
 
     @property
     def has_phantom(self) -> bool:
@@ -225,8 +232,9 @@ class AttentionRecord:
     def phantom_mass(self) -> Tensor:
         """phi_i = sigmoid(b_h - LSE_i), (B, H, T); zeros where the model has no phantom."""
         if not self.has_phantom:
-            B, H, T, _ = self.query.shape
-            return torch.zeros(B, H, T, dtype=torch.float32, device=self.query.device)
+            like = self.query if self.query is not None else self.weights
+            B, H, T, _ = like.shape
+            return torch.zeros(B, H, T, dtype=torch.float32, device=like.device)
         b = self.sink_logits.float().view(1, -1, 1)  # (1, H, 1)
         return torch.sigmoid(b - self.lse())  # (B, H, T)
 

@@ -50,11 +50,6 @@ from sinkscope.options import seq_lens, Command, RunOptions
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
 
-#: families whose MLP has no dense pre-activation point (mixture of experts): no PCA.
-NO_PCA_FAMILIES = ("gpt_oss", "qwen3_next")
-#: families where zeroing a head is not a subtraction from the residual stream (a norm follows attention).
-NO_SUBTRACTION_FAMILIES = ("gemma3_text",)
-
 
 @dataclass
 class CircuitOptions(RunOptions):
@@ -131,12 +126,12 @@ def _check(options: CircuitOptions) -> None:
 
 def _check_model(options: CircuitOptions, spec: ModelSpec) -> None:
     if options.subtract_head:
-        if spec.family in NO_SUBTRACTION_FAMILIES:
+        if spec.attn_out_normalised:
             raise SinkscopeError(f"{spec.family} normalises the attention output before adding it to the residual "
                                  "stream, so removing a head is not a subtraction; run without --subtract-head.")
-        if spec.family in NO_PCA_FAMILIES:
-            raise SinkscopeError(f"{spec.family} has a mixture-of-experts MLP with no pre-activation point, so there "
-                                 "is no PCA to subtract heads from; run without --subtract-head.")
+        if spec.mlp_kind is None:
+            raise SinkscopeError(f"{spec.family} has no MLP pre-activation point (a mixture-of-experts or fused MLP), "
+                                 "so there is no PCA to subtract heads from; run without --subtract-head.")
         from sinkscope.probes.circuit import parse_subtracted
 
         parse_subtracted(options.subtract_head, 0, spec.n_heads)
@@ -144,12 +139,9 @@ def _check_model(options: CircuitOptions, spec: ModelSpec) -> None:
 
 def pca_probe(spec: ModelSpec) -> str | None:
     """``mlp_pca_up`` for gated MLPs (seed 003 reads the up projection), ``mlp_pca`` otherwise; None: no PCA."""
-    from sinkscope.capture.families import FAMILIES
-
-    if spec.family in NO_PCA_FAMILIES:
+    if spec.mlp_kind is None:
         return None
-    family = FAMILIES.get(spec.family)
-    return "mlp_pca_up" if family is not None and family.mlp_pre_linear is not None else "mlp_pca"
+    return "mlp_pca_up" if spec.mlp_kind == "gated" else "mlp_pca"
 
 
 def _probes(options: CircuitOptions, spec: ModelSpec) -> list[tuple[str, dict]]:

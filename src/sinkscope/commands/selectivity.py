@@ -55,7 +55,7 @@ class SelectivityOptions(RunOptions):
 
 def gate_kind(source: Source) -> str | None:
     """``"value"``, ``"output"`` or ``"none"`` from the model's config file; None when there is none to read yet."""
-    from sinkscope.capture.families import FAMILIES
+    from sinkscope.capture.families import QUIRKS
     from sinkscope.sources import config_file_dict
 
     config = config_file_dict(source)
@@ -64,8 +64,8 @@ def gate_kind(source: Source) -> str | None:
     if source.kind == "checkpoint":
         variant = config.get("variant", "baseline")
         return "value" if variant in VALUE_GATED_VARIANTS else "output" if variant in OUTPUT_GATED_VARIANTS else "none"
-    family = FAMILIES.get(config.get("model_type"))
-    return "output" if family is not None and family.gate_module is not None else "none"
+    quirk = QUIRKS.get(config.get("model_type"))
+    return "output" if quirk is not None and quirk.gate_module is not None else "none"
 
 
 def _describe(source: Source) -> str:

@@ -241,16 +241,22 @@ class HeadMeans(Accumulator):
     def add(self, layer: int, per_item: Tensor, item_dims: tuple[int, ...]) -> None:
         """Add items of ``per_item`` (head axis 1) summed over ``item_dims``.
 
+        A layer may have fewer heads than ``n_heads`` (the widest layer's): its heads are the first
+        ones, and its rows and layer mean are over its own heads only.
+
         Example: ``per_item`` (B, H, T) with ``item_dims=(0, 2)`` adds B*T items per head.
         """
         x = per_item.detach()
-        summed = x.to(_accumulate_dtype(x.device)).sum(dim=item_dims)  # (H,)
+        summed = x.to(_accumulate_dtype(x.device)).sum(dim=item_dims)  # (H',)
+        heads = summed.shape[0]
+        if heads < self.n_heads:  # a layer with fewer heads than the widest (MiMo's full layers: half the KV heads)
+            summed = torch.cat([summed, summed.new_zeros(self.n_heads - heads)])  # (H,)
         previous = self.sums.get(layer)
         self.sums[layer] = summed if previous is None else previous.to(summed.device) + summed
         count = 1
         for d in item_dims:
             count *= x.shape[d]
-        self.counts[layer] += count
+        self.counts[layer, :heads] += count
         self.seen[layer] = True
 
     def set(self, layer: int, values: Tensor) -> None:
@@ -276,6 +282,9 @@ class HeadMeans(Accumulator):
             if not self.seen[layer] or (layers is not None and layer not in layers):
                 continue
             means = self.sums[layer].to("cpu", torch.float64) / self.counts[layer].clamp(min=1)  # (H,)
+            present = self.counts[layer] > 0  # (H,): a layer with fewer heads than the widest has rows for its own
+            if not self.fixed[layer] and not bool(present.all()):
+                means = means[present]
             for head, value in enumerate(means.tolist()):
                 out.append(Row(probe, metric, layer, head, value, int(self.counts[layer, head])))
             layer_n = int(self.counts[layer].sum())
@@ -340,6 +349,9 @@ class Probe:
     #: the probe's numbers depend on which windows share a batch (value-read injection draws junk
     #: across the batch): the runner never halves its batch on out-of-memory, it says so instead.
     fixed_batch: ClassVar[bool] = False
+    #: the probe's attention reductions need only the weights (``key_mass``, ``real_mass``, ``phantom_mass``),
+    #: so it runs on the records of the eager fallback too (``AttentionRecord.weights_only``: no q, k, v).
+    reads_weights_only: ClassVar[bool] = False
     #: attributes that hold tensors but are configuration, not accumulated (never checkpointed,
     #: merged or rolled back), e.g. injection's gate directions.
     not_state: ClassVar[tuple[str, ...]] = ()

@@ -92,6 +92,8 @@ def _threshold(value: float) -> str | None:
 class HeadImportance(Probe):
     """Implicit gate, head importance, per-layer load imbalance (CV) and dormant heads (seed 004)."""
 
+    reads_weights_only = True  # the eager fallback's records (weights, no q/k/v) suffice
+
     def setup(self) -> None:
         spec = self.spec
         if self.sink_set == "auto":

@@ -53,6 +53,8 @@ from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, r
 class P0Mass(Probe):
     """Share of each head's real-key attention on position 0."""
 
+    reads_weights_only = True  # the eager fallback's records (weights, no q/k/v) suffice
+
     def setup(self) -> None:
         self.acc = HeadMeans(self.spec.n_layers, self.spec.n_heads)
         self.out_of_reach = HeadMeans(self.spec.n_layers, self.spec.n_heads)

@@ -34,6 +34,8 @@ from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, r
 class PhantomMass(Probe):
     """Attention on a learned phantom key, and the phantom logits themselves."""
 
+    reads_weights_only = True  # the eager fallback's records (weights, no q/k/v) suffice
+
     def setup(self) -> None:
         self.mass = HeadMeans(self.spec.n_layers, self.spec.n_heads)
         self.logit = HeadMeans(self.spec.n_layers, self.spec.n_heads)

@@ -91,6 +91,8 @@ def key_importance_in_reach(record: AttentionRecord, k: int = 0) -> torch.Tensor
 class SinkRate(Probe):
     """Gu et al.'s sink rate: the share of heads whose key-0 importance exceeds eps."""
 
+    reads_weights_only = True  # the eager fallback's records (weights, no q/k/v) suffice
+
     epsilon: float
     key: int
     layer_start: int | None

@@ -623,6 +623,14 @@ def _differences(runs: list[RunData], skip: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
+def _attention_read(path: str, relative) -> str:
+    """How the run read attention, and the first window's logits check (``runner.check_capture``)."""
+    how = ("through transformers' attention interface" if path == "interface" else
+           "eager output_attentions (the attention does not call the interface; weights only, memory quadratic "
+           "in seq-len)")
+    return how + (f"; capture logits check {relative:.1g} of their scale" if isinstance(relative, (int, float)) else "")
+
+
 def _run_info(runs: list[RunData]) -> dict:
     """The "what was run" table: one column per run."""
     def get(manifest: dict, *keys, default="—"):
@@ -637,6 +645,8 @@ def _run_info(runs: list[RunData]) -> dict:
         ("model", lambda m: get(m, "model", "source", "label")),
         ("model source", lambda m: f"{get(m, 'model', 'source', 'kind')}: {get(m, 'model', 'source', 'location')}"),
         ("family", lambda m: get(m, "model", "family")),
+        ("attention read", lambda m: _attention_read(get(m, "model", "spec", "attention_path", default="interface"),
+                                                     get(m, "capture_check", "relative", default=None))),
         ("corpus", lambda m: get(m, "corpus", "name")),
         ("corpus sha256", lambda m: str(get(m, "corpus", "sha256"))[:16]),
         ("BOS policy", lambda m: bos_summary(m.get("windows") if isinstance(m.get("windows"), dict) else {})),

@@ -373,7 +373,7 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
     from safetensors.torch import load_file
 
     from sinkscope.train.data import load_tokenizer_folder
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.train.model import GPT
 
     folder = Path(folder)
     meta = read_config(folder)
