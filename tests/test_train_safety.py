@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from conftest import SAMPLE_TEXT, make_tokenizer
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import INVENTORY, exclusive_lock, read_inventory, write_inventory
+from sinkscope.fileio import INVENTORY, exclusive_lock, lock_path, read_inventory, write_inventory
 from sinkscope.train import checkpoint as ckpt
 from sinkscope.train import data as tdata
 from sinkscope.train import loop
@@ -377,9 +377,9 @@ def test_inputs_inside_out_are_refused(base, tmp_path):
 
 def test_a_second_training_into_the_same_out_fails_at_once(tmp_path, monkeypatch):
     out = tmp_path / "ckpt"
-    lock = loop._lock_path(out)
+    lock = lock_path(out)
     with exclusive_lock(lock, lambda owner: f"held by {owner}"):
-        with pytest.raises(SinkscopeError, match=f"another sinkscope process .* is writing {out} right now"):
+        with pytest.raises(SinkscopeError, match=f"another sinkscope training \\(process .*\\) is writing {out} right now"):
             train(options(out), log=quiet)
         result = invoke(["train", *CLI, "--steps", "2", "--out", out])
         assert "is writing" in one_error_line(result)

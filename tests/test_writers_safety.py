@@ -357,7 +357,7 @@ def test_sweep_continues_its_own_folder_and_records_it(tmp_path):
     assert {"sweep.json", "losses.csv", "table1.csv", "sweep.md"} <= set(inventory["files"])
     assert "baseline seed 0: kept" in ok(invoke([*SWEEP, "--out", out])).output  # a rerun continues, as documented
     with lock_sweep_dir(out):  # a second sweep into the same folder while one runs
-        assert "another sweep" in refused(invoke([*SWEEP, "--out", out]))
+        assert "another sinkscope sweep" in refused(invoke([*SWEEP, "--out", out]))
     # a sweep folder written before inventories: recognised by its sweep.json and fixed names
     (out / INVENTORY).unlink()
     assert "baseline seed 0: kept" in ok(invoke([*SWEEP, "--out", out])).output

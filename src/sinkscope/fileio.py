@@ -24,7 +24,7 @@ import json
 import os
 import re
 import tempfile
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -261,6 +261,44 @@ def check_inputs_outside(folder: Path, inputs: dict[str, str | os.PathLike | Non
         if source in target.parents:  # writing into the model's (or tokenizer's) own folder changes it
             raise SinkscopeError(f"{option} {folder} lies inside {what} {path}; sinkscope writes nothing into a "
                                  f"folder it reads: choose another {option}.")
+
+
+def lock_path(folder: Path) -> Path:
+    """The lock file of an output folder: ``.NAME.lock`` beside it (every writer's)."""
+    folder = Path(os.path.abspath(folder))
+    return folder.parent / f".{folder.name}.lock"
+
+
+@contextmanager
+def lock_folder(folder: Path, kind: str = "output", option: str = "--out", writer: str | None = None) -> Iterator[None]:
+    """Hold ``folder``'s lock (:func:`lock_path`) for the block: one writer per folder, whatever writes it.
+
+    A second writer (a run, a training, a report, a sweep, the toy task) fails at once with one
+    sentence, and so does a place that cannot be written (a file on the way, no permission), before
+    any work. The lock file is removed at the end; a killed writer leaves no live lock.
+
+    Args:
+        folder: the output folder (need not exist; its parent is created).
+        kind: what the folder is, for the messages ("run", "checkpoint", "report").
+        option: the option that named it.
+        writer: what writes it, for the message naming the other holder ("run", "training"; default ``kind``).
+    """
+    path = lock_path(folder)
+    for parent in [path.parent, *path.parent.parents]:  # mkdir would say "File exists" for a file on the way
+        if parent.exists() and not parent.is_dir():
+            raise SinkscopeError(f"could not write the {kind} folder {folder}: {parent} is a file, not a folder; "
+                                 f"choose another {option}.")
+    with ExitStack() as stack:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(path, lambda owner: (
+                f"another sinkscope {writer or kind} (process {owner}) is writing {folder} right now; wait for it "
+                f"to finish or choose another {option}.")))
+        except OSError as error:
+            where = f": {error.filename}" if error.filename else ""
+            raise SinkscopeError(f"could not write the {kind} folder {folder} ({error.strerror or error}{where}); "
+                                 f"choose another {option}.") from error
+        yield
 
 
 @contextmanager

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import (check_replaceable, default_folder_mode, exclusive_lock, replace_folder,
-                              write_inventory)
+from sinkscope.fileio import check_replaceable, default_folder_mode, lock_folder, replace_folder, write_inventory
+from sinkscope.fileio import lock_path as fileio_lock_path
 
 if TYPE_CHECKING:  # numpy and pandas are imported where they are used: the CLI's early checks stay light
     import numpy as np
@@ -336,36 +336,20 @@ def check_run_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def lock_path(out_dir: Path) -> Path:
-    """The lock file of a run folder: ``.NAME.lock`` beside it."""
-    out_dir = Path(os.path.abspath(out_dir))
-    return out_dir.parent / f".{out_dir.name}.lock"
+    """The lock file of a run folder: ``.NAME.lock`` beside it (``fileio.lock_path``)."""
+    return fileio_lock_path(out_dir)
 
 
 @contextmanager
 def lock_run_dir(out_dir: Path) -> Iterator[None]:
-    """Hold the run folder's lock from the checks before loading until it is written.
+    """Hold the run folder's lock from the checks before loading until it is written (``fileio.lock_folder``).
 
     A second run writing the same folder at the same time fails at once with one sentence, and
-    so does an output place that cannot be written (before any model is loaded). The lock file
-    sits beside the folder and is removed at the end; a killed run leaves no stale lock.
+    so does an output place that cannot be written (before any model is loaded). Never the
+    current folder or one above it.
     """
-    out_dir = Path(out_dir)
     _check_not_cwd(out_dir)
-    path = lock_path(out_dir)
-    for folder in [path.parent, *path.parent.parents]:  # mkdir would say "File exists" for a file on the way
-        if folder.exists() and not folder.is_dir():
-            raise SinkscopeError(f"could not write the run folder {out_dir}: {folder} is a file, not a folder; "
-                                 "choose another --out.")
-    with ExitStack() as stack:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(exclusive_lock(path, lambda owner: (
-                f"another sinkscope run (process {owner}) is writing {out_dir} right now; wait for it to finish "
-                "or choose another --out.")))
-        except OSError as error:
-            where = f": {error.filename}" if error.filename else ""
-            raise SinkscopeError(f"could not write the run folder {out_dir} ({error.strerror or error}{where}); "
-                                 "choose another --out.") from error
+    with lock_folder(out_dir, kind="run"):
         yield
 
 

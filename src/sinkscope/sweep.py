@@ -346,21 +346,12 @@ def check_sweep_dir(out: Path) -> None:
         raise SinkscopeError(f"--out {out} is not a sweep's folder (it has no sweep.json); choose another --out.")
 
 
-def lock_path(out: Path) -> Path:
-    """The sweep's lock: ``.NAME.lock`` beside its folder (its runs' locks lie inside it)."""
-    out = Path(os.path.abspath(out))
-    return out.parent / f".{out.name}.lock"
-
-
 @contextlib.contextmanager
 def lock_sweep_dir(out: Path):
-    """One sweep per folder at a time: a second one fails at once, in one sentence."""
-    from sinkscope.fileio import exclusive_lock
+    """One sweep per folder at a time (``fileio.lock_folder``; its runs' locks lie inside it)."""
+    from sinkscope.fileio import lock_folder
 
-    path = lock_path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(path, lambda owner: (f"another sweep (process {owner}) is writing {out} right now; wait for "
-                                             "it to finish, or choose another --out.")):
+    with lock_folder(out, kind="sweep"):
         yield
 
 

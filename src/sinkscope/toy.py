@@ -300,14 +300,10 @@ def check_toy_dir(out: Path, overwrite: bool) -> None:
 
 @contextlib.contextmanager
 def lock_toy_dir(out: Path):
-    """``.NAME.lock`` beside the folder: a second toy run into it fails at once, in one sentence."""
-    from sinkscope.fileio import exclusive_lock
+    """``.NAME.lock`` beside the folder (``fileio.lock_folder``): a second toy run into it fails at once."""
+    from sinkscope.fileio import lock_folder
 
-    target = Path(os.path.abspath(out))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(target.parent / f".{target.name}.lock", lambda owner: (
-            f"another sinkscope process ({owner}) is writing {out} right now; wait for it to finish or choose "
-            "another --out.")):
+    with lock_folder(out, kind="toy", writer="toy run"):
         yield
 
 

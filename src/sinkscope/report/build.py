@@ -51,7 +51,7 @@ import pandas as pd
 
 from sinkscope import __version__
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import (atomic_write_text, check_replaceable, describe_entries, exclusive_lock, foreign_entries,
+from sinkscope.fileio import (atomic_write_text, check_replaceable, describe_entries, foreign_entries, lock_folder,
                               is_temporary_name, read_inventory, write_inventory)
 from sinkscope.results import RUN_FORMAT_VERSION, MetricInfo, read_results
 
@@ -1028,10 +1028,8 @@ def _check_report_folder(out: Path, overwrite: bool, own_run: bool) -> tuple[str
 
 @contextlib.contextmanager
 def _report_lock(out: Path):
-    """``.NAME.lock`` beside the output folder (a run's own lock when it is a run folder)."""
-    with exclusive_lock(_beside(out) / f".{_name(out)}.lock", lambda owner: (
-            f"another sinkscope process ({owner}) is writing {out} right now; wait for it to finish or choose "
-            "another --out.")):
+    """``.NAME.lock`` beside the output folder (``fileio.lock_folder``; a run's own lock when it is a run folder)."""
+    with lock_folder(out, kind="report"):
         yield
 
 

@@ -68,7 +68,7 @@ import torch
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_replaceable, describe_entries,
-                              exclusive_lock, is_temporary_name, write_inventory)
+                              is_temporary_name, lock_folder, write_inventory)
 from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, foreign_files, is_checkpoint,
                                         load_checkpoint, read_config, save_checkpoint)
 from sinkscope.train.data import DEFAULT_TOKENIZER, WINDOW_POLICIES, load_tokenizer
@@ -461,30 +461,10 @@ def _check_not_cwd(out: Path) -> None:
                              "own, e.g. --out ckpt/NAME.")
 
 
-def _lock_path(out: Path) -> Path:
-    """The lock of a checkpoint folder: ``.NAME.lock`` beside it (as a run folder's)."""
-    out = Path(os.path.abspath(out))
-    return out.parent / f".{out.name}.lock"
-
-
 @contextlib.contextmanager
 def _lock_out(out: Path):
-    """Hold --out's lock for the whole training: a second training into it fails at once, in one sentence."""
-    path = _lock_path(out)
-    for folder in [path.parent, *path.parent.parents]:  # mkdir would say "File exists" for a file on the way
-        if folder.exists() and not folder.is_dir():
-            raise SinkscopeError(f"could not write the checkpoint folder {out}: {folder} is a file, not a folder; "
-                                 "choose another --out.")
-    with contextlib.ExitStack() as stack:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(exclusive_lock(path, lambda owner: (
-                f"another sinkscope process ({owner}) is writing {out} right now; wait for it to finish or choose "
-                "another --out.")))
-        except OSError as error:
-            where = f": {error.filename}" if error.filename else ""
-            raise SinkscopeError(f"could not write the checkpoint folder {out} ({error.strerror or error}{where}); "
-                                 "choose another --out.") from error
+    """Hold --out's lock for the whole training (``fileio.lock_folder``): a second training into it fails at once."""
+    with lock_folder(out, kind="checkpoint", writer="training"):
         yield
 
 
