@@ -26,6 +26,9 @@ NAMED = {
     "codegen": "parallel", "deepseek_v2": "MLA", "deepseek_v3": "MLA", "granite": "scaled logits",
     "granite_swa": "rescaling sink", "granitemoe_swa": "rescaling sink, MoE", "mimo_v2_flash": "sink column on SWA",
     "deepseek_v4": "sink column, float mask", "gpt_oss": "sink column", "qwen3_next": "output gate, linear layers",
+    # the mechanisms the matrix made sinkscope learn, one model each
+    "inkling_text": "position_bias folded into the mask", "deepseek_v32": "sparse indexer's indices",
+    "zamba2": "attention module shared by layers", "dory": "looped layers", "gpt_neo": "eager fallback, no layer_idx",
 }
 
 

@@ -183,31 +183,19 @@ def test_the_gguf_cache_key_changes_when_the_middle_of_the_file_changes(tmp_path
 # ---- lock files ---------------------------------------------------------------------------------------
 
 
-def test_a_planted_symlink_lock_never_truncates_its_target(tmp_path):
+@pytest.mark.parametrize("plant", [os.symlink, os.link], ids=["symlink", "hard link"])
+def test_a_planted_lock_never_truncates_or_removes_its_target(plant, tmp_path):
     from sinkscope.results import lock_path, lock_run_dir
 
     target = tmp_path / "precious.txt"
-    target.write_text("the user's data\n")
+    target.write_text("1234\n")  # looks like a process id: only the link count tells a hard link apart
     out = tmp_path / "run"
-    os.symlink(target, lock_path(out))
-    with pytest.raises(SinkscopeError, match="not a sinkscope lock file"):
-        with lock_run_dir(out):
-            pass
-    assert target.read_text() == "the user's data\n"
-    assert os.path.islink(lock_path(out))
-
-
-def test_a_hard_linked_lock_is_left_alone(tmp_path):
-    from sinkscope.results import lock_path, lock_run_dir
-
-    target = tmp_path / "precious.txt"
-    target.write_text("1234\n")
-    out = tmp_path / "run"
-    os.link(target, lock_path(out))
+    plant(target, lock_path(out))
     with pytest.raises(SinkscopeError, match="not a sinkscope lock file"):
         with lock_run_dir(out):
             pass
     assert target.read_text() == "1234\n"
+    assert os.path.lexists(lock_path(out))
 
 
 def test_a_stale_lock_of_a_killed_run_is_replaced_and_a_live_one_refuses(tmp_path):

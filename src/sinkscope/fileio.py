@@ -242,6 +242,19 @@ def check_replaceable(folder: Path, overwrite: bool, *, kind: str, legacy: Calla
         raise SinkscopeError(f"the {kind} folder {folder} already exists; {hint}, or choose another {option}.")
 
 
+def check_not_cwd(folder: Path, what: str = "a run needs", example: str = "runs/NAME") -> None:
+    """A writer replaces its folder in one rename: never the current folder or one above it.
+
+    ``what`` and ``example`` finish the sentence: "--out . is the current folder or one above it;
+    {what} a folder of its own, e.g. --out {example}."
+    """
+    target = Path(os.path.abspath(folder))
+    here = Path.cwd()
+    if target == here or target in here.parents:
+        raise SinkscopeError(f"--out {folder} is the current folder or one above it; {what} a folder of its own, "
+                             f"e.g. --out {example}.")
+
+
 def check_inputs_outside(folder: Path, inputs: dict[str, str | os.PathLike | None], option: str = "--out") -> None:
     """Refuse an output ``folder`` that holds (or is) a file or folder the command reads, or lies inside one.
 

@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Iterator
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import check_replaceable, default_folder_mode, lock_folder, replace_folder, write_inventory
-from sinkscope.fileio import lock_path as fileio_lock_path
+from sinkscope.fileio import (check_not_cwd, check_replaceable, default_folder_mode, lock_folder, replace_folder,
+                              write_inventory)
+from sinkscope.fileio import lock_path  # noqa: F401 - a run folder's lock file: .NAME.lock beside it
 
 if TYPE_CHECKING:  # numpy and pandas are imported where they are used: the CLI's early checks stay light
     import numpy as np
@@ -301,11 +302,7 @@ def is_run_folder(folder: Path) -> bool:
 
 def _check_not_cwd(out_dir: Path) -> None:
     """A run replaces its folder in one rename: never the current folder or one above it."""
-    target = Path(os.path.abspath(out_dir))
-    here = Path.cwd()
-    if target == here or target in here.parents:
-        raise SinkscopeError(f"--out {out_dir} is the current folder or one above it; a run needs a folder of its "
-                             "own, e.g. --out runs/NAME.")
+    check_not_cwd(out_dir, "a run needs", "runs/NAME")
 
 
 #: the files a run folder holds (``figures/`` holds PNG and SVG files only).
@@ -333,11 +330,6 @@ def check_run_dir(out_dir: Path, overwrite: bool) -> None:
     out_dir = Path(out_dir)
     _check_not_cwd(out_dir)
     check_replaceable(out_dir, overwrite, kind="run", legacy=run_folder_legacy(out_dir))
-
-
-def lock_path(out_dir: Path) -> Path:
-    """The lock file of a run folder: ``.NAME.lock`` beside it (``fileio.lock_path``)."""
-    return fileio_lock_path(out_dir)
 
 
 @contextmanager

@@ -69,6 +69,10 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: real path -> (file identity, content key) of the GGUF files this process has keyed.
+_KEYS: dict[str, tuple[list[int], str]] = {}
+
+
 def _gguf_cache_key(path: Path) -> str:
     """A content key for a GGUF file: the SHA-256 of all of its bytes, computed once per version of the file.
 
@@ -80,6 +84,9 @@ def _gguf_cache_key(path: Path) -> str:
     path = Path(path)
     real = os.path.realpath(path)
     identity = _file_identity(path)
+    memo = _KEYS.get(real)
+    if memo is not None and memo[0] == identity:  # this process asked already (a run asks several times)
+        return memo[1]
     index_file = cache_root() / "gguf-hashes.json"
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
@@ -88,8 +95,10 @@ def _gguf_cache_key(path: Path) -> str:
         index = {}
     known = index.get(real)
     if isinstance(known, dict) and known.get("identity") == identity and isinstance(known.get("sha256"), str):
+        _KEYS[real] = (identity, known["sha256"][:16])
         return known["sha256"][:16]
     sha256 = _file_sha256(path)
+    _KEYS[real] = (identity, sha256[:16])
     index[real] = {"identity": identity, "sha256": sha256}
     try:
         index_file.parent.mkdir(parents=True, exist_ok=True)

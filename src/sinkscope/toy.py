@@ -283,28 +283,16 @@ def check_toy_dir(out: Path, overwrite: bool) -> None:
     Absent or empty: written. The toy task's earlier output: replaced with ``overwrite``. Anything
     else (a file sinkscope did not write, another writer's folder, the current folder): refused.
     """
-    from sinkscope.fileio import check_replaceable, read_inventory
+    from sinkscope.fileio import check_not_cwd, check_replaceable, read_inventory
 
     out = Path(out)
-    target, here = Path(os.path.abspath(out)), Path.cwd()
-    if target == here or target in here.parents:
-        raise SinkscopeError(f"--out {out} is the current folder or one above it; the toy task replaces its folder "
-                             "whole: give it a folder of its own, e.g. --out reports/toy.")
+    check_not_cwd(out, "the toy task replaces its folder whole: give it", "reports/toy")
     inventory = read_inventory(out) if out.is_dir() and not out.is_symlink() else None
     if inventory is not None and inventory["writer"] != TOY_WRITER:
         raise SinkscopeError(f"--out {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not by "
                              "the toy task; choose another --out.")
     check_replaceable(out, overwrite, kind="toy task", legacy=toy_legacy(out) if out.is_dir() else None,
                       hint="pass --overwrite to replace it")
-
-
-@contextlib.contextmanager
-def lock_toy_dir(out: Path):
-    """``.NAME.lock`` beside the folder (``fileio.lock_folder``): a second toy run into it fails at once."""
-    from sinkscope.fileio import lock_folder
-
-    with lock_folder(out, kind="toy", writer="toy run"):
-        yield
 
 
 def run_toy(options: ToyOptions, log=None) -> Path:
@@ -325,7 +313,9 @@ def run_toy(options: ToyOptions, log=None) -> Path:
         raise SinkscopeError("loads and steps must be positive.")
     out = Path(options.out)
     check_toy_dir(out, options.overwrite)
-    with lock_toy_dir(out):
+    from sinkscope.fileio import lock_folder
+
+    with lock_folder(out, kind="toy", writer="toy run"):
         check_toy_dir(out, options.overwrite)  # under the lock
         _run_toy(options, out, log)
     log(f"wrote {out / 'toy.md'}")

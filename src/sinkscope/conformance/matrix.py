@@ -11,10 +11,11 @@ capture:
 1. **discovery** finds the parts (``capture/discover.py``);
 2. **logits unchanged** under the capture, fused and explicit (``runner.check_capture``, the same
    self-check every run makes on its first window);
-3. **per-head p0 mass and phantom mass** equal an independent eager computation within 1e-5: the
-   model's own eager attention weights from ``output_attentions`` (w_i0 = a_i0 / sum_j a_ij over
-   queries i >= 1; phantom = 1 - sum_j a_ij for a sink column), and for a rescaling sink sigmoid(b -
-   LSE_i) from explicit scores q.k recorded from the model's eager function;
+3. **per-head p0 mass, phantom mass and sink alpha**, fused and explicit, equal an independent
+   eager computation within 1e-5: the model's own eager attention weights, recorded from its eager
+   function (w_i0 = a_i0 / sum_j a_ij over queries i >= 1; phantom = 1 - sum_j a_ij for a sink
+   column; for a rescaling sink sigmoid(b - LSE_i) from the explicit scores q.k; alpha_0 = mean over
+   t of a_t0 with the phantom in the normaliser);
 4. **hook-point invariants** (``tests/test_hooks.py``'s): ``resid_post[l] == resid_pre[l+1]``,
    ``hook_z`` is W_O's input, the heads' ``hook_result`` plus W_O's bias is W_O's output;
 5. **each command runs** (``sinks``, ``heads``, ``inject``, ``circuit``, and ``selectivity`` on
@@ -117,7 +118,8 @@ def _eager_reference(model, ids):
 
 
 def check_p0_and_phantom(model, ids) -> tuple[bool, str]:
-    """Per-head p0_mass and phantom_mass of the probes against the eager reference (1e-5)."""
+    """Per-head p0_mass, phantom_mass and sink_alpha (a_i0 with the phantom in the normaliser), fused and
+    explicit, against the eager reference (1e-5)."""
     import numpy as np
     import torch
 
@@ -131,29 +133,36 @@ def check_p0_and_phantom(model, ids) -> tuple[bool, str]:
     missing = [layer for layer in parts.attention_layers if layer not in seen or seen[layer][0][0] is None]
     if missing:
         return False, f"the model's eager attention gave no weights at layers {missing}"
-    table = sinkscope.measure(["p0_mass", "phantom_mass"], model, windows=ids.numpy(), attention="fused").table
-    worst = 0.0
+    references = {}
     for layer in parts.attention_layers:
         calls = seen[layer]  # every call of the layer: a looped model runs some layers more than once
         a = torch.cat([w.detach().float() for w, _, _ in calls])  # (calls x B, H, T, S)
         rows = a.sum(-1)  # (calls x B, H, T)
-        p0 = (a[..., 0] / rows)[:, :, 1:].mean(dim=(0, 2)).double()  # (H,)
-        if parts.sink_form == "rescale":
-            phantom = torch.cat([torch.sigmoid(sink.detach().float().view(1, -1, 1) - torch.logsumexp(scores, -1))
-                                 for _, scores, sink in calls])[:, :, 1:]
-            phantom = phantom.mean(dim=(0, 2)).double()
+        p0 = (a[..., 0] / rows)[:, :, 1:].mean(dim=(0, 2)).double()  # (H,): w_i0 over i >= 1
+        if parts.sink_form == "rescale":  # the eager rows sum to 1; phi from the explicit scores
+            phi = torch.cat([torch.sigmoid(sink.detach().float().view(1, -1, 1) - torch.logsumexp(scores, -1))
+                             for _, scores, sink in calls])  # (calls x B, H, T)
         else:
-            phantom = (1 - rows)[:, :, 1:].mean(dim=(0, 2)).double()
-        for metric, reference in (("p0_mass", p0), ("phantom_mass", phantom)):
-            got = table[(table.metric == metric) & (table.layer == layer) & table["head"].notna()]
-            if metric == "phantom_mass" and parts.sink_form is None:
-                if len(got) and not np.allclose(got["value"], 0):
-                    return False, f"phantom_mass is not 0 at layer {layer} on a model without a sink"
-                continue
-            values = torch.tensor(got.sort_values("head")["value"].to_numpy())
-            if values.shape != reference.shape:
-                return False, f"{metric} at layer {layer} has {values.numel()} heads, the reference {reference.numel()}"
-            worst = max(worst, float((values - reference).abs().max()))
+            phi = 1 - rows
+        a0 = a[..., 0] / rows * (1 - phi)  # (calls x B, H, T): a_i0, the phantom in the normaliser
+        references[layer] = {"p0_mass": p0, "phantom_mass": phi[:, :, 1:].mean(dim=(0, 2)).double(),
+                             "sink_alpha": a0.mean(dim=2).mean(dim=0).double()}  # Gu et al.'s alpha_0, t >= 0
+    worst = 0.0
+    for attention in ("fused", "explicit") if parts.interface else ("fused",):
+        table = sinkscope.measure(["p0_mass", "phantom_mass", "sink_rate"], model, windows=ids.numpy(),
+                                  attention=attention).table
+        for layer, wanted in references.items():
+            for metric, reference in wanted.items():
+                got = table[(table.metric == metric) & (table.layer == layer) & table["head"].notna()]
+                if metric == "phantom_mass" and parts.sink_form is None:
+                    if len(got) and not np.allclose(got["value"], 0):
+                        return False, f"phantom_mass is not 0 at layer {layer} on a model without a sink"
+                    continue
+                values = torch.tensor(got.sort_values("head")["value"].to_numpy())
+                if values.shape != reference.shape:
+                    return False, (f"{metric} ({attention}) at layer {layer} has {values.numel()} heads, the reference "
+                                   f"{reference.numel()}")
+                worst = max(worst, float((values - reference).abs().max()))
     if worst > TOLERANCE:
         return False, f"p0/phantom mass differ from the eager reference by {worst:.2g}"
     return True, f"p0/phantom within {worst:.1g}"
@@ -311,8 +320,9 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         f"Every causal-LM model type of transformers {transformers.__version__} "
         f"(`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, {len(rows)} types), checked by "
         "`python -m sinkscope.conformance.matrix` on a tiny random model built from its config class alone: "
-        "discovery of the parts, logits unchanged under the capture (fused and explicit), per-head p0 and "
-        "phantom mass against the model's own eager weights (1e-5), the hook-point invariants, and every "
+        "discovery of the parts, logits unchanged under the capture (fused and explicit), per-head p0 mass, "
+        "phantom mass and sink alpha (fused and explicit) against the model's own eager weights (1e-5), the "
+        "hook-point invariants, and every "
         "command (`sinks`, `heads`, `inject`, `circuit`, `selectivity` where gated).",
         "",
         f"**{len(passed)} of {len(checked)}** model types with softmax attention pass "

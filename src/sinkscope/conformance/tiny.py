@@ -6,13 +6,14 @@ For each key of ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``:
 * :func:`tiny_config` takes the config class's defaults (``CONFIG_MAPPING[model_type]()``) and
   shrinks every size with one generic rule set (:func:`_shrink`), then applies the few per-type
   ``OVERRIDES`` where the generic rule is not enough (each says why);
-* :func:`build_tiny` builds ``AutoModelForCausalLM.from_config`` of it: float32, eval, eager, seeded;
-* :func:`uses_attention_interface` and :func:`learned_sink_parameters` report two facts found by
-  inspecting a built model (a probe registered in ``AttentionInterface``; parameter names).
+* :func:`build_tiny` builds ``AutoModelForCausalLM.from_config`` of it: float32, eval, eager, seeded.
+
+What sinkscope finds in each model (attention path, learned sink, hook points) is the conformance
+matrix's (``matrix.py``, through ``capture.discover``), not repeated here.
 
 ``python -m sinkscope.conformance.tiny OUT.json [TYPE ...]`` runs the whole table, one line per
-type, and writes a JSON summary. Nothing is downloaded: everything comes from the installed
-transformers (set ``HF_HUB_OFFLINE=1``).
+type (built, forward run), and writes a JSON summary. Nothing is downloaded: everything comes from the
+installed transformers' config classes.
 """
 
 from __future__ import annotations
@@ -20,44 +21,33 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import inspect
 import json
 import logging
-import os
 import re
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from torch import nn
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import transformers  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
+import transformers
+from transformers import AutoModelForCausalLM
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 __all__ = [
     "CLASSES",
     "CLASS_REASONS",
     "KNOWN_FAILURES",
     "OVERRIDES",
-    "SPECIAL_INPUTS",
     "build_tiny",
     "check",
     "classify",
-    "learned_sink_parameters",
     "main",
-    "model_facts",
     "model_types",
-    "parallel_residual",
-    "sink_mechanism",
     "tiny_config",
     "tiny_overrides",
-    "uses_attention_interface",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -761,79 +751,6 @@ def vocab_of(model) -> int:
     return int(model.get_input_embeddings().num_embeddings)
 
 
-# --------------------------------------------------------------------------------------------
-# Facts found by inspection
-# --------------------------------------------------------------------------------------------
-
-PROBE_NAME = "sinkscope_conformance_probe"
-_PROBE_CALLS: list[str] | None = None
-
-
-def _to_additive(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, module: nn.Module):
-    if mask is None:
-        if not getattr(module, "is_causal", True):
-            return None
-        q_len, k_len = query.shape[-2], key.shape[-2]
-        allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
-        mask = allowed[None, None]
-    if mask.dtype == torch.bool:
-        return torch.where(mask, 0.0, torch.finfo(query.dtype).min).to(query.dtype)
-    return mask
-
-
-def _probe_attention(module, query, key, value, attention_mask, **kwargs):
-    """Records the calling module's class (and the kwargs it passes), then runs its family's own eager attention.
-
-    Indexer-sparse models (DSA / QSA) hand a non-eager implementation the dense mask plus ``indices``
-    (the top-k key positions per query) and expect it to apply the selection: done here as the
-    eager path does, so the logits can be compared.
-    """
-    if _PROBE_CALLS is not None:
-        _PROBE_CALLS.append((type(module).__name__, tuple(sorted(k for k, v in kwargs.items() if v is not None)),
-                             None if attention_mask is None else str(attention_mask.dtype).replace("torch.", "")))
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    mask = _to_additive(attention_mask, query, key, module)
-    if mask is not None and mask.shape[-1] != key.shape[-2]:
-        mask = mask[..., : key.shape[-2]]
-    indices = kwargs.pop("indices", None)
-    if isinstance(indices, torch.Tensor) and indices.dim() == 3 and mask is not None:
-        keep = torch.zeros(indices.shape[0], indices.shape[1], key.shape[-2] + 1, dtype=torch.bool, device=key.device)
-        keep.scatter_(-1, torch.where(indices < 0, key.shape[-2], indices).long(), True)
-        mask = mask.masked_fill(~keep[..., :-1].unsqueeze(1), torch.finfo(query.dtype).min)
-    if eager is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-        return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
-    return eager(module, query, key, value, mask, **kwargs)
-
-
-def _register_probe() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    AttentionInterface.register(PROBE_NAME, _probe_attention)
-    AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
-
-
-def _assistant_inputs(model, ids: torch.Tensor) -> dict:
-    """Synthetic target-model states for the Gemma 4 drafters (their forward ignores input_ids).
-
-    One (key, value) pair per layer type, shaped like the drafter's own attention modules expect,
-    and the target's concatenated (embedding, last hidden state) input of width 2 x backbone_hidden_size.
-    """
-    g = torch.Generator().manual_seed(1)
-    batch, length = ids.shape
-    states = {}
-    for module in model.modules():
-        layer_type = getattr(module, "layer_type", None)
-        if layer_type and hasattr(module, "head_dim") and layer_type not in states:
-            heads = getattr(module, "num_key_value_heads", None) or model.config.get_text_config().num_key_value_heads
-            shape = (batch, heads, length, module.head_dim)
-            states[layer_type] = (torch.randn(shape, generator=g), torch.randn(shape, generator=g))
-    embeds = torch.randn(batch, length, 2 * model.config.backbone_hidden_size, generator=g)
-    # logits_to_keep=None: Gemma4TextModel otherwise slices per_layer_inputs, which is None in the drafter
-    # (hidden_size_per_layer_input == 0), whenever more than one query position is passed.
-    return {"inputs_embeds": embeds, "shared_kv_states": states, "logits_to_keep": None}
-
-
 #: why the types that still fail cannot be fixed from the config alone (checked against the modeling files).
 KNOWN_FAILURES: dict[str, str] = {
     "gemma3n": "Gemma3nForConditionalGeneration always builds its vision tower as a TimmWrapperModel (MobileNetV5, "
@@ -841,9 +758,9 @@ KNOWN_FAILURES: dict[str, str] = {
                "be downloaded. The text part alone (gemma3n_text) builds and runs.",
     "gemma4_assistant": "a multi-token-prediction drafter: Gemma4AssistantForCausalLM.forward ignores input_ids and "
                         "raises unless given the target model's inputs_embeds (2 x backbone_hidden_size) and "
-                        "shared_kv_states; it runs with synthetic ones (forward_special_inputs)",
+                        "shared_kv_states; it does not run from input_ids alone",
     "gemma4_unified_assistant": "same drafter design as gemma4_assistant (needs the target's inputs_embeds and "
-                                "shared_kv_states; runs with synthetic ones)",
+                                "shared_kv_states)",
     "musicgen": "MODEL_FOR_CAUSAL_LM maps musicgen to MusicgenForCausalLM, which takes a MusicgenDecoderConfig "
                 "(model_type musicgen_decoder), but CONFIG_MAPPING['musicgen'] is the composite MusicgenConfig "
                 "(text encoder + audio codec + decoder): from_config fails reading decoder attributes (dropout) off "
@@ -852,261 +769,16 @@ KNOWN_FAILURES: dict[str, str] = {
 }
 
 
-#: model types whose forward cannot run from input_ids alone: what to pass instead (for the inspection only;
-#: the acceptance forward with input_ids is still reported as failed).
-SPECIAL_INPUTS: dict[str, Callable] = {
-    "gemma4_assistant": _assistant_inputs,
-    "gemma4_unified_assistant": _assistant_inputs,
-}
-
-
-def _forward(model, ids: torch.Tensor, special: Callable | None = None):
-    with torch.no_grad():
-        if special is not None:
-            return model(**special(model, ids), use_cache=False)
-        return model(input_ids=ids, use_cache=False)
-
-
 def _logits(out) -> torch.Tensor:
     return out.logits if hasattr(out, "logits") else out[0]
 
 
-def uses_attention_interface(model, ids: torch.Tensor | None = None, detail: dict | None = None,
-                             special: Callable | None = None) -> bool:
-    """Whether the model's attention modules call transformers' ``ALL_ATTENTION_FUNCTIONS``.
-
-    Registers a probe implementation, switches the model to it, runs one forward and restores
-    the previous implementation. ``detail`` (when given) receives the calling module classes,
-    the max |logit difference| against the eager run, and any error.
-    """
-    global _PROBE_CALLS
-    detail = {} if detail is None else detail
-    _register_probe()
-    if ids is None:
-        ids = torch.randint(0, vocab_of(model), (2, 12), generator=torch.Generator().manual_seed(0))
-    previous = model.config._attn_implementation
-    detail["can_set"] = bool(type(model)._can_set_attn_implementation())
-    reference = None
-    try:
-        reference = _logits(_forward(model, ids, special))
-    except Exception as exc:  # noqa: BLE001
-        detail["error"] = f"eager forward: {type(exc).__name__}: {str(exc)[:200]}"
-    calls: list[str] = []
-    try:
-        with _quiet():
-            model.set_attn_implementation(PROBE_NAME)
-        detail["switched"] = model.config._attn_implementation == PROBE_NAME
-        _PROBE_CALLS = calls
-        out = _logits(_forward(model, ids, special))
-        if reference is not None and out.shape == reference.shape:
-            detail["max_abs_diff_vs_eager"] = float((out - reference).abs().max())
-    except Exception as exc:  # noqa: BLE001
-        detail["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    finally:
-        _PROBE_CALLS = None
-        with contextlib.suppress(Exception), _quiet():
-            model.set_attn_implementation(previous)
-    counts: dict[str, int] = {}
-    kwargs_seen: dict[str, set] = {}
-    masks: dict[str, set] = {}
-    for name, keys, mask in calls:
-        counts[name] = counts.get(name, 0) + 1
-        kwargs_seen.setdefault(name, set()).update(keys)
-        masks.setdefault(name, set()).add(str(mask))
-    detail["calls"] = counts
-    detail["kwargs"] = {k: sorted(v) for k, v in kwargs_seen.items()}
-    detail["mask_dtypes"] = {k: sorted(v) for k, v in masks.items()}
-    return bool(calls)
-
-
-_SINK_NAME = re.compile(r"sink(?!horn)|s_aux", re.IGNORECASE)
-_NOT_ATTENTION = re.compile(r"Norm|Rotary|Output$|Residual|Cache|Mask|Bias$|Scaling|Gate$|Indexer|Compressor|"
-                            r"DecoderLayer$|EncoderLayer$")
-
-
-def _attention_module_classes(model) -> set[str]:
-    """Classes named like attention modules that own a projection (``*Attention*``, ``*Attn*``)."""
-    names = set()
-    for module in model.modules():
-        name = type(module).__name__
-        if re.search(r"Attention|Attn", name) and not _NOT_ATTENTION.search(name) and any(
-                isinstance(c, nn.Linear) or c.__class__.__name__ == "Conv1D" for c in module.children()):
-            names.add(name)
-    return names
-
-
-def learned_sink_parameters(model, attention_classes: set[str] | None = None) -> dict[str, tuple]:
-    """Per attention-module class: ``((param name, shape), ...)`` of parameters that look like learned sinks.
-
-    A parameter "looks like a sink" when its name matches ``sink`` (not ``sinkhorn``) or ``s_aux``,
-    the keyword transformers' modeling files use to hand a sink to the attention interface. The
-    names were checked against every modeling file that passes ``s_aux=`` or ``sinks=`` to
-    ``ALL_ATTENTION_FUNCTIONS`` (gpt_oss, flint, granite_swa, granitemoe_swa, mimo_v2_flash,
-    deepseek_v4, hy_v4: ``sinks``; inkling2, inkling2_loop: ``sink_proj``). A class appears when at
-    least one of its instances has one (MiMo-V2-Flash has sinks on its sliding layers only).
-    """
-    classes = attention_classes or _attention_module_classes(model)
-    found: dict[str, set] = {}
-    for module in model.modules():
-        cname = type(module).__name__
-        if cname not in classes:
-            continue
-        for pname, param in module.named_parameters(recurse=True):
-            if _SINK_NAME.search(pname):
-                found.setdefault(cname, set()).add((pname, tuple(param.shape)))
-    return {k: tuple(sorted(v)) for k, v in sorted(found.items())}
-
-
-def sink_mechanism(model) -> str | None:
-    """How the model's own ``eager_attention_forward`` applies a learned sink, read from its source."""
-    try:
-        src = inspect.getsource(getattr(sys.modules[type(model).__module__], "eager_attention_forward"))
-    except (AttributeError, OSError, TypeError):
-        return None
-    if re.search(r"cat\(\[attn_weights, sinks\]", src):
-        if "sinks: torch.Tensor | None" in src:
-            return "extra softmax column: per-token sink logits passed as `sinks=` are concatenated and dropped after softmax"
-        return "extra softmax column: per-head sink logit concatenated to the scores, dropped after softmax"
-    if "logsumexp" in src and "sink" in src and "sigmoid" in src:
-        return "output rescale: softmax without the sink, output multiplied by sigmoid(logsumexp(scores) - sink)"
-    if "sink" in src:
-        return "other (see eager_attention_forward)"
-    return None
-
-
-def _decoder_layer(model, attn_classes: set[str]):
-    """The first text decoder layer: an element of a ModuleList holding an attention module and an MLP."""
-    skip = re.compile(r"vision|visual|audio|image|encoder|patcher|speech|mimi|depth", re.I)
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or skip.search(name):
-            continue
-        for layer in module:
-            attn = next((m for m in layer.modules() if type(m).__name__ in attn_classes), None)
-            mlp = next((getattr(layer, n) for n in ("mlp", "feed_forward", "ffn", "mlp_block", "block_sparse_moe",
-                                                    "moe", "mlp_layer", "channel_mix") if hasattr(layer, n)), None)
-            if attn is not None and isinstance(mlp, nn.Module):
-                return layer, attn, mlp
-    return None
-
-
-def parallel_residual(model, ids: torch.Tensor, attn_classes: set[str] | None = None) -> bool | None:
-    """Whether the first decoder layer's MLP reads the layer input rather than the post-attention stream.
-
-    Found at run time: zero the attention module's output and see whether the MLP's input moves
-    (GPT-J / CodeGen / Phi / Cohere / GPT-NeoX / Falcon compute attention and MLP side by side).
-    None when no (attention, MLP) layer is found.
-    """
-    found = _decoder_layer(model, attn_classes or _attention_module_classes(model))
-    if found is None:
-        return None
-    _, attn, mlp = found
-    seen: list[torch.Tensor] = []
-
-    def grab(_m, args, kwargs):
-        x = args[0] if args else next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-        if isinstance(x, torch.Tensor) and not seen:
-            seen.append(x.detach().clone())
-
-    def zero(_m, _i, out):
-        if isinstance(out, (tuple, list)):
-            return type(out)([torch.zeros_like(out[0]), *out[1:]])
-        return torch.zeros_like(out) if isinstance(out, torch.Tensor) else out
-
-    handle = mlp.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        _forward(model, ids)
-        if not seen:
-            return None
-        base = seen.pop()
-        h2 = attn.register_forward_hook(zero)
-        try:
-            _forward(model, ids)
-        finally:
-            h2.remove()
-    finally:
-        handle.remove()
-    return bool(seen) and base.shape == seen[0].shape and torch.equal(base, seen[0])
-
-
-_FUSED_QKV = re.compile(r"^(qkv|qkv_proj|c_attn|query_key_value|Wqkv|W_pack|qkv_linear|attn_qkv|in_proj|"
-                        r"qkv_a_proj_with_mqa)$")
-_MLA_KV_A = re.compile(r"^kv_a_proj_with_mqa$")
-_FUSED_GATE_UP = re.compile(r"gate_up|w12|fc1_glu|gate_and_up")
-_NON_TEXT = re.compile(r"vision|visual|image|audio|speech|vq|multi_modal|img|patcher|mimi|depth_decoder|projector",
-                       re.I)
-
-
-def model_facts(model, attn_classes: set[str] | None = None, ids: torch.Tensor | None = None) -> dict[str, Any]:
-    """Structural facts about a built model (attention classes, layer_idx, fused projections, ...)."""
-    config = model.config
-    text = config.get_text_config(decoder=True)
-    facts: dict[str, Any] = {}
-    attn_classes = attn_classes or _attention_module_classes(model)
-    facts["attention_classes"] = sorted(attn_classes)
-    facts["attention_classes_without_layer_idx"] = sorted(
-        {type(m).__name__ + (" (has layer_id)" if hasattr(m, "layer_id") else "")
-         for m in model.modules() if type(m).__name__ in attn_classes and not hasattr(m, "layer_idx")})
-    fused_qkv, mla_kv_a = set(), set()
-    for module in model.modules():
-        if type(module).__name__ not in attn_classes:
-            continue
-        for leaf, child in module.named_children():
-            if isinstance(child, nn.Linear) or child.__class__.__name__ == "Conv1D":
-                if _MLA_KV_A.match(leaf):
-                    mla_kv_a.add(f"{type(module).__name__}.{leaf}")
-                elif _FUSED_QKV.match(leaf):
-                    fused_qkv.add(f"{type(module).__name__}.{leaf}")
-    facts["fused_qkv"] = sorted(fused_qkv)
-    facts["mla_fused_kv_a"] = sorted(mla_kv_a)
-    dense, experts = set(), set()
-    for name, _ in model.named_parameters():
-        if _FUSED_GATE_UP.search(name):
-            (experts if "experts" in name else dense).add(re.sub(r"\.\d+\.", ".N.", name).split("model.", 1)[-1])
-    facts["fused_gate_up_dense"] = sorted(dense)
-    facts["fused_gate_up_experts"] = bool(experts)
-    if getattr(text, "kv_lora_rank", None):
-        facts["mla"] = {"qk_head_dim": (getattr(text, "qk_nope_head_dim", 0) or 0) + (getattr(text, "qk_rope_head_dim", 0) or 0),
-                        "v_head_dim": getattr(text, "v_head_dim", None),
-                        "kv_lora_rank": text.kv_lora_rank, "q_lora_rank": getattr(text, "q_lora_rank", None)}
-    facts["softcapping"] = {k: getattr(text, k) for k in dir(text) if re.search(r"soft_?cap", k)
-                            and isinstance(getattr(text, k, None), (int, float)) and not isinstance(getattr(text, k), bool)
-                            and getattr(text, k)}
-    if ids is not None:
-        try:
-            facts["parallel_residual"] = parallel_residual(model, ids, attn_classes)
-        except Exception as exc:  # noqa: BLE001
-            facts["parallel_residual"] = f"error: {_short(exc)}"
-    try:
-        src = inspect.getsource(sys.modules[type(model).__module__])
-    except (OSError, TypeError):
-        src = ""
-    alibi_flag = getattr(text, "alibi", None)
-    attn_config = getattr(text, "attn_config", None)
-    if alibi_flag is None and attn_config is not None:
-        alibi_flag = getattr(attn_config, "alibi", None) if not isinstance(attn_config, dict) else attn_config.get("alibi")
-    facts["alibi_in_modeling"] = bool(re.search(r"alibi", src, re.IGNORECASE))
-    facts["alibi_enabled"] = alibi_flag if alibi_flag is not None else facts["alibi_in_modeling"]
-    facts["non_text_modules"] = sorted({n for n, _ in model.named_modules()
-                                        if n.count(".") <= 2 and _NON_TEXT.search(n.rsplit(".", 1)[-1])})
-    kinds = {}
-    for key in ("layer_types", "layers_block_type", "block_types", "mlp_layer_types", "attention_layers", "attn_layers"):
-        value = getattr(text, key, None)
-        if isinstance(value, (list, tuple)) and value:
-            kinds[key] = list(value)
-    facts["layer_kinds"] = kinds
-    facts["num_layers"] = next((getattr(text, k) for k in ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-                                if _is_int(getattr(text, k, None))), None)
-    facts["sink_mechanism"] = sink_mechanism(model)
-    return facts
-
-
-# --------------------------------------------------------------------------------------------
-# Script
-# --------------------------------------------------------------------------------------------
-
-
 def check(model_type: str, *, max_params_meta: int = 20_000_000) -> dict[str, Any]:
-    """Build, run and inspect one type; every failure is caught into the result."""
+    """Build one type and run a forward pass of random ids; every failure is caught into the result.
+
+    What sinkscope then finds in the model (its attention path, learned sink, hook points) is the
+    conformance matrix's (``matrix.py``), which reads it through ``capture.discover``.
+    """
     row: dict[str, Any] = {"type": model_type, "class": classify(model_type), "reason": CLASS_REASONS[model_type]}
     if model_type in KNOWN_FAILURES:
         row["known_failure"] = KNOWN_FAILURES[model_type]
@@ -1132,65 +804,22 @@ def check(model_type: str, *, max_params_meta: int = 20_000_000) -> dict[str, An
     except Exception as exc:  # noqa: BLE001
         row.update(build="failed", error=f"build: {type(exc).__name__}: {_short(exc)}")
         return row
-    row["build"] = "ok"
-    row["build_seconds"] = round(time.perf_counter() - t0, 3)
-    row["model_class"] = type(model).__name__
-    row["params"] = sum(p.numel() for p in model.parameters())
-    vocab = vocab_of(model)
-    row["vocab"] = vocab
+    row.update(build="ok", build_seconds=round(time.perf_counter() - t0, 3), model_class=type(model).__name__,
+               params=sum(p.numel() for p in model.parameters()))
+    vocab = row["vocab"] = vocab_of(model)
     ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
     try:
-        with _quiet():
+        with _quiet(), torch.no_grad():
             t1 = time.perf_counter()
-            out = _forward(model, ids)
+            logits = _logits(model(input_ids=ids, use_cache=False))
             row["forward_seconds"] = round(time.perf_counter() - t1, 3)
-        logits = _logits(out)
-        row["logits_shape"] = list(logits.shape)
         ok_shape = tuple(logits.shape) == (2, 12, vocab)
-        ok_finite = bool(torch.isfinite(logits).all())
-        row["forward"] = "ok" if ok_shape and ok_finite else (
+        row["forward"] = "ok" if ok_shape and bool(torch.isfinite(logits).all()) else (
             "non-finite logits" if ok_shape else f"shape {tuple(logits.shape)} != {(2, 12, vocab)}")
     except Exception as exc:  # noqa: BLE001
         row.update(forward="failed", error=f"forward: {type(exc).__name__}: {_short(exc)}")
-    special = SPECIAL_INPUTS.get(model_type)
-    if special is not None:
-        try:
-            with _quiet():
-                logits = _logits(_forward(model, ids, special))
-            row["forward_special_inputs"] = ("ok" if torch.isfinite(logits).all() else "non-finite") + \
-                f" {list(logits.shape)} (synthetic inputs_embeds + shared_kv_states)"
-        except Exception as exc:  # noqa: BLE001
-            row["forward_special_inputs"] = f"failed: {type(exc).__name__}: {_short(exc)}"
-    detail: dict[str, Any] = {}
-    try:
-        with _quiet():
-            row["uses_attention_interface"] = uses_attention_interface(model, ids, detail, special)
-    except Exception as exc:  # noqa: BLE001
-        detail["error"] = f"{type(exc).__name__}: {_short(exc)}"
-        row["uses_attention_interface"] = False
-    row["interface_detail"] = detail
-    classes = set(detail.get("calls", {})) | _attention_module_classes(model)
-    row["sink_params"] = {k: [list(x) for x in v] for k, v in learned_sink_parameters(model, classes).items()}
-    try:
-        with _quiet():
-            row["facts"] = model_facts(model, classes, ids if special is None else None)
-    except Exception as exc:  # noqa: BLE001
-        row["facts"] = {"error": _short(exc)}
     row["config_overrides"] = json.loads(json.dumps(tiny_overrides(model_type), default=str))
     return row
-
-
-def _extra_kwargs(rows: list[dict]) -> dict[str, list[str]]:
-    """Keyword arguments beyond the usual ones that attention modules hand the attention interface."""
-    usual = {"dropout", "scaling", "position_ids", "use_cache", "sliding_window", "output_router_logits",
-             "output_attentions", "logits_to_keep", "is_causal"}
-    out: dict[str, set] = {}
-    for r in rows:
-        for cls, keys in (r.get("interface_detail") or {}).get("kwargs", {}).items():
-            for k in keys:
-                if k not in usual:
-                    out.setdefault(k, set()).add(f"{r['type']}:{cls}")
-    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def _short(exc: BaseException) -> str:
@@ -1198,87 +827,28 @@ def _short(exc: BaseException) -> str:
     return text[:300]
 
 
-def _line(row: dict) -> str:
-    parts = [f"{row['type']:<26}", f"{row['class']:<18}"]
-    if row.get("build") != "ok":
-        parts.append(f"build FAILED {row.get('error', '')}")
-        return " ".join(parts)
-    parts.append("build ok")
-    if row.get("forward") == "ok":
-        parts.append(f"fwd ok {row['forward_seconds']:.3f}s {row['params']}p")
-    else:
-        parts.append(f"fwd FAILED {row.get('forward')} {row.get('error', '')}")
-    parts.append(f"iface={'yes' if row.get('uses_attention_interface') else 'no'}")
-    if row.get("sink_params"):
-        parts.append("sinks=" + ";".join(f"{k}:{','.join(p for p, _ in v)}" for k, v in row["sink_params"].items()))
-    return " ".join(parts)
-
-
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sinkscope.conformance.tiny OUT.json [TYPE ...]``: build and run every type, one line each."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("usage: python -m sinkscope.conformance.tiny OUT.json [TYPE ...]", file=sys.stderr)
         return 2
     out_path, only = argv[0], argv[1:]
     torch.set_num_threads(1)
-    types = only or model_types()
     rows = []
-    for t in types:
+    for t in only or model_types():
         row = check(t)
         rows.append(row)
-        print(_line(row), flush=True)
-    counts: dict[str, int] = {}
-    for t in model_types():
-        counts[classify(t)] = counts.get(classify(t), 0) + 1
+        status = f"fwd {row.get('forward')} {row.get('params', '')}p" if row.get("build") == "ok" else "build FAILED"
+        print(f"{t:<26} {row['class']:<18} {status} {row.get('error', '')}", flush=True)
     must = {"decoder", "hybrid", "multimodal-decoder"}
-
-    def failed(r):
-        return r.get("build") != "ok" or r.get("forward") != "ok"
-
-    def collect(pred):
-        return sorted(r["type"] for r in rows if r.get("facts") and pred(r["facts"]))
-
-    summary = {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "n_types": len(model_types()),
-        "class_counts": counts,
-        "types_by_class": {c: sorted(t for t in model_types() if classify(t) == c) for c in sorted(counts)},
-        "ok": sum(1 for r in rows if not failed(r)),
-        "failed": {r["type"]: {"error": r.get("error") or r.get("forward"), "why": r.get("known_failure")}
-                   for r in rows if r["class"] in must and failed(r)},
-        "optional_failed": {r["type"]: {"error": r.get("error") or r.get("forward"), "why": r.get("known_failure")}
-                            for r in rows if r["class"] not in must and failed(r)},
-        "no_attention_interface": sorted(r["type"] for r in rows if r["class"] in must and r.get("build") == "ok"
-                                         and not r.get("uses_attention_interface")),
-        "no_attention_interface_other_classes": sorted(
-            r["type"] for r in rows if r["class"] not in must and r.get("build") == "ok"
-            and not r.get("uses_attention_interface")),
-        "learned_sinks": {r["type"]: {"params": r["sink_params"], "mechanism": (r.get("facts") or {}).get("sink_mechanism")}
-                          for r in rows if r.get("sink_params")},
-        "probe_differs_from_eager": {r["type"]: r["interface_detail"].get("max_abs_diff_vs_eager")
-                                     for r in rows if (r.get("interface_detail") or {}).get("max_abs_diff_vs_eager", 0) > 1e-4},
-        "facts_summary": {
-            "attention_without_layer_idx": {r["type"]: r["facts"]["attention_classes_without_layer_idx"] for r in rows
-                                            if (r.get("facts") or {}).get("attention_classes_without_layer_idx")},
-            "parallel_residual": collect(lambda f: f.get("parallel_residual") is True),
-            "alibi_enabled": collect(lambda f: f.get("alibi_enabled") is True),
-            "softcapping": {r["type"]: r["facts"]["softcapping"] for r in rows if (r.get("facts") or {}).get("softcapping")},
-            "mla": collect(lambda f: "mla" in f),
-            "fused_qkv": {r["type"]: r["facts"]["fused_qkv"] for r in rows if (r.get("facts") or {}).get("fused_qkv")},
-            "fused_gate_up_dense": {r["type"]: r["facts"]["fused_gate_up_dense"] for r in rows
-                                    if (r.get("facts") or {}).get("fused_gate_up_dense")},
-            "fused_gate_up_experts": collect(lambda f: f.get("fused_gate_up_experts")),
-            "non_text_modules": {r["type"]: r["facts"]["non_text_modules"] for r in rows
-                                 if (r.get("facts") or {}).get("non_text_modules")},
-            "interface_extra_kwargs": _extra_kwargs(rows),
-        },
-        "types": {r["type"]: r for r in rows},
-    }
+    failed = {r["type"]: {"error": r.get("error") or r.get("forward"), "why": r.get("known_failure")}
+              for r in rows if r["class"] in must and (r.get("build") != "ok" or r.get("forward") != "ok")}
+    summary = {"transformers": transformers.__version__, "torch": torch.__version__, "n_types": len(model_types()),
+               "ok": len(rows) - len(failed), "failed": failed, "types": {r["type"]: r for r in rows}}
     with open(out_path, "w") as fh:
         json.dump(summary, fh, indent=1, default=str)
-    print(json.dumps({k: summary[k] for k in ("class_counts", "ok", "failed", "optional_failed",
-                                             "no_attention_interface")}, indent=1))
+    print(json.dumps({k: summary[k] for k in ("ok", "failed")}, indent=1))
     return 0
 
 

@@ -905,7 +905,7 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     out = Path(out)
     own_run = len(run_dirs) == 1 and not trainings and _same_folder(out, Path(run_dirs[0]))
     _beside(out).mkdir(parents=True, exist_ok=True)
-    with _report_lock(out):
+    with lock_folder(out, kind="report"):  # .NAME.lock beside out (a run folder's own lock)
         _remove_stale_temporaries(out)  # a killed build's staging folder (ours by name; we hold the lock)
         _check_report_folder(out, overwrite, own_run)
         made = not out.exists()
@@ -1024,13 +1024,6 @@ def _check_report_folder(out: Path, overwrite: bool, own_run: bool) -> tuple[str
 
     held = [child for child in out.iterdir() if child.is_dir() and not child.is_symlink()] if out.is_dir() else []
     return ("comparison" if any(is_run_folder(child) for child in held) else "report"), trees
-
-
-@contextlib.contextmanager
-def _report_lock(out: Path):
-    """``.NAME.lock`` beside the output folder (``fileio.lock_folder``; a run's own lock when it is a run folder)."""
-    with lock_folder(out, kind="report"):
-        yield
 
 
 def _name(out: Path) -> str:

@@ -67,8 +67,8 @@ from typing import Callable, NamedTuple
 import torch
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_replaceable, describe_entries,
-                              is_temporary_name, lock_folder, write_inventory)
+from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_not_cwd, check_replaceable,
+                              describe_entries, is_temporary_name, lock_folder, write_inventory)
 from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, foreign_files, is_checkpoint,
                                         load_checkpoint, read_config, save_checkpoint)
 from sinkscope.train.data import DEFAULT_TOKENIZER, WINDOW_POLICIES, load_tokenizer
@@ -454,18 +454,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 def _check_not_cwd(out: Path) -> None:
     """Checkpoints replace their folder whole: never the current folder or one above it."""
-    target = Path(os.path.abspath(out))
-    here = Path.cwd()
-    if target == here or target in here.parents:
-        raise SinkscopeError(f"--out {out} is the current folder or one above it; a checkpoint needs a folder of its "
-                             "own, e.g. --out ckpt/NAME.")
-
-
-@contextlib.contextmanager
-def _lock_out(out: Path):
-    """Hold --out's lock for the whole training (``fileio.lock_folder``): a second training into it fails at once."""
-    with lock_folder(out, kind="checkpoint", writer="training"):
-        yield
+    check_not_cwd(out, "a checkpoint needs", "ckpt/NAME")
 
 
 def _on_main(env: "_Dist", fn) -> None:
@@ -560,7 +549,8 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
     if not options.resume:
         opts = resolve_options(options)  # bad options fail before any file is touched
     # --out's lock first (rank 0), held to the end; then the folder's checks, under it.
-    _on_main(env, lambda: (_check_not_cwd(out), held.enter_context(_lock_out(out))))
+    _on_main(env, lambda: (_check_not_cwd(out),  # --out's lock for the whole training: a second one fails at once
+                           held.enter_context(lock_folder(out, kind="checkpoint", writer="training"))))
     device = _resolve_device(options.device, env.local_rank)
     saved_state = None
     previous_step = None  # --overwrite: the step of the checkpoint being replaced, for messages
