@@ -29,6 +29,8 @@ NAMED = {
     # the mechanisms the matrix made sinkscope learn, one model each
     "inkling_text": "position_bias folded into the mask", "deepseek_v32": "sparse indexer's indices",
     "zamba2": "attention module shared by layers", "dory": "looped layers", "gpt_neo": "eager fallback, no layer_idx",
+    "inkling2_text": "sink logit per query (sink_proj), a softmax column, gate inside o_proj",
+    "afmoe": "output gate from its own projection", "lfm3": "per-head output gate computed after attention",
 }
 
 
@@ -51,6 +53,93 @@ def test_sink_forms_are_read_off_the_models_own_eager_function():
     assert check_type("gpt_oss", commands=False)["sink"] == "column"
     assert check_type("deepseek_v4", commands=False)["sink"] == "column"
     assert check_type("llama", commands=False)["sink"] == ""
+
+
+def test_every_command_really_runs_in_the_matrix():
+    """A command the matrix calls wrongly (an unknown option) is a failure, never a 'refused' pass."""
+    detail = check_type("llama")["reason"]
+    for command in ("sinks", "heads", "inject", "circuit"):
+        assert command in detail and f"{command} refused" not in detail, detail
+
+
+def test_a_per_query_sink_logit_is_measured_against_its_projection():
+    """Inkling2 computes b_hi = sink_proj(h_i) per query and appends it as a softmax column.
+
+    Reference, independent of the capture: the eager model's own weights give phi_i = 1 - sum_j a_ij,
+    and a forward hook on ``sink_proj`` gives b_hi; phantom_mass and sink_logit (the mean of b_hi over
+    queries i >= 1) must match per head, fused and explicit.
+    """
+    import sinkscope
+    from sinkscope.conformance.tiny import build_tiny
+
+    torch.manual_seed(0)
+    model = build_tiny("inkling2_text").eval()
+    ids = torch.randint(1, model.get_input_embeddings().num_embeddings - 1, (2, 12),
+                        generator=torch.Generator().manual_seed(1))
+    logits_seen: dict[int, list[torch.Tensor]] = {}
+    handles = [layer.self_attn.sink_proj.register_forward_hook(
+        lambda _m, _i, out, index=index: logits_seen.setdefault(index, []).append(out.detach().float()))
+        for index, layer in enumerate(model.model.layers) if hasattr(layer.self_attn, "sink_proj")]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        weights = model(input_ids=ids, output_attentions=True, use_cache=False).attentions
+    for handle in handles:
+        handle.remove()
+    assert logits_seen, "the tiny Inkling2 has no sink_proj: the test would check nothing"
+    for attention in ("fused", "explicit"):
+        table = sinkscope.measure(["phantom_mass"], model, windows=ids.numpy(), attention=attention).table
+        heads = table[table["head"].notna()]
+        for layer, seen in logits_seen.items():
+            b = torch.cat(seen)  # (B, T, H)
+            expected_logit = b[:, 1:].mean(dim=(0, 1)).double()  # (H,)
+            phi = 1 - weights[layer].float().sum(-1)  # (B, H, T)
+            expected_mass = phi[:, :, 1:].mean(dim=(0, 2)).double()  # (H,)
+            for metric, expected in (("sink_logit", expected_logit), ("phantom_mass", expected_mass)):
+                got = heads[(heads["metric"] == metric) & (heads["layer"] == layer)].sort_values("head")["value"]
+                assert torch.allclose(torch.tensor(got.to_numpy()), expected, atol=1e-5), (attention, metric, layer)
+            assert float(expected_mass.max()) > 1e-3  # a phantom that takes mass: not a check of zeros
+
+
+@pytest.mark.parametrize("model_type,gate_name", [("afmoe", "gate_proj"), ("lfm3", "g_proj")])
+def test_an_output_gate_of_its_own_projection_is_read(model_type, gate_name):
+    """out_gate_mean per head equals sigmoid(g) from a forward hook on the model's own gate projection."""
+    import sinkscope
+    from sinkscope.conformance.tiny import build_tiny
+
+    torch.manual_seed(0)
+    model = build_tiny(model_type).eval()
+    ids = torch.randint(1, model.get_input_embeddings().num_embeddings - 1, (2, 12),
+                        generator=torch.Generator().manual_seed(1))
+    gates: dict[int, torch.Tensor] = {}
+    handles = []
+    for index, layer in enumerate(model.model.layers):
+        attention = getattr(layer, "self_attn", None)
+        if attention is not None and getattr(attention, gate_name, None) is not None:
+            handles.append(getattr(attention, gate_name).register_forward_hook(
+                lambda _m, _i, out, index=index: gates.__setitem__(index, torch.sigmoid(out.detach().float()))))
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    for handle in handles:
+        handle.remove()
+    assert gates, f"the tiny {model_type} has no {gate_name}: the test would check nothing"
+    table = sinkscope.measure(["output_gate"], model, windows=ids.numpy()).table
+    rows = table[(table["metric"] == "out_gate_mean") & table["head"].notna()]
+    n_heads = model.config.num_attention_heads
+    for layer, g in gates.items():
+        expected = g.view(*g.shape[:2], n_heads, -1).mean(dim=(0, 1, 3)).double()  # (H,)
+        got = rows[rows["layer"] == layer].sort_values("head")["value"].to_numpy()
+        assert torch.allclose(torch.tensor(got), expected, atol=1e-6), (layer, got, expected)
+
+
+def test_a_change_before_w_o_that_is_not_a_sigmoid_gate_is_refused_by_selectivity():
+    import sinkscope
+    from sinkscope.conformance.tiny import build_tiny
+
+    model = build_tiny("dory")  # sigmoid(g * s^2): a scaled gate
+    ids = torch.randint(1, 100, (2, 12), generator=torch.Generator().manual_seed(0)).numpy()
+    with pytest.raises(SinkscopeError, match="changes its attention output before W_O") as info:
+        sinkscope.measure("selectivity", model, windows=ids)
+    assert "\n" not in str(info.value)
 
 
 def test_the_eager_fallback_is_named_and_refuses_what_it_cannot_read():

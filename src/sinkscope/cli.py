@@ -764,7 +764,10 @@ def list_things(
         typer.echo("Any transformers causal LM with softmax attention is measured: its parts are found by watching "
                    "one forward pass. Verified by the conformance matrix (docs/architectures.md):")
         for row in read_verified():
-            typer.echo(f"{row['model_type']:24s} {row['status']:8s} {row.get('path', '')}")
+            extras = ", ".join(x for x in (row.get("sink") and f"sink {row['sink']}",
+                                           row.get("gate") and f"gate {row['gate']}") if x)
+            typer.echo(f"{row['model_type']:24s} {row['status']:8s} {row.get('path', '')}"
+                       + (f" ({extras})" if extras else ""))
     elif what == "commands":
         for name, summary in sorted(_command_summaries().items()):
             typer.echo(f"{name:12s} {summary}")

@@ -88,7 +88,8 @@ def gate_from_lse(lse: Tensor, *, first_logit: Tensor | None, sink_logit: Tensor
         lse: LSE_i over the real keys, (B, H, T) (a fused kernel's log-sum-exp).
         first_logit: s_i0, the logit of key 0 with the model's mask (-inf or the dtype's minimum
             where key 0 is hidden, e.g. past a sliding window), (B, H, T); needed when ``first``.
-        sink_logit: the model's phantom logit b_h, (H,), or None without a phantom. A phantom
+        sink_logit: the model's phantom logit, b_h (H,) per head or b_hi (B, H, T) per query
+            (Inkling2), or None without a phantom. A phantom
             outside the sink set still takes part in the normaliser (it belongs to ``rest``).
         first, phantom: the sink set (:func:`sink_parts`).
 
@@ -98,7 +99,8 @@ def gate_from_lse(lse: Tensor, *, first_logit: Tensor | None, sink_logit: Tensor
     """
     dtype = torch.promote_types(lse.dtype, torch.float32)
     lse = lse.to(dtype)
-    b = None if sink_logit is None else sink_logit.to(dtype).view(1, -1, 1)  # (1, H, 1)
+    b = None if sink_logit is None else (sink_logit.to(dtype).view(1, -1, 1) if sink_logit.dim() == 1
+                                         else sink_logit.to(dtype))  # (1, H, 1) or (B, H, T)
     if phantom and b is None:  # a layer without a phantom in a model with one (MiMo's full layers): no phantom mass
         if not first:
             return torch.ones_like(lse)  # (B, H, T): nothing in the sink set, every row fully active

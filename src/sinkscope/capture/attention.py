@@ -41,7 +41,7 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.discover import LAYER_OF, Parts
 from sinkscope.capture.families import ModelSpec, family_of, find_submodule, get_submodule
 from sinkscope.capture.kernels import attention_with_lse
-from sinkscope.capture.record import AttentionRecord
+from sinkscope.capture.record import AttentionRecord, sink_rows
 from sinkscope.errors import SinkscopeError
 
 IMPLEMENTATION = "sinkscope"
@@ -91,7 +91,26 @@ class _ActiveCapture:
         #: crafted value columns some probe reads from fused records (``Probe.record_columns``).
         self.record_columns = frozenset(getattr(sink, "record_columns", ()))
         self.pending_gates: dict[int, Tensor] = {}
+        #: records waiting for an output gate the model computes after its attention function (LFM3's g_proj)
+        self.waiting: dict[int, AttentionRecord] = {}
+        self.gate_after_attention = False  # set from discover.Parts by capture()
         self.resid_pre: dict[int, Tensor] = {}
+
+    def emit_record(self, layer: int, record: AttentionRecord) -> None:
+        """Hand ``record`` to the sink, or hold it until its layer's output gate is read (``gate_arrived``)."""
+        if record.output_gate is None and self.gate_after_attention:
+            self.waiting[layer] = record
+            return
+        self.sink.emit(hp.ATTN, layer, record)
+
+    def gate_arrived(self, layer: int, gate: Tensor) -> None:
+        """An output gate of ``layer`` (B, T, H, D) was read: attach it to the waiting record, or keep it for the next."""
+        record = self.waiting.pop(layer, None)
+        if record is None:
+            self.pending_gates[layer] = gate
+            return
+        record.output_gate = gate
+        self.sink.emit(hp.ATTN, layer, record)
 
     def values(self, layer: int, value: Tensor) -> Tensor:
         """Apply and report ``hook_v`` on (B, Hkv, S, D) values; the probes see (B, S, Hkv, D)."""
@@ -118,10 +137,18 @@ def _sliding_window(module: nn.Module, kwargs: dict) -> int | None:
 
 
 def _sink_logits(module: nn.Module, kwargs: dict) -> Tensor | None:
-    """The learned sink logits b_h the model hands its attention function (``s_aux``; gpt-oss's ``sinks``)."""
+    """The learned sink logits the model hands its attention function, or None.
+
+    (H,) per head, b_h: gpt-oss's ``s_aux`` or the module's ``sinks`` parameter. (B, H, T) per
+    query, b_hi: a ``sinks`` argument of shape (B, H, T, 1), computed from the hidden state by
+    Inkling2's ``sink_proj`` (its eager function appends it as an extra softmax column).
+    """
     sinks = kwargs.get("s_aux")
     if not isinstance(sinks, Tensor):
-        sinks = getattr(module, "sinks", None)
+        per_query = kwargs.get("sinks")
+        if isinstance(per_query, Tensor) and per_query.dim() == 4:
+            return per_query.detach()[..., 0]  # (B, H, T)
+        sinks = per_query if isinstance(per_query, Tensor) else getattr(module, "sinks", None)
     return sinks.detach() if isinstance(sinks, Tensor) else None
 
 
@@ -220,7 +247,7 @@ def sinkscope_attention(
             # algebra as a softmax column for the sink, so the record's weights are a_ij = w_ij (1 - phi_i)
             record.weights = record.weights * (1 - record.phantom_mass()).unsqueeze(-1)
             record._cache.clear()
-        active.sink.emit(hp.ATTN, layer, record)
+        active.emit_record(layer, record)
     return out, weights
 
 
@@ -279,10 +306,10 @@ def sinkscope_fused_attention(
         out, lse = attention_with_lse(query, key, value, scale, mask)  # (B, H, T, D), (B, H, T); GQA inside
     sinks = _sink_logits(module, kwargs)
     if sinks is not None:  # both forms (an extra softmax column, the output rescaled by sigmoid(LSE - b)) are this
-        phi = torch.sigmoid(sinks.float().view(1, -1, 1) - lse)  # (B, H, T)
+        phi = torch.sigmoid(sink_rows(sinks) - lse)  # (B, H, T); b (1, H, 1) per head or (B, H, T) per query
         out = out * (1 - phi).unsqueeze(-1).to(out.dtype)  # drop the phantom's share
     if active is not None and active.observe_attention:
-        active.sink.emit(hp.ATTN, layer, AttentionRecord(
+        active.emit_record(layer, AttentionRecord(
             layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
             kernel_lse=lse, sliding_window=_sliding_window(module, kwargs), sink_logits=sinks,
             output_gate=active.pending_gates.pop(layer, None), quiet_columns=quiet,
@@ -463,7 +490,7 @@ def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _Ac
                lambda _m, _i, out, index=index: sink.emit(hp.MLP_PRE_LINEAR, index, _output_of(out)))
         if family.gate_module is not None and is_attention and active.observe_attention:
             def read_gate(_mod, _inp, out, index=index):
-                active.pending_gates[index] = family.gate_reader(out, spec.n_heads, spec.head_dim)
+                active.gate_arrived(index, family.gate_reader(out, spec.n_heads, spec.head_dim))
             handles.append(get_submodule(layer_module, family.gate_module).register_forward_hook(read_gate))
 
     missing = [name for name, ok in found.items() if not ok]
@@ -520,6 +547,7 @@ def capture(model: nn.Module, sink: HookSink, *, mode: str = "fused") -> Iterato
     if mode not in MODES:
         raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
     active = _ActiveCapture(sink, spec, family.sink_form)
+    active.gate_after_attention = family.gate_module is not None and family.gate_after_attention
     switch = bool({hp.ATTN, hp.ATTN_V} & (sink.observed | sink.intervened)) and family.interface
     previous = model.config._attn_implementation
     handles = _install_hooks(model, family, spec, active)

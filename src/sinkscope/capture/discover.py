@@ -28,7 +28,7 @@ and forward hooks on every module of the decoder layers, and reads off, per laye
   (gpt-oss: the eager rows sum to 1 - phi) or an output rescaling by sigmoid(LSE - b) (Granite-SWA:
   the eager rows sum to 1). Any other parameter named like a sink is refused, never read as 0.
 
-What cannot be found is in ``families.QUIRKS`` (an output gate packed into ``q_proj``), each with
+What cannot be found goes in ``families.QUIRKS`` (empty today), each with
 the reason. A model whose attention never calls the interface gets the eager fallback
 (``Parts.interface`` False: the attention weights come from ``output_attentions``), and one with
 no softmax attention at all one sentence.
@@ -86,7 +86,14 @@ class Parts:
             scaled by sigmoid(LSE - b), Granite-SWA) or None (no learned sink).
         interface: whether the attention calls transformers' attention interface (False: the
             eager ``output_attentions`` fallback).
-        gate_module: path of a module whose output holds an output gate (``families.QUIRKS``).
+        gate_module: path of a module whose output holds an output gate: found (a projection of
+            the attention's input whose sigmoid times the attention output is what W_O reads,
+            ``families.sigmoid_gate``) or declared (``families.QUIRKS``).
+        gate_unread: why an output gate could not be read, when W_O reads the attention output
+            changed by something else (a scaled or softplus gate, a gate packed into another
+            projection); None otherwise.
+        gate_after_attention: the gate module runs after the attention function (LFM3, Dots3,
+            Inkling2), so the capture holds each record until the gate is read.
         gate_reader: turns that output into (B, T, H, D) gate values.
         absent: hook point -> why this model has none.
     """
@@ -113,6 +120,8 @@ class Parts:
     hidden_size: int
     sink_form: str | None = None
     interface: bool = True
+    gate_unread: str | None = None
+    gate_after_attention: bool = False
     gate_module: str | None = None
     gate_reader: Callable | None = None
     absent: dict = field(default_factory=dict)
@@ -234,7 +243,6 @@ def _trace(model: nn.Module, layers: nn.ModuleList, prefix: str):
 
     calls: list[_Call] = []
     attention_calls: list[_AttentionCall] = []
-    unknown_forms: list[str] = []  # attention classes handing their function a per-token sink
     clock = [0]
     open_calls: dict[int, list[_Call]] = {}
     current: list[int] = []  # the decoder layers running now (a stack: one, unless a layer runs another)
@@ -266,9 +274,8 @@ def _trace(model: nn.Module, layers: nn.ModuleList, prefix: str):
 
         attention_mask = fold_into_mask(attention_mask, kwargs, query, key)
         sink = kwargs.get("s_aux")
-        per_token = kwargs.get("sinks")
-        if isinstance(per_token, Tensor) and per_token.dim() > 1:
-            unknown_forms.append(type(module).__name__)
+        if not isinstance(sink, Tensor):
+            sink = kwargs.get("sinks")  # (B, H, T, 1) per query (Inkling2), or a per-head (H,)
         record = _AttentionCall(module, tick(), current[-1] if current else None, tuple(query.shape),
                                 tuple(key.shape), tuple(value.shape), sink if isinstance(sink, Tensor) else None)
         attention_calls.append(record)
@@ -312,10 +319,6 @@ def _trace(model: nn.Module, layers: nn.ModuleList, prefix: str):
         if interface and previous is not None:
             with contextlib.suppress(Exception):
                 model.set_attn_implementation(previous)
-    if unknown_forms:
-        raise SinkscopeError(f"{unknown_forms[0]} hands its attention a learned sink computed per token from the hidden "
-                             "state, a form sinkscope does not measure yet; it refuses rather than report a phantom "
-                             "mass it cannot compute.")
     return calls, attention_calls, interface and bool(attention_calls)
 
 
@@ -391,14 +394,16 @@ def _sink_form(module: nn.Module, sink: Tensor, qk_dim: int, v_dim: int, n_heads
     q = torch.randn(1, n_heads, 4, qk_dim, generator=generator).to(device, dtype)
     k = torch.randn(1, n_kv, 4, qk_dim, generator=generator).to(device, dtype)
     v = torch.randn(1, n_kv, 4, v_dim, generator=generator).to(device, dtype)
-    b = torch.full_like(sink, 2.0, dtype=dtype)
+    per_query = sink.dim() == 4  # (B, H, T, 1): handed as ``sinks`` per query (Inkling2), else (H,) as ``s_aux``
+    b = torch.full((1, n_heads, 4, 1) if per_query else tuple(sink.shape), 2.0, device=device, dtype=dtype)
     mask = torch.zeros(1, 1, 4, 4, device=device, dtype=dtype)
     saved = getattr(module, "sinks", None)
     try:
         with torch.no_grad():
             if isinstance(saved, nn.Parameter):
                 module.sinks = nn.Parameter(b.to(saved.dtype), requires_grad=False)
-            out, weights = eager(module, q, k, v, mask, scaling=qk_dim ** -0.5, dropout=0.0, s_aux=b)
+            handed = {"sinks": b} if per_query else {"s_aux": b}
+            out, weights = eager(module, q, k, v, mask, scaling=qk_dim ** -0.5, dropout=0.0, **handed)
     except Exception as error:  # noqa: BLE001 - an eager function we cannot call this way
         raise SinkscopeError(f"could not read how {where} applies its learned sink ({type(error).__name__}: "
                              f"{error}); sinkscope cannot measure its phantom mass.") from error
@@ -410,7 +415,8 @@ def _sink_form(module: nn.Module, sink: Tensor, qk_dim: int, v_dim: int, n_heads
                              "be read; sinkscope cannot measure its phantom mass.")
     rows = weights.float().sum(-1)  # (1, H, 4)
     logits = torch.matmul(q, k.repeat_interleave(n_heads // n_kv, 1).transpose(-1, -2)) * qk_dim ** -0.5
-    phi = torch.sigmoid(b.view(1, -1, 1).float() - torch.logsumexp(logits, -1))  # (1, H, 4)
+    phi = torch.sigmoid(b.float().view(1, -1, 1) - torch.logsumexp(logits, -1)) if not per_query else \
+        torch.sigmoid(b.float()[..., 0] - torch.logsumexp(logits, -1))  # (1, H, 4)
     if torch.allclose(rows, 1 - phi, atol=1e-4):
         return "column"
     plain = torch.matmul(torch.softmax(logits, -1), v.repeat_interleave(n_heads // n_kv, 1))  # (1, H, 4, Dv)
@@ -420,6 +426,44 @@ def _sink_form(module: nn.Module, sink: Tensor, qk_dim: int, v_dim: int, n_heads
     raise SinkscopeError(f"{where} applies its learned sink in a form sinkscope does not know (the eager rows sum "
                          "neither to 1 - phi nor to 1 with the output rescaled); sinkscope refuses to report its "
                          "phantom mass rather than report it wrong.")
+
+
+def _output_gate(in_layer: list[_Call], attn_call: _Call, record: _AttentionCall, out_proj: _Call, first: int,
+                 n_heads: int) -> tuple[str | None, Callable | None, str | None]:
+    """(gate module path, reader, None), or (None, None, why unread), or all None: W_O reads the attention output.
+
+    An output gate shows as W_O's input z differing from the attention function's output a. It
+    is read when one projection of the attention module's input, g, gives exactly
+    z = sigmoid(g) * a, per channel (g: (B, T, H * D)), per head (g: (B, T, H)) or packed as the
+    second half of each head's q_proj output (g: (B, T, H * 2D), Qwen3-Next); anything else
+    (Dory's scaled sigmoid, Laguna's softplus, AXK2's gate split from a fused projection) is named
+    unread, so no command reports the model as ungated.
+    """
+    from sinkscope.capture.families import packed_sigmoid_gate, sigmoid_gate
+
+    a, z = record.output, out_proj.input
+    if a is None or z is None or a.dim() != 4 or z.shape[:-1] != a.shape[:2] or z.shape[-1] != a[0, 0].numel():
+        return None, None, None
+    a, z = a.float(), z.float().view(a.shape)  # (B, T, H, Dv)
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(z).all())):
+        return None, None, None  # a model with non-finite weights: the run's own check names the layer
+    scale = float(a.abs().max()) or 1.0
+    if torch.allclose(z, a, rtol=1e-4, atol=1e-6 * scale):
+        return None, None, None
+    B, T, H, D = a.shape
+    for call in in_layer:
+        g = call.output
+        if not (_inside(call.path, attn_call.path) and call.path != attn_call.path and _has_matrix(call.module)
+                and _same(call.input, attn_call.input) and g is not None and g.dim() == 3
+                and g.shape[:2] == (B, T) and g.shape[-1] in (H * D, H, 2 * H * D)):
+            continue
+        reader = packed_sigmoid_gate if g.shape[-1] == 2 * H * D else sigmoid_gate
+        gated = reader(g, n_heads, D) * a  # (B, T, H, Dv)
+        if torch.allclose(gated, z, rtol=1e-4, atol=1e-5 * scale):
+            return _relative(call.path, first), reader, None
+    return None, None, ("W_O reads the attention output changed by something other than sigmoid(one projection of "
+                        "the attention's input) (a scaled or softplus gate, a gate packed into another projection, "
+                        "a norm), so sinkscope cannot read it as an output gate")
 
 
 def _unknown_sink_parameters(module: nn.Module, known: Tensor | None) -> list[str]:
@@ -473,11 +517,13 @@ def _discover(model: nn.Module) -> Parts:
             absent[name] = ("the residual stream is not one (B, T, C) tensor between the layers (several streams, "
                             "hyper-connections)")
 
-    # W_O: the first matrix the attention module applies after the attention function returned
+    # W_O: the first matrix the attention module applies after the attention function returned, to something
+    # other than the attention's own input (a per-head gate projection g_proj(hidden) may come first: LFM3, Dots3)
     out_proj = None
     for call in in_layer:
         if _inside(call.path, attn_call.path) and call.path != attn_call.path and call.start > record.done \
-                and _has_matrix(call.module) and call.input is not None and call.input.shape[-1] == n_heads * v_dim:
+                and _has_matrix(call.module) and call.input is not None and call.input.shape[-1] == n_heads * v_dim \
+                and not _same(call.input, attn_call.input):
             out_proj = call
             break
     if out_proj is None:
@@ -571,6 +617,10 @@ def _discover(model: nn.Module) -> Parts:
                                  "refuses to report its phantom mass as 0.")
 
     quirk = QUIRKS.get(model_type)
+    gate_module, gate_reader, gate_unread = (quirk.gate_module, quirk.gate_reader, None) if quirk else (None, None, None)
+    if quirk is None and out_proj is not None:
+        gate_module, gate_reader, gate_unread = _output_gate(in_layer, attn_call, record, out_proj, first, n_heads)
+    gate_call = next((c for c in in_layer if gate_module is not None and _relative(c.path, first) == gate_module), None)
     return Parts(
         model_type=model_type, label=type(model).__name__.replace("ForCausalLM", "") or model_type,
         layers=layers_path, attention=attention,
@@ -586,7 +636,8 @@ def _discover(model: nn.Module) -> Parts:
         attention_layers=tuple(sorted(attention_layers)),
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=v_dim, qk_head_dim=qk_dim, hidden_size=int(hidden),
         sink_form=sink_form, interface=interface,
-        gate_module=quirk.gate_module if quirk else None, gate_reader=quirk.gate_reader if quirk else None,
+        gate_module=gate_module, gate_reader=gate_reader, gate_unread=gate_unread,
+        gate_after_attention=gate_call is not None and gate_call.start > record.done,
         absent={k: v for k, v in absent.items() if v},
     )
 

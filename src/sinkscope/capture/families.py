@@ -4,8 +4,9 @@ Attention is observed through transformers' attention interface (``attention.py`
 outside it (the decoder layers, the attention module, its output projection, the norms, the
 residual order, the MLP's first projections, the softmax-attention layers, a learned sink and its
 form) are **found** by watching one forward pass (``discover.py``), for any causal LM. This module
-keeps only the true quirks (``QUIRKS``: an output gate packed into ``q_proj``, which no module
-outputs), each with the reason it cannot be found, and :class:`ModelSpec`.
+keeps the true quirks (``QUIRKS``, each with the reason it cannot be found; none is left today:
+output gates, packed into ``q_proj`` or from their own projection, are found too) and
+:class:`ModelSpec`.
 """
 
 from __future__ import annotations
@@ -19,18 +20,34 @@ if TYPE_CHECKING:  # torch is imported where it is used, so `sinkscope ls famili
     from torch import Tensor, nn
 
 
-def _qwen3_next_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
-    """Qwen3-Next's output gate, read from ``q_proj``'s output, as ``sigmoid(gate)``.
+def packed_sigmoid_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
+    """An output gate packed into ``q_proj`` (Qwen3-Next, Qwen3.5, Qwen4-exp), as ``sigmoid(gate)``.
 
     ``q_proj`` emits [query, gate] per head: (B, T, H * 2D) -> view (B, T, H, 2D) -> second
     half (modeling_qwen3_next.Qwen3NextAttention.forward, which then applies
-    ``attn_output * sigmoid(gate)`` before ``o_proj``).
+    ``attn_output * sigmoid(gate)`` before ``o_proj``). ``discover`` keeps this reader only after
+    checking on its traced pass that it gives exactly what W_O reads.
     """
     import torch
 
     b, t, _ = q_proj_out.shape
     gate = q_proj_out.view(b, t, n_heads, 2 * head_dim)[..., head_dim:]  # (B, T, H, D)
     return torch.sigmoid(gate.float())
+
+
+def sigmoid_gate(gate_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
+    """An output gate read from its own projection, ``sigmoid(g)``, as (B, T, H, D).
+
+    The projection emits one logit per head channel (B, T, H * D: AFMoE, Muse Spark, NeoMME,
+    HY-V4) or one per head (B, T, H: LFM3, Dots3, Bailing; broadcast over the head's D channels,
+    stride 0). ``discover`` keeps this reader only after checking, on its traced pass, that
+    ``sigmoid(g) * attention output`` is exactly what W_O reads.
+    """
+    import torch
+
+    b, t, _ = gate_proj_out.shape
+    gate = torch.sigmoid(gate_proj_out.float()).view(b, t, n_heads, -1)  # (B, T, H, D|1)
+    return gate.expand(b, t, n_heads, head_dim)  # (B, T, H, D)
 
 
 @dataclass(frozen=True)
@@ -48,17 +65,10 @@ class Quirk:
     why: str = ""
 
 
-_PACKED_GATE = Quirk(
-    gate_module="self_attn.q_proj", gate_reader=_qwen3_next_gate,
-    why="the output gate is the second half of each head's q_proj output, multiplied into the attention output "
-        "inside the attention module's forward: no module outputs the gate itself, so it cannot be hooked")
-
-#: the true quirks, by ``config.model_type``; everything else is found (``discover.py``).
-QUIRKS: dict[str, Quirk] = {
-    "qwen3_next": _PACKED_GATE,
-    "qwen3_5_text": _PACKED_GATE,
-    "qwen3_5_moe_text": _PACKED_GATE,
-}
+#: the true quirks, by ``config.model_type``; everything else is found (``discover.py``). Empty today: the
+#: output gate packed into q_proj (Qwen3-Next), its one entry until 2026-12, is found and verified by
+#: ``discover._output_gate`` like every other sigmoid output gate.
+QUIRKS: dict[str, Quirk] = {}
 
 #: the model types sinkscope was first written for (named in messages; every causal LM is tried).
 FIRST_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gpt_neox", "gpt2", "gpt_oss", "qwen3_next")
@@ -124,6 +134,9 @@ class ModelSpec:
         attention_path: ``"interface"`` (the attention calls transformers' attention interface:
             fused and explicit records) or ``"eager"`` (``discover.EAGER_FALLBACK``: records hold the
             model's weights from ``output_attentions`` only, memory quadratic in the sequence length).
+        output_gate_unread: why sinkscope cannot read an output gate the model has: W_O reads the
+            attention output changed by something that is not ``sigmoid`` of one projection
+            (``discover.Parts.gate_unread``); None when there is none or it is read.
     """
 
     family: str
@@ -141,6 +154,7 @@ class ModelSpec:
     attn_out_normalised: bool = False
     missing_hooks: tuple[str, ...] = ()
     attention_path: str = "interface"
+    output_gate_unread: str | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ModelSpec":
@@ -165,6 +179,7 @@ class ModelSpec:
             attn_out_normalised=parts.attn_out_normalised,
             missing_hooks=tuple(sorted(parts.absent)),
             attention_path="interface" if parts.interface else "eager",
+            output_gate_unread=parts.gate_unread,
         )
 
 

@@ -60,6 +60,12 @@ def quiet_reads(norms: Tensor, quantiles: tuple[float, ...] | list[float] | None
     return norms.double().unsqueeze(-1) < cutoffs.permute(1, 2, 0).unsqueeze(2)  # (B, Hkv, S, K)
 
 
+def sink_rows(sink_logits: Tensor) -> Tensor:
+    """Learned phantom logits as rows, float32: (H,) per head -> (1, H, 1); (B, H, T) per query as is."""
+    b = sink_logits.float()
+    return b.view(1, -1, 1) if b.dim() == 1 else b  # (1, H, 1) or (B, H, T)
+
+
 #: a logit at or below this is masked (an additive mask of -inf or the dtype's minimum).
 MASKED_BELOW = -1e4
 
@@ -79,7 +85,9 @@ class AttentionRecord:
         mask: (B, 1, T, S) additive float mask the model used (causal, sliding window), or None
             for a plain causal mask (key j visible to query i iff j <= i + S - T).
         sliding_window: window size W of a sliding-window layer (keys with i - j >= W hidden), or None.
-        sink_logits: (H,) learned phantom logits b_h (gpt-oss ``sinks``), or None.
+        sink_logits: learned phantom logits: (H,) one per head, b_h (gpt-oss ``sinks``), or
+            (B, H, T) one per query, b_hi, computed from the hidden state (Inkling2's
+            ``sink_proj``); None without a phantom. :meth:`sink_rows` broadcasts either.
         weights: (B, H, T, S) the attention weights a_ij the model's own eager function returned
             (rows sum to 1 - phi_i where there is a phantom), float32; None in a fused record.
         kernel_lse: (B, H, T) LSE_i over real keys from a fused kernel, float32; None in an
@@ -146,6 +154,10 @@ class AttentionRecord:
     @property
     def is_fused(self) -> bool:
         return self.weights is None
+
+    def sink_rows(self) -> Tensor:
+        """The phantom logit of each row, float32, broadcastable to (B, H, T): (1, H, 1) or (B, H, T)."""
+        return sink_rows(self.sink_logits)
 
     def _causal_fill(self, s: Tensor, keys: slice) -> Tensor:
         """-inf where a key of the slice ``keys`` is after query i (plain causal mask).
@@ -235,8 +247,7 @@ class AttentionRecord:
             like = self.query if self.query is not None else self.weights
             B, H, T, _ = like.shape
             return torch.zeros(B, H, T, dtype=torch.float32, device=like.device)
-        b = self.sink_logits.float().view(1, -1, 1)  # (1, H, 1)
-        return torch.sigmoid(b - self.lse())  # (B, H, T)
+        return torch.sigmoid(self.sink_rows() - self.lse())  # (B, H, T)
 
     def key_mass(self, keys: int | slice, *, over: str = "real") -> Tensor:
         """Mass each query puts on a set of key positions, (B, H, T).

@@ -38,7 +38,8 @@ OUTPUT_GATE_PROBES: tuple[str, ...] = ("output_gate",)
 VALUE_GATED_VARIANTS = ("normgate", "projgate", "sink+norm", "sink+proj", "routing-norm")
 OUTPUT_GATED_VARIANTS = ("outgate",)
 WHO_HAS_GATES = ("value gates: the trainer variants " + ", ".join(VALUE_GATED_VARIANTS)
-                 + "; output gates: the trainer variant outgate and the Hugging Face family Qwen3-Next")
+                 + "; output gates: the trainer variant outgate, and Hugging Face models whose heads are multiplied by "
+                 "sigmoid(a projection) before W_O (Qwen3-Next, AFMoE, LFM3, ...: `sinkscope ls families`)")
 
 
 @dataclass
@@ -65,7 +66,9 @@ def gate_kind(source: Source) -> str | None:
         variant = config.get("variant", "baseline")
         return "value" if variant in VALUE_GATED_VARIANTS else "output" if variant in OUTPUT_GATED_VARIANTS else "none"
     quirk = QUIRKS.get(config.get("model_type"))
-    return "output" if quirk is not None and quirk.gate_module is not None else "none"
+    if quirk is not None and quirk.gate_module is not None:
+        return "output"
+    return None  # a Hugging Face model's output gate is found when it is loaded (discover._output_gate)
 
 
 def _describe(source: Source) -> str:
@@ -115,6 +118,10 @@ def _check_sources(options: SelectivityOptions, sources: list[Source]) -> None:
 
 
 def _check_model(options: SelectivityOptions, spec: ModelSpec) -> None:
+    if spec.output_gate_unread and not spec.has_output_gate:
+        raise SinkscopeError(f"the {spec.family!r} model changes its attention output before W_O, and "
+                             f"{spec.output_gate_unread}; `sinkscope selectivity` cannot tell whether that is a gate, "
+                             "so it refuses rather than report the model as ungated.")
     if not spec.has_value_gate and not spec.has_output_gate:
         raise _no_gate(f"the model (family {spec.family})")
 

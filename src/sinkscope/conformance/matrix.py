@@ -8,7 +8,10 @@ every type with softmax attention gets a tiny random model built from its config
 (``tiny.build_tiny``) and these checks, each against a reference that does not use sinkscope's
 capture:
 
-1. **discovery** finds the parts (``capture/discover.py``);
+1. **discovery** finds the parts (``capture/discover.py``), and **W_O** is right: its output is the
+   attention module's output and its input the model's eager attention output, times the output
+   gate discovery found (``sigmoid`` of that module's output, computed here), unless the model is
+   named as having a gate sinkscope cannot read (``check_output_projection``);
 2. **logits unchanged** under the capture, fused and explicit (``runner.check_capture``, the same
    self-check every run makes on its first window);
 3. **per-head p0 mass, phantom mass and sink alpha**, fused and explicit, equal an independent
@@ -19,8 +22,8 @@ capture:
 4. **hook-point invariants** (``tests/test_hooks.py``'s): ``resid_post[l] == resid_pre[l+1]``,
    ``hook_z`` is W_O's input, the heads' ``hook_result`` plus W_O's bias is W_O's output;
 5. **each command runs** (``sinks``, ``heads``, ``inject``, ``circuit``, and ``selectivity`` on
-   gated models) through the API on the tiny model, or refuses a hook point the model lacks in one
-   sentence.
+   gated models) through the API on the tiny model, or refuses a hook point the model lacks (or a
+   gate it cannot read) in one sentence; a refusal of the matrix's own options is a failure.
 
 The result is ``docs/architectures.md`` (one row per model type: class, status, attention path,
 hook points missing, reason for a failure) and ``verified.json`` beside this module (read by
@@ -57,8 +60,10 @@ def read_verified() -> list[dict]:
 # ---- references that do not use the capture --------------------------------------------------------------
 
 
-def _eager_reference(model, ids):
+def _eager_reference(model, ids, outputs_of: dict | None = None):
     """Per attention layer: the model's own eager weights (B, H, T, S), its explicit scores and sink logits.
+
+    ``outputs_of`` (a dict, filled when given) receives each layer's eager outputs (B, T, H, Dv).
 
     Every ``eager_attention_forward`` of the model's modeling files is wrapped for one eager forward
     pass: it receives q, k, the mask and the scale from the model and returns the weights the model
@@ -75,6 +80,7 @@ def _eager_reference(model, ids):
     attention_modules = {id(find_submodule(layers[i], parts.attention)) for i in parts.attention_layers}
     current: list[int] = []
     seen: dict[int, list[tuple]] = {}
+    outputs: dict[int, list] = {}
     files = {sys.modules[type(m).__module__] for m in model.modules()
              if callable(getattr(sys.modules[type(m).__module__], "eager_attention_forward", None))}
     originals = {f: f.eager_attention_forward for f in files}
@@ -91,6 +97,7 @@ def _eager_reference(model, ids):
                     scores = scores + attention_mask[:, :, :, : key.shape[-2]].float()
                 sink = kwargs.get("s_aux", getattr(module, "sinks", None))
                 seen.setdefault(current[-1], []).append((weights, scores, sink))
+                outputs.setdefault(current[-1], []).append(out.detach())  # (B, T, H, Dv): before any gate and W_O
             return out, weights
         return recording
 
@@ -114,7 +121,62 @@ def _eager_reference(model, ids):
         for handle in handles:
             handle.remove()
         model.set_attn_implementation(previous)
+    if outputs_of is not None:
+        outputs_of.update(outputs)
     return parts, seen
+
+
+def check_output_projection(model, ids) -> tuple[bool, str]:
+    """W_O is the module that turns the heads' outputs into the attention module's output.
+
+    Against the model's own eager attention (``_eager_reference``): W_O's output must be the
+    attention module's output, and W_O's input must be the eager attention output a (ungated), or
+    sigmoid(g) * a for the gate projection discovery found, or the model must be named as having an
+    output gate sinkscope cannot read. A projection of the layer's input taken for W_O (a per-head
+    gate's g_proj called after attention) fails here.
+    """
+    import torch
+
+    from sinkscope.capture.families import find_submodule, get_submodule
+
+    outputs: dict = {}
+    parts, _ = _eager_reference(model, ids, outputs)
+    if parts.out_proj is None or not parts.interface:
+        return True, "no W_O to check"
+    layers = get_submodule(model, parts.layers)
+    seen: dict = {}
+    handles = []
+    for layer in parts.attention_layers:
+        for name, path in (("attn", parts.attention), ("o", parts.out_proj), ("g", parts.gate_module)):
+            module = find_submodule(layers[layer], path) if path else None
+            if module is not None:
+                handles.append(module.register_forward_hook(
+                    lambda _m, args, out, key=(layer, name): None if seen.setdefault(key, (args, out)) else None))
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.set_attn_implementation(previous)
+    first = lambda x: x if isinstance(x, torch.Tensor) else x[0]  # noqa: E731
+    for layer in parts.attention_layers:
+        if (layer, "o") not in seen or layer not in outputs:
+            continue
+        (o_args, o_out), (_, attn_out) = seen[(layer, "o")], seen[(layer, "attn")]
+        if not torch.equal(first(attn_out), o_out):
+            return False, f"W_O ({parts.out_proj}) does not give the attention module's output at layer {layer}"
+        a = outputs[layer][0].float()  # (B, T, H, Dv)
+        z = o_args[0].float().reshape(a.shape)  # (B, T, H, Dv)
+        if parts.gate_module is not None and (layer, "g") in seen:
+            g = torch.sigmoid(first(seen[(layer, "g")][1]).float())
+            a = a * (g.reshape(*a.shape[:3], -1) if parts.gate_reader.__name__ == "sigmoid_gate"
+                     else parts.gate_reader(first(seen[(layer, "g")][1]), a.shape[2], a.shape[3]))
+        if not torch.allclose(z, a, rtol=1e-4, atol=1e-5) and parts.gate_unread is None:
+            return False, f"W_O's input is not the attention output (times its gate) at layer {layer}"
+    return True, "W_O ok"
 
 
 def check_p0_and_phantom(model, ids) -> tuple[bool, str]:
@@ -242,7 +304,7 @@ def check_commands(model, ids, gated: bool) -> tuple[bool, str]:
 
     done = []
     for command in (*COMMANDS, *(("selectivity",) if gated else ())):  # (inject: one condition; circuit: r = 1)
-        options = {"doses": "0.4", "junk": "gaussian", "cutoff": "median"} if command == "inject" else {}
+        options = {"doses": "0.4", "junk": "gaussian", "cutoffs": "median"} if command == "inject" else {}
         if command == "circuit":
             options = {"repeats": (1,), "bos_token_id": 1}
         try:
@@ -250,7 +312,9 @@ def check_commands(model, ids, gated: bool) -> tuple[bool, str]:
             done.append(command)
         except SinkscopeError as error:
             text = str(error)
-            if "\n" in text or not any(word in text for word in ("has no", "have no", "does not have", "no MLP",
+            if "no option" in text:  # the matrix's own call is wrong: never a pass
+                raise
+            if "\n" in text or not any(word in text for word in ("has no", "have no", "does not have", "lacks", "no MLP",
                                                                      "not a subtraction", "cannot")):
                 return False, f"{command}: {text[:200]}"
             done.append(f"{command} refused ({text[:100]})")
@@ -284,18 +348,22 @@ def check_type(model_type: str, commands: bool = True) -> dict:
         parts = discover(model)
         row["path"] = "interface" if parts.interface else "eager fallback"
         row["sink"] = parts.sink_form or ""
+        row["gate"] = "output" if parts.gate_module else "unread" if parts.gate_unread else ""
         for attention in ("fused", "explicit"):
             check_capture(model, ids.numpy(), attention=attention)
         ok, detail = check_p0_and_phantom(model, ids)
         if not ok:
             raise AssertionError(detail)
+        ok, wo_detail = check_output_projection(model, ids)
+        if not ok:
+            raise AssertionError(wo_detail)
         ok, hooks_detail, missing = check_hooks(model, ids)
         row["missing"] = missing
         if not ok:
             raise AssertionError(hooks_detail)
         commands_detail = ""
         if commands:
-            ok, commands_detail = check_commands(model, ids, parts.gate_module is not None)
+            ok, commands_detail = check_commands(model, ids, parts.gate_module is not None or bool(parts.gate_unread))
             if not ok:
                 raise AssertionError(commands_detail)
         row.update(status="pass", reason=f"{detail}; ran {commands_detail}" if commands_detail else detail)
@@ -320,7 +388,8 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         f"Every causal-LM model type of transformers {transformers.__version__} "
         f"(`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, {len(rows)} types), checked by "
         "`python -m sinkscope.conformance.matrix` on a tiny random model built from its config class alone: "
-        "discovery of the parts, logits unchanged under the capture (fused and explicit), per-head p0 mass, "
+        "discovery of the parts, W_O (its output is the attention module's, its input the attention output times "
+        "any gate found), logits unchanged under the capture (fused and explicit), per-head p0 mass, "
         "phantom mass and sink alpha (fused and explicit) against the model's own eager weights (1e-5), the "
         "hook-point invariants, and every "
         "command (`sinks`, `heads`, `inject`, `circuit`, `selectivity` where gated).",
@@ -329,13 +398,18 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         f"({100 * len(passed) / max(len(checked), 1):.0f}%). Encoder-decoder, encoder-only and attention-free "
         "types are classified, not counted.",
         "",
-        "| model type | class | status | attention path | sink | hook points missing | detail |",
-        "|---|---|---|---|---|---|---|",
+        "The *sink* column is the learned-sink form (`column`: an extra softmax logit; `rescale`: the output "
+        "scaled by sigmoid(LSE - b)); *gate* is an output gate read before W_O (`output`: sigmoid of a projection, "
+        "its own or packed into q_proj), or something between attention and W_O that sinkscope cannot read as a "
+        "gate (`unread`: a scaled or softplus gate, a norm; `selectivity` refuses these).",
+        "",
+        "| model type | class | status | attention path | sink | gate | hook points missing | detail |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         missing = ", ".join(m.replace("blocks.{l}.", "") for m in r.get("missing", []) if not m.endswith("pre_linear"))
         lines.append(f"| `{r['model_type']}` | {r['class']} | {r['status']} | {r.get('path', '')} | "
-                     f"{r.get('sink', '')} | {missing} | {r.get('reason', '').replace('|', '/')} |")
+                     f"{r.get('sink', '')} | {r.get('gate', '')} | {missing} | {r.get('reason', '').replace('|', '/')} |")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
