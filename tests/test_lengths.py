@@ -465,6 +465,22 @@ def test_the_fit_reports_its_conditioning(window, phantom):
         assert fit[("leak_delta_ill_conditioned", 18, None)] == 1.0
 
 
+def test_spec_defines_every_leak_and_eviction_metric():
+    """docs/SPEC.md has a section for the leak model and eviction naming every metric they write (issue 27)."""
+    from pathlib import Path
+
+    import sinkscope.probes.eviction  # noqa: F401  (registers the probe)
+    from sinkscope.probes.base import PROBES
+
+    spec = (Path(__file__).parent.parent / "docs" / "SPEC.md").read_text(encoding="utf-8")
+    assert "## Eviction and the fixed-gap leak model" in spec
+    section = spec.split("## Eviction and the fixed-gap leak model", 1)[1]
+    for metric in [*leak_mod.LEAK_METRICS, *PROBES["eviction"].metrics]:
+        assert f"`{metric}" in section, metric
+    for formula in ("a_ie (o_i - v_e) / (1 - a_ie)", "1 / (1 + (n - 1) e^{-Delta})", "m_i s_i"):
+        assert formula in section, formula
+
+
 def test_layer_windows_from_configs():
     from types import SimpleNamespace
 

@@ -268,6 +268,7 @@ def _norm_figure(runs, keep, metric: str, ylabel: str, title: str, stem: str, ca
     if relative:
         ax.axhline(1.0, color="0.35", linestyle="--", linewidth=0.8)
     ax.set_xscale("symlog", linthresh=8)
+    ax.set_xlim(left=-0.5)  # position 0 (its dot) inside the frame
     ax.set_xlabel("position (symlog)")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
