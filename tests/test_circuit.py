@@ -113,6 +113,65 @@ def test_attention_output_at_position_0_is_its_own_value_through_w_o(family):
     assert len(table[table.metric == "attn_out_norm"]) == 16 and norms
 
 
+def _trend_reference(curve):  # (T,) -> relative slope per doubling over t >= 1
+    t = np.arange(1, len(curve))
+    slope = np.polyfit(np.log2(t), curve[1:], 1)[0]
+    return slope / curve[1:].mean()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_weighted_value_sum_norm_per_head_equals_an_explicit_forward(family):
+    """Seed 003 Table 2's quantity: ||sum_j a_tj v_j|| per head and position (before W_O), from the model's own
+    eager weights and values made by hand from its input norm and value projection; the headline rows match
+    it per head and pooled (the norm of all heads side by side), and the after-W_O rows stay beside it under their own name."""
+    model = build(family)
+    ids = random_ids(5, 18, seed=8)
+    table = sinkscope.measure("circuit", model, windows=ids.numpy(), bos_experiments=False, progress=False,
+                              batch_size=2).table
+    with torch.no_grad():
+        out = model(ids, output_attentions=True, use_cache=False)
+        a = out.attentions[0].double()  # (B, H, T, T) layer 0, eager softmax
+        if family == "llama":
+            layer = model.model.layers[0]
+            x = layer.input_layernorm(model.model.embed_tokens(ids))  # (B, T, C)
+            v = layer.self_attn.v_proj(x).view(5, 18, 2, 16).transpose(1, 2).repeat_interleave(2, dim=1)
+        else:
+            block = model.transformer.h[0]
+            x = block.ln_1(model.transformer.wte(ids) + model.transformer.wpe(torch.arange(18)))
+            v = block.attn.c_attn(x)[..., 128:].view(5, 18, 4, 16).transpose(1, 2)  # (B, H, T, D)
+    z = a @ v.double()  # (B, H, T, D): the weighted sum of values
+    per_head = z.norm(dim=-1).mean(0).numpy()  # (H, T)
+    rows = table[table.metric == "attn_z_norm"]
+    assert len(rows) == 18 * (4 + 1)
+    for head in range(4):
+        got = rows[rows["head"] == head].sort_values("position")
+        np.testing.assert_allclose(got.value.to_numpy(float), per_head[head], rtol=1e-5)
+        ratio = table[(table.metric == "attn_z_norm_p0_ratio") & (table["head"] == head)].value.item()
+        assert ratio == pytest.approx(per_head[head, 0] / per_head[head, 1:].mean(), rel=1e-5)
+        trend = table[(table.metric == "attn_z_norm_trend") & (table["head"] == head)].value.item()
+        assert trend == pytest.approx(_trend_reference(per_head[head]), rel=1e-5, abs=1e-9)
+    pooled_curve = z.transpose(1, 2).reshape(5, 18, 64).norm(dim=-1).mean(0).numpy()  # (T,): heads concatenated
+    pooled = rows[rows["head"].isna()].sort_values("position")
+    np.testing.assert_allclose(pooled.value.to_numpy(float), pooled_curve, rtol=1e-5)
+    pooled_rows = table[table["head"].isna()]
+    ratio = pooled_rows[pooled_rows.metric == "attn_z_norm_p0_ratio"].value.item()
+    assert ratio == pytest.approx(pooled_curve[0] / pooled_curve[1:].mean(), rel=1e-5)
+    trend = pooled_rows[pooled_rows.metric == "attn_z_norm_trend"].value.item()
+    assert trend == pytest.approx(_trend_reference(pooled_curve), rel=1e-5, abs=1e-9)
+    # after W_O: a different number under its own name (the model's attention output, pooled only)
+    with torch.no_grad():
+        if family == "llama":
+            after = model.model.layers[0].self_attn.o_proj(z.transpose(1, 2).reshape(5, 18, 64).float())
+        else:
+            after = model.transformer.h[0].attn.c_proj(z.transpose(1, 2).reshape(5, 18, 64).float())
+    after_curve = after.double().norm(dim=-1).mean(0).numpy()
+    got = table[table.metric == "attn_out_norm"].sort_values("position")
+    assert got["head"].isna().all()
+    np.testing.assert_allclose(got.value.to_numpy(float), after_curve, rtol=1e-4)
+    assert table[table.metric == "attn_out_norm_trend"].value.item() == pytest.approx(
+        _trend_reference(after_curve), rel=1e-4, abs=1e-9)
+
+
 def _pca_reference(x, n_windows):
     """(separation, pc1 share, pc2 share) of rows x (B*T, F), position 0 every T-th row, in float64."""
     T = len(x) // n_windows
@@ -296,7 +355,7 @@ def test_cli_runs_and_writes_a_report(tmp_path, tiny_llama_dir, text_file):
                                  "--repeats", "2", "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     page = (out / "report.html").read_text()
-    for stem in ("circuit_norms", "circuit_cosine", "circuit_attn_out_norm", "circuit_pca_scatter", "circuit_outliers",
+    for stem in ("circuit_norms", "circuit_cosine", "circuit_attn_z_norm", "circuit_attn_out_norm", "circuit_pca_scatter", "circuit_outliers",
                  "circuit_bos_sink_rate", "circuit_bos_repeat"):
         assert (out / "figures" / f"{stem}.png").is_file(), stem
         assert stem in page

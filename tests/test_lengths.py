@@ -113,7 +113,8 @@ def test_leak_rows_recover_delta_per_head_from_a_table():
 def test_multi_length_run_has_the_leak_fit(multi):
     t = multi.table
     fit = t[t.probe == "leak_fit"]
-    assert set(fit.metric) == {"leak_delta", "leak_p0_predicted", "leak_p0_error", "leak", "leak_gap"}
+    assert set(fit.metric) == {"leak_delta", "leak_p0_predicted", "leak_p0_error", "leak", "leak_gap", "leak_delta_dp0",
+                               "leak_delta_ill_conditioned"}
     gap = fit[(fit.metric == "leak_gap") & fit["head"].notna()]
     assert set(gap["seq_len"].astype(int)) == set(LENGTHS)
     shortest = gap[gap.seq_len == min(LENGTHS)].set_index(["layer", "head"])["value"]
@@ -395,6 +396,89 @@ def test_multi_length_gpt_oss_fits_key_0_and_the_phantom_with_the_windows():
                   & t["layer_type"].isna()].sort_values("head")
             back = leak_mod.p0_under_gap(d["value"].to_numpy(), 8, window=windows[layer], phantom=phantom)
             np.testing.assert_allclose(back, m["value"].to_numpy(), atol=1e-9)
+
+
+def test_p0_error_is_not_reported_where_a_window_makes_it_zero_by_construction():
+    """gpt-oss's sliding layers (W = 8) at lengths 8, 16, 24: every query that sees key 0 is in the shortest
+    window, so the measured p0 at T is p0(8) * 7 / (T - 1) (checked on the measured rows) and so is the
+    fixed-gap prediction; leak_p0_error has no rows there, the full layer keeps its own, the model mean is
+    over the reported layers, the manifest names the layers and the reason. The phantom's error stays."""
+    from conftest import SAMPLE_TEXT, make_tokenizer
+
+    result = sinkscope.measure("sinks", build("gpt_oss"), make_tokenizer(), texts=[SAMPLE_TEXT * 12],
+                               seq_len=[8, 16, 24], n_seqs=3)
+    t = result.table
+    t = t[t["layer_type"].isna()]
+    heads = t[t["head"].notna()]
+    for layer in (0, 2):  # sliding, W = 8 <= the shortest length: the error would be 0 by construction
+        p0 = heads[(heads.metric == "p0_mass") & (heads.layer == layer)].pivot(index="head", columns="seq_len",
+                                                                             values="value")
+        for n in (16, 24):
+            np.testing.assert_allclose(p0[n] * (n - 1), p0[8] * 7, rtol=1e-5, atol=1e-7)
+    error = t[t.metric == "leak_p0_error"]
+    assert set(error.layer.dropna().astype(int)) == {1}  # the full layer only
+    for n in (16, 24):
+        at = error[error.seq_len == n]
+        model_row = at[at.layer.isna()].value.item()
+        assert model_row == pytest.approx(at[(at.layer == 1) & at["head"].isna()].value.item())
+    assert set(t[t.metric == "leak_phantom_error"].layer.dropna().astype(int)) == {0, 1, 2}
+    assert set(t[t.metric == "leak_p0_predicted"].layer.dropna().astype(int)) == {0, 1, 2}
+    note = result.manifest["probes"]["leak_fit"]["options"]["p0_error_not_reported"]
+    assert note["layers"] == [0, 2] and "by construction" in note["reason"]
+
+
+def _dp0_by_finite_difference(delta, seq_len, window, phantom, h=1e-4):
+    """|dDelta/dp0| from explicit softmax rows: 1 / (central difference of the share in Delta)."""
+    return 2 * h / (synthetic_share(delta + h, seq_len, window, phantom)
+                    - synthetic_share(delta - h, seq_len, window, phantom))
+
+
+@pytest.mark.parametrize("window, phantom", [(None, False), (8, False), (8, True)])
+def test_the_fit_reports_its_conditioning(window, phantom):
+    """leak_delta_dp0 = |dDelta/dp0| at the fitted gap equals the inverse slope of the explicit softmax share in
+    Delta; a saturated sink (p0 = 1 - 3e-6 at 128 tokens, SmolLM2's head 18.8) is ~1/(1 - p0) and flagged, a
+    mid-range one is not."""
+    from sinkscope.results import Row
+
+    deltas = {(0, 0): 0.5, (0, 1): 3.0, (0, 2): 7.0}
+    measured, prefix = ("phantom_mass", "leak_phantom") if phantom else ("p0_mass", "leak")
+    rows = [Row(measured, measured, l, h, synthetic_share(d, n, window, phantom), 10, (("seq_len", n),))
+            for n in (24, 48) for (l, h), d in deltas.items()]
+    out = {(r.metric, r.layer, r.head): r.value for r in leak_mod.leak_rows(rows, [window])
+           if dict(r.conditions)["seq_len"] == 24}
+    for (l, h), d in deltas.items():
+        want = _dp0_by_finite_difference(d, 24, window, phantom)
+        assert out[(f"{prefix}_delta_dp0", l, h)] == pytest.approx(want, rel=1e-6)
+        assert out[(f"{prefix}_delta_ill_conditioned", l, h)] == float(want > 1e3)
+    assert out[(f"{prefix}_delta_dp0", 0, None)] == pytest.approx(
+        np.mean([out[(f"{prefix}_delta_dp0", 0, h)] for h in range(3)]))
+    if window is None and not phantom:  # the saturated head of the brief
+        p0 = 1 - 3e-6
+        fit = {(r.metric, r.layer, r.head): r.value
+               for r in leak_mod.leak_rows([Row("p0_mass", "p0_mass", 18, 8, p0, 16, (("seq_len", n),))
+                                            for n in (128, 512)]) if dict(r.conditions)["seq_len"] == 128}
+        delta = fit[("leak_delta", 18, 8)]
+        want = _dp0_by_finite_difference(delta, 128, None, False, h=1e-3)
+        assert fit[("leak_delta_dp0", 18, 8)] == pytest.approx(want, rel=1e-4)
+        assert fit[("leak_delta_dp0", 18, 8)] == pytest.approx(1 / (1 - p0), rel=0.01)
+        assert fit[("leak_delta_ill_conditioned", 18, 8)] == 1.0
+        assert fit[("leak_delta_ill_conditioned", 18, None)] == 1.0
+
+
+def test_spec_defines_every_leak_and_eviction_metric():
+    """docs/SPEC.md has a section for the leak model and eviction naming every metric they write (issue 27)."""
+    from pathlib import Path
+
+    import sinkscope.probes.eviction  # noqa: F401  (registers the probe)
+    from sinkscope.probes.base import PROBES
+
+    spec = (Path(__file__).parent.parent / "docs" / "SPEC.md").read_text(encoding="utf-8")
+    assert "## Eviction and the fixed-gap leak model" in spec
+    section = spec.split("## Eviction and the fixed-gap leak model", 1)[1]
+    for metric in [*leak_mod.LEAK_METRICS, *PROBES["eviction"].metrics]:
+        assert f"`{metric}" in section, metric
+    for formula in ("a_ie (o_i - v_e) / (1 - a_ie)", "1 / (1 + (n - 1) e^{-Delta})", "m_i s_i"):
+        assert formula in section, formula
 
 
 def test_layer_windows_from_configs():

@@ -21,13 +21,41 @@ more than a fixed gap would.
 Rows (probe ``leak_fit``; every row carries a ``seq_len``):
 
     leak_delta         Delta per head, at the shortest length
+    leak_delta_dp0     |dDelta/dp0| at the fitted Delta: the fit's conditioning (below)
+    leak_delta_ill_conditioned  1 where |dDelta/dp0| > ILL_CONDITIONED_DP0 (1e3), else 0
     leak_p0_predicted  p0(T; Delta) per head at each longer length T
-    leak_p0_error      predicted minus measured p0 at each longer length (signed)
+    leak_p0_error      predicted minus measured p0 at each longer length (signed); not on sliding
+                       layers whose window W <= the shortest length (below)
     leak               1 - sink(T): the leak of the last query of a window of T tokens
     leak_gap           Delta fitted per head at each length on its own (how the gap moves with T)
 
 with the usual per-layer means over heads and model means over layers (``leak_p0_error``'s
 aggregates are means of the signed errors; its per-head rows keep every sign).
+
+**Conditioning of Delta.** With s_i = 1 / (1 + r_i e^{-Delta}) the sink share of query i (r_i its
+rival keys) and m_i = [i < W] on a sliding layer (1 otherwise), ds_i/dDelta = s_i (1 - s_i), so
+
+    dp0/dDelta = mean_{i=1}^{T-1} m_i s_i (1 - s_i),      |dDelta/dp0| = 1 / mean_i m_i s_i (1 - s_i)
+
+(computed as r_i e^{-Delta} / (1 + r_i e^{-Delta})^2, finite on the whole bracket). It is smallest
+in mid-range (about 5 nats per unit p0 at T = 128) and grows without bound as p0 -> 1 (about
+1 / (1 - p0): p0 = 0.999997 at 128 tokens, as SmolLM2's head 18.8, gives 3.3e5, so the fifth decimal of
+p0 moves Delta by nats) and as p0 -> 0 (about 1 / p0). Delta is then a well-defined function of
+logit(p0) (dDelta/dlogit p0 = p0 (1 - p0) |dDelta/dp0| stays between 1.0 and 1.2 at T = 128:
+Delta ~ log mean_i r_i - log(1 - p0) near 1) but not a number to compare to a tenth of a nat.
+``leak_delta_ill_conditioned`` flags |dDelta/dp0| > 1e3: a p0 error of 0.001 moves Delta by
+more than a nat. The layer row of ``leak_delta_dp0`` is the mean over heads (the bound on the
+layer-mean Delta's change when every head's p0 moves by one unit); of the flag, the share of
+flagged heads.
+
+**The error on sliding layers.** Where the shortest length T0 >= W, every query that sees key 0
+(i < W) lies in the shortest window, and a causal model gives those queries the same weights at
+every length (the windows are prefixes): the measured p0 at T is p0(T0) (T0 - 1) / (T - 1), and so
+is the prediction. ``leak_p0_error`` would be 0 by construction there, so it has no rows on such
+layers (its layer and model means are over the other layers; :func:`error_not_reported` names the
+layers and ``P0_ERROR_NOT_REPORTED`` the reason; a multi-length run records both in its manifest
+under ``probes.leak_fit.options.p0_error_not_reported``). ``leak_gap`` is, for the same reason, the
+same at every length there.
 
 Two extensions of the same model, so it applies where seeds 001 and 002 meet:
 
@@ -37,7 +65,9 @@ Two extensions of the same model, so it applies where seeds 001 and 002 meet:
 - **A learned phantom** (gpt-oss, ``sinklogit``): the phantom competes with all the real keys a
   query sees, phi_i = 1 / (1 + min(i + 1, W) e^{-Delta}). Models whose ``phantom_mass`` is not
   zero get the same rows for it: ``leak_phantom_delta``, ``leak_phantom_predicted``,
-  ``leak_phantom_error``, ``leak_phantom`` (1 - phi of a query seeing n real keys), ``leak_phantom_gap``.
+  ``leak_phantom_error``, ``leak_phantom`` (1 - phi of a query seeing n real keys), ``leak_phantom_gap``,
+  ``leak_phantom_delta_dp0``, ``leak_phantom_delta_ill_conditioned``. The phantom sees every query,
+  so its error is reported on every layer.
 """
 
 from __future__ import annotations
@@ -50,6 +80,13 @@ from sinkscope.results import MetricInfo, Row
 
 #: the bracket of the fit (nats): a head with p0 at or above sink(DELTA_MAX) is a perfect sink.
 DELTA_MIN, DELTA_MAX = -30.0, 60.0
+#: |dDelta/dp0| above which Delta is flagged ill-conditioned (nats per unit of p0): a p0 error of
+#: 0.001 would move Delta by more than a nat.
+ILL_CONDITIONED_DP0 = 1e3
+#: why leak_p0_error has no rows on a sliding layer with W <= the shortest length.
+P0_ERROR_NOT_REPORTED = ("sliding window W <= the shortest length: every query that sees key 0 is inside the "
+                         "shortest window, so the measured and predicted p0 at a longer length T are both the "
+                         "shortest one's times (T0 - 1) / (T - 1) and the error is 0 by construction")
 
 LEAK_METRICS = {
     "leak_delta": MetricInfo(
@@ -61,9 +98,20 @@ LEAK_METRICS = {
         "p0 predicted by the fixed gap", "share of real-key mass",
         "p0(T; Delta) = mean_{i=1}^{T-1} 1/(1 + i e^{-Delta}) at each longer length T, Delta fitted at the shortest",
         "seed 001; sinkscope.leak", "compare with the measured p0_mass at the same seq_len"),
+    "leak_delta_dp0": MetricInfo(
+        "Sensitivity of the fitted gap to p0", "nats per unit of p0",
+        "|dDelta/dp0| = 1 / mean_{i=1}^{T-1} m_i s_i (1 - s_i), s_i = 1/(1 + i e^{-Delta}), m_i = [i < W] on a "
+        "sliding layer; at the fitted Delta and the shortest length (layer row: mean over heads)",
+        "sinkscope.leak (the derivative of seed 001's model)",
+        "higher = Delta less determined by p0 (about 5 in mid-range; ~1/(1 - p0) as p0 -> 1)"),
+    "leak_delta_ill_conditioned": MetricInfo(
+        "Fitted gap ill-conditioned", "flag (layer row: share of heads)",
+        f"1 where leak_delta_dp0 > {ILL_CONDITIONED_DP0:g} (a p0 error of 0.001 moves Delta by more than a nat), "
+        "else 0", "sinkscope.leak", "1 = read Delta as -log of the leak, not to a tenth of a nat"),
     "leak_p0_error": MetricInfo(
         "Fixed-gap prediction error", "share of real-key mass",
-        "predicted minus measured p0_mass at each longer length (negative: the sink holds better than a fixed gap)",
+        "predicted minus measured p0_mass at each longer length (negative: the sink holds better than a fixed gap); "
+        "no rows on sliding layers whose window W <= the shortest length, where it is 0 by construction",
         "seed 001; sinkscope.leak", "closer to 0 = the fixed-gap model explains the length dependence"),
     "leak": MetricInfo(
         "Leak at the window's end", "share of mass",
@@ -83,6 +131,13 @@ LEAK_METRICS = {
         "Fitted phantom gap Delta", "nats",
         "Delta fitted per head to phantom_mass at the shortest length: mean_{i=1}^{T-1} 1/(1 + min(i+1, W) e^{-Delta})"
         " = phi", "seed 001 applied to seed 002's learned sink; sinkscope.leak", "higher = a stronger phantom"),
+    "leak_phantom_delta_dp0": MetricInfo(
+        "Sensitivity of the fitted phantom gap", "nats per unit of phantom mass",
+        "|dDelta/dphi| = 1 / mean_{i=1}^{T-1} s_i (1 - s_i), s_i = 1/(1 + min(i+1, W) e^{-Delta})",
+        "sinkscope.leak", "higher = Delta less determined by the phantom mass"),
+    "leak_phantom_delta_ill_conditioned": MetricInfo(
+        "Fitted phantom gap ill-conditioned", "flag (layer row: share of heads)",
+        f"1 where leak_phantom_delta_dp0 > {ILL_CONDITIONED_DP0:g}, else 0", "sinkscope.leak", ""),
     "leak_phantom_predicted": MetricInfo(
         "Phantom mass predicted by the fixed gap", "share of row mass",
         "the same mean at each longer length T, Delta fitted at the shortest", "seed 001; sinkscope.leak",
@@ -112,6 +167,29 @@ def p0_under_gap(delta, seq_len: int, *, window: int | None = None, phantom: boo
     if not phantom and window is not None:
         share = np.where(i < window, share, 0.0)  # key 0 out of reach
     return share.mean(-1)
+
+
+def gap_sensitivity(delta, seq_len: int, *, window: int | None = None, phantom: bool = False) -> np.ndarray:
+    """|dDelta/dp0| = 1 / (dp0/dDelta) of :func:`p0_under_gap` at ``delta``, elementwise.
+
+    dp0/dDelta = mean_{i=1}^{T-1} m_i s_i (1 - s_i), s_i = 1/(1 + r_i e^{-Delta}) (r_i rival keys,
+    m_i = [i < W] for key 0 on a sliding layer), evaluated as r_i e^{-Delta} / (1 + r_i e^{-Delta})^2
+    so it stays finite on the whole bracket.
+    """
+    delta = np.asarray(delta, dtype=np.float64)
+    i = np.arange(1, seq_len, dtype=np.float64)  # (T-1,) query positions
+    seen = i + 1 if window is None else np.minimum(i + 1, window)
+    rivals = seen if phantom else seen - 1
+    odds = rivals * np.exp(-delta[..., None])  # (..., T-1): r_i e^{-Delta}
+    slope = odds / (1.0 + odds) ** 2  # s_i (1 - s_i)
+    if not phantom and window is not None:
+        slope = np.where(i < window, slope, 0.0)
+    return 1.0 / slope.mean(-1)
+
+
+def error_not_reported(windows: list[int | None] | None, shortest: int) -> list[int]:
+    """Layers whose ``leak_p0_error`` is 0 by construction (sliding, W <= ``shortest``): it has no rows there."""
+    return [layer for layer, w in enumerate(windows or []) if w is not None and w <= shortest]
 
 
 def leak(delta, n: int, *, window: int | None = None, phantom: bool = False) -> np.ndarray:
@@ -156,10 +234,11 @@ def _aggregate(per_head: dict[tuple[int, int], tuple[float, int]], metric: str, 
     return rows
 
 
-#: (measured metric, phantom, metric names: delta, predicted, error, leak)
-SINKS = (("p0_mass", False, ("leak_delta", "leak_p0_predicted", "leak_p0_error", "leak", "leak_gap")),
+#: (measured metric, phantom, metric names: delta, predicted, error, leak, gap, |dDelta/dp0|, flag)
+SINKS = (("p0_mass", False, ("leak_delta", "leak_p0_predicted", "leak_p0_error", "leak", "leak_gap", "leak_delta_dp0",
+                             "leak_delta_ill_conditioned")),
          ("phantom_mass", True, ("leak_phantom_delta", "leak_phantom_predicted", "leak_phantom_error", "leak_phantom",
-                                 "leak_phantom_gap")))
+                                 "leak_phantom_gap", "leak_phantom_delta_dp0", "leak_phantom_delta_ill_conditioned")))
 
 
 def leak_rows(rows: list[Row], windows: list[int | None] | None = None) -> list[Row]:
@@ -184,7 +263,7 @@ def leak_rows(rows: list[Row], windows: list[int | None] | None = None) -> list[
 
 
 def _fit(values, lengths, phantom, names, windows) -> list[Row]:
-    delta_name, predicted_name, error_name, leak_name, gap_name = names
+    delta_name, predicted_name, error_name, leak_name, gap_name, dp0_name, flag_name = names
     shortest = lengths[0]
     heads = sorted(values[shortest])
     window_of = {h: windows[h[0]] if h[0] < len(windows) else None for h in heads}
@@ -192,6 +271,12 @@ def _fit(values, lengths, phantom, names, windows) -> list[Row]:
                 for h, (v, _) in values[n].items()} for n in lengths}  # the gap each length alone implies
     delta = gaps[shortest]
     out = _aggregate({h: (delta[h], values[shortest][h][1]) for h in heads}, delta_name, shortest)
+    dp0 = {h: float(gap_sensitivity([delta[h]], shortest, window=window_of[h], phantom=phantom)[0]) for h in heads}
+    out += _aggregate({h: (dp0[h], values[shortest][h][1]) for h in heads}, dp0_name, shortest)
+    out += _aggregate({h: (float(dp0[h] > ILL_CONDITIONED_DP0), values[shortest][h][1]) for h in heads}, flag_name,
+                      shortest)
+    # key 0 on a sliding layer with W <= the shortest length: the error is 0 by construction (not reported)
+    exempt = set() if phantom else set(error_not_reported(windows, shortest))
     for n in lengths:
         out += _aggregate({h: (g, values[n][h][1]) for h, g in gaps[n].items()}, gap_name, n)
     for n in lengths:
@@ -201,5 +286,6 @@ def _fit(values, lengths, phantom, names, windows) -> list[Row]:
         predicted = {h: float(p0_under_gap([delta[h]], n, window=window_of[h], phantom=phantom)[0])
                      for h in heads if h in values[n]}
         out += _aggregate({h: (p, values[n][h][1]) for h, p in predicted.items()}, predicted_name, n)
-        out += _aggregate({h: (p - values[n][h][0], values[n][h][1]) for h, p in predicted.items()}, error_name, n)
+        out += _aggregate({h: (p - values[n][h][0], values[n][h][1]) for h, p in predicted.items()
+                           if h[0] not in exempt}, error_name, n)
     return out

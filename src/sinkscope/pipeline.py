@@ -722,18 +722,21 @@ def assemble_lengths(plan_: Plan, loaded: Loaded, finished: list) -> Result:
     The manifest is the run's at its longest length (its tokens are the longest windows; the
     shorter ones are their prefixes), with ``windows.seq_lens`` listing every length.
     """
-    from sinkscope.leak import LEAK_METRICS, leak_rows
+    from sinkscope.leak import LEAK_METRICS, P0_ERROR_NOT_REPORTED, error_not_reported, leak_rows
 
     rows = [replace(row, conditions=(*row.conditions, ("seq_len", n)))
             for n, probes, _ in finished for probe in probes for row in probe.rows()]
-    rows += leak_rows(rows, layer_windows(loaded.model.model, loaded.spec.n_layers))
+    windows = layer_windows(loaded.model.model, loaded.spec.n_layers)
+    rows += leak_rows(rows, windows)
     longest_n, probes, _ = finished[-1]
     run_s = sum(seconds for _, _, seconds in finished)
     result = assemble(plan_, loaded, probes, run_s, rows=rows)
     result.manifest["windows"]["seq_lens"] = [n for n, _, _ in finished]
     result.manifest["timing"]["run_s_per_length"] = {str(n): round(s, 3) for n, _, s in finished}
     if any(row.probe == "leak_fit" for row in rows):
-        result.manifest["probes"]["leak_fit"] = {"options": {"fitted_at": finished[0][0]},
+        exempt = error_not_reported(windows, finished[0][0])
+        result.manifest["probes"]["leak_fit"] = {"options": {"fitted_at": finished[0][0], **(
+            {"p0_error_not_reported": {"layers": exempt, "reason": P0_ERROR_NOT_REPORTED}} if exempt else {})},
                                                  "metrics": {m: asdict(i) for m, i in LEAK_METRICS.items()}}
     return result
 

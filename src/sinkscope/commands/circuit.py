@@ -7,7 +7,9 @@ supports and every trainer checkpoint runs them the same way:
    over the other positions, the first layer whose ratio exceeds ``--norm-ratio`` (2), and the
    directional convergence: the mean pairwise cosine of the position-0 state across windows
    beside the same at ``--later-position`` (64, capped to the window);
-2. ``attn_out_norm``: the first attention layer's ``hook_attn_out`` norm per position;
+2. ``attn_out_norm``: the first attention layer's norm per position of the weighted sum of
+   values before W_O (``hook_z``, per head and pooled: the headline, seed 003 Table 2) and, beside
+   it, of the attention output after W_O (``hook_attn_out``);
 3. ``mlp_pca_up`` (gated MLPs: the up projection ``hook_pre_linear``, seed 003's choice) or
    ``mlp_pca`` (``hook_pre``): PCA of layer 0's MLP pre-activation with position 0 marked, its
    scatter sample and separation score, again after subtracting ``--subtract-head 0.H`` heads;

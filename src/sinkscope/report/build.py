@@ -813,14 +813,32 @@ def _lengths_section(runs: list[RunData], fig_dir: Path) -> dict:
             if "layer_type" in errors.columns:
                 errors = errors[errors["layer_type"].isna()]
             note = "Mean signed error of the prediction over layers: " + ", ".join(
-                f"{fmt(v)} at seq-len {int(n)}" for n, v in zip(errors["seq_len"], errors["value"])) + "."
+                f"{fmt(v)} at seq-len {int(n)}" for n, v in zip(errors["seq_len"], errors["value"])) + "." \
+                if len(errors) else ""
+            note = (note + _leak_conditioning_note(run)).strip()
             entries.append({"metric": f"leak_delta{'_' + str(k) if k else ''}",
                             "info": MetricInfo(info.label + suffix, info.unit, info.formula, info.source,
                                                info.direction),
-                            "note": note if len(errors) else None,
+                            "note": note or None,
                             "figures": [keep(fig, f"length_leak_delta_run{k}", "layer x head")],
                             "table": _leak_table(table, lengths)})
     return {"probe": "lengths", "entries": entries, "note": LENGTHS_NOTE, "tables": []}
+
+
+def _leak_conditioning_note(run: RunData) -> str:
+    """Which heads' Delta is ill-conditioned, and on which layers the prediction error is not reported."""
+    table, parts = run.table, []
+    flags = table[(table.metric == "leak_delta_ill_conditioned") & table["head"].notna()]
+    if len(flags):
+        parts.append(f" Delta is ill-conditioned (|dDelta/dp0| > 1e3: a p0 error of 0.001 moves it by more than a "
+                     f"nat; read it as minus the log of the leak) for {int(flags['value'].sum())} of {len(flags)} heads"
+                     " (leak_delta_dp0 per head in the table).")
+    skipped = (((run.manifest.get("probes") or {}).get("leak_fit") or {}).get("options") or {}).get(
+        "p0_error_not_reported")
+    if skipped:
+        parts.append(f" The error is not reported on layers {', '.join(map(str, skipped['layers']))}: "
+                     f"{skipped['reason']}.")
+    return "".join(parts)
 
 
 def _length_table(table: pd.DataFrame, metric: str, lengths: list[int]) -> dict:
@@ -836,12 +854,13 @@ def _leak_table(table: pd.DataFrame, lengths: list[int]) -> dict:
     delta = _per_layer(table, "leak_delta").set_index("layer")["value"]
     measured = _per_layer(table, "p0_mass").pivot(index="layer", columns="seq_len", values="value")
     predicted = _per_layer(table, "leak_p0_predicted").pivot(index="layer", columns="seq_len", values="value")
-    columns = ["layer", "Delta"]
+    flagged = _per_layer(table, "leak_delta_ill_conditioned").set_index("layer")["value"]
+    columns = ["layer", "Delta", "Delta ill-conditioned (share of heads)"]
     for n in lengths[1:]:
         columns += [f"p0 @ {n}", f"predicted @ {n}"]
     rows = []
     for layer in delta.index:
-        row = [str(layer), fmt(delta[layer])]
+        row = [str(layer), fmt(delta[layer]), fmt(flagged[layer]) if layer in flagged.index else "—"]
         for n in lengths[1:]:
             row += [fmt(measured.loc[layer, n]) if n in measured.columns else "—",
                     fmt(predicted.loc[layer, n]) if n in predicted.columns else "—"]

@@ -7,7 +7,10 @@ comparison, e.g. trainer variants):
 
 - ``p0_norm``: position-0 norm and the median other norm per layer (log scale), with the ratio;
 - ``p0_cosine``: position-0 and later-position mean pairwise cosine per layer;
-- ``attn_out_norm``: the first attention layer's output norm against position, position 0 marked;
+- ``attn_z_norm`` (the headline, seed 003 Table 2's quantity): the first attention layer's norm of the
+  weighted sum of values (``hook_z``, before W_O) against position, pooled over heads, each head a thin
+  line (one run), position 0 marked; a table of per-head ratios and trends;
+- ``attn_out_norm``: the same layer's output norm after W_O (``hook_attn_out``), beside it;
 - ``pca_separation``: the scatter of the layer-0 MLP PCA (PC1 x PC2, position 0 in red), one
   panel per run and subtraction, with a table of separation scores and explained shares;
 - ``p0_outlier_max_z``: the largest |z| per layer before and after the pre-norm, and a table of
@@ -32,12 +35,13 @@ from matplotlib.figure import Figure
 from sinkscope.report import figures
 
 #: metrics this module draws (an entry each).
-DRAWN = ("p0_norm", "p0_cosine", "attn_out_norm", "pca_separation", "p0_outlier_max_z", "bos_sink_rate",
-         "bos_repeat_loss_delta")
+DRAWN = ("p0_norm", "p0_cosine", "attn_z_norm", "attn_out_norm", "pca_separation", "p0_outlier_max_z",
+         "bos_sink_rate", "bos_repeat_loss_delta")
 #: metrics shown inside another's entry (no entry, no summary row of their own).
-FOLDED = ("other_norm", "p0_norm_ratio", "p0_norm_separates", "later_cosine", "attn_out_norm_p0_ratio", "pca_explained_pc1", "pca_explained_pc2", "pca_separation_best", "pca_separation_best_pc",
-          "pca_scatter_pc1", "pca_scatter_pc2", "p0_outlier_z", "p0_outlier_channel", "bos_repeat_loss",
-          "bos_sink_rate[2:]")
+FOLDED = ("other_norm", "p0_norm_ratio", "p0_norm_separates", "later_cosine", "attn_z_norm_p0_ratio",
+          "attn_z_norm_trend", "attn_out_norm_p0_ratio", "attn_out_norm_trend", "pca_explained_pc1",
+          "pca_explained_pc2", "pca_separation_best", "pca_separation_best_pc", "pca_scatter_pc1", "pca_scatter_pc2",
+          "p0_outlier_z", "p0_outlier_channel", "bos_repeat_loss", "bos_sink_rate[2:]")
 #: the model-level value shown in the summary for a drawn metric (a function of one run's table).
 MODEL_VALUE_NOTE = {
     "p0_norm": "first layer with ratio > threshold",
@@ -84,8 +88,9 @@ def summary_value(table: pd.DataFrame, metric: str):
     if metric == "p0_cosine":
         series = _layer_series(table, "p0_cosine")
         return series.iloc[-1] if len(series) else None
-    if metric == "attn_out_norm":
-        rows = _rows(table, "attn_out_norm_p0_ratio")
+    if metric in ("attn_z_norm", "attn_out_norm"):
+        rows = _rows(table, f"{metric}_p0_ratio")
+        rows = rows[rows["head"].isna()]
         return rows["value"].iloc[0] if len(rows) else None
     if metric == "pca_separation":
         rows = _rows(table, "pca_separation")
@@ -111,7 +116,8 @@ def summary_value(table: pd.DataFrame, metric: str):
 SUMMARY_LABEL = {
     "p0_norm": "first layer where ||h_0|| > 2 x median other norm",
     "p0_cosine": "position-0 cosine across windows, last layer",
-    "attn_out_norm": "layer-0 attention-output norm, position 0 / others",
+    "attn_z_norm": "layer-0 norm of the weighted value sum (hook_z, before W_O), position 0 / others",
+    "attn_out_norm": "layer-0 attention-output norm after W_O (hook_attn_out), position 0 / others",
     "pca_separation": "PC1 separation of position 0 (no heads subtracted)",
     "p0_outlier_max_z": "largest position-0 |z| over layers and places",
     "bos_sink_rate": "Sink_0^eps without BOS (model mean)",
@@ -121,7 +127,8 @@ SUMMARY_LABEL = {
 
 def entry(runs: list, metric: str, fig_dir: Path, keep: Callable[[Figure, str, str], dict]) -> dict:
     """{figures, table, note} for a drawn metric (``keep(fig, file stem, title)`` saves a figure)."""
-    draw = {"p0_norm": _norms, "p0_cosine": _cosines, "attn_out_norm": _attn_out, "pca_separation": _pca,
+    draw = {"p0_norm": _norms, "p0_cosine": _cosines, "attn_z_norm": _attn_z, "attn_out_norm": _attn_out,
+            "pca_separation": _pca,
             "p0_outlier_max_z": _outliers, "bos_sink_rate": _bos_sink, "bos_repeat_loss_delta": _bos_loss}[metric]
     with matplotlib.rc_context(figures._STYLE):
         return draw(runs, keep)
@@ -217,34 +224,113 @@ def _bos_at_zero(run) -> bool:
     return windows.get("bos_id") is not None
 
 
-def _attn_out(runs, keep) -> dict:
+def _curve(table: pd.DataFrame, metric: str, head=None) -> dict[int, float]:
+    """{position: value} of one norm curve (head None: the pooled, head-less rows)."""
+    rows = _rows(table, metric)
+    if "position" not in rows:
+        return {}
+    rows = rows[rows["head"].isna()] if head is None else rows[rows["head"] == head]
+    rows = rows.dropna(subset=["position"]).sort_values("position")
+    return dict(zip(rows["position"].astype(int).tolist(), rows["value"].astype(float).tolist()))
+
+
+def _one(table: pd.DataFrame, metric: str, head=None):
+    rows = _rows(table, metric)
+    rows = rows[rows["head"].isna()] if head is None else rows[rows["head"] == head]
+    return rows["value"].iloc[0] if len(rows) else None
+
+
+def _shown(positions: list[int]) -> list[int]:
+    return [p for p in positions if p < 8 or (p & (p - 1)) == 0 or p == positions[-1]]
+
+
+def _relative(curve: dict[int, float]) -> dict[int, float]:
+    """The curve over its mean at positions t >= 1 (position 0 then reads as the p0 ratio)."""
+    rest = [v for t, v in curve.items() if t >= 1]
+    mean = sum(rest) / len(rest) if rest else math.nan
+    return {t: v / mean for t, v in curve.items()} if mean and not math.isnan(mean) else curve
+
+
+def _norm_figure(runs, keep, metric: str, ylabel: str, title: str, stem: str, caption: str,
+                 relative: bool = False) -> dict:
     fig, ax = _new()
-    body_by_run = []
+    scale = _relative if relative else (lambda c: c)
     for run in runs:
-        rows = _rows(run.table, "attn_out_norm").dropna(subset=["position"]).sort_values("position")
-        x, y = rows["position"].astype(int).to_numpy(), rows["value"].to_numpy(float)
-        (line,) = ax.plot(x, y, linewidth=1.2, label=run.label if len(runs) > 1 else None)
-        if len(x):
+        if len(runs) == 1 and relative:
+            for head in sorted(_rows(run.table, metric)["head"].dropna().astype(int).unique()):
+                c = scale(_curve(run.table, metric, head))
+                ax.plot(list(c), list(c.values()), linewidth=0.6, color="0.7", zorder=1)
+        c = scale(_curve(run.table, metric))
+        x, y = list(c), list(c.values())
+        (line,) = ax.plot(x, y, linewidth=1.4, label=run.label if len(runs) > 1 else None, zorder=3)
+        if x:
             ax.plot([x[0]], [y[0]], marker="o", markersize=6, color=line.get_color(), zorder=4)
-        body_by_run.append(dict(zip(x.tolist(), y.tolist())))
-    layer = _rows(runs[0].table, "attn_out_norm")["layer"].dropna()
-    layer = int(layer.iloc[0]) if len(layer) else 0
+    if relative:
+        ax.axhline(1.0, color="0.35", linestyle="--", linewidth=0.8)
     ax.set_xscale("symlog", linthresh=8)
+    ax.set_xlim(left=-0.5)  # position 0 (its dot) inside the frame
     ax.set_xlabel("position (symlog)")
-    ax.set_ylabel(f"||hook_attn_out|| of layer {layer}")
-    ax.set_title("Attention-output norm against position (dot: position 0)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, linewidth=0.4, alpha=0.4)
     if len(runs) > 1:
         _legend(ax)
-    out = [keep(fig, "circuit_attn_out_norm", f"layer {layer}: attention-output norm per position, averaged over "
-                                              "windows (seed 003 Table 2)")]
-    positions = sorted(set().union(*[set(b) for b in body_by_run]))
-    shown = [p for p in positions if p < 8 or (p & (p - 1)) == 0 or p == positions[-1]]
-    columns = ["position"] + [run.label for run in runs]
-    body = [[str(p)] + [_fmt(b.get(p)) for b in body_by_run] for p in shown]
-    ratios = [f"{r.label}: {_fmt(_rows(r.table, 'attn_out_norm_p0_ratio')['value'].iloc[0])}" for r in runs
-              if len(_rows(r.table, "attn_out_norm_p0_ratio"))]
-    note = "Position 0 over the mean of the other positions — " + "; ".join(ratios) + "." if ratios else None
+    return keep(fig, stem, caption)
+
+
+def _layer_of(runs, metric: str) -> int:
+    layer = _rows(runs[0].table, metric)["layer"].dropna()
+    return int(layer.iloc[0]) if len(layer) else 0
+
+
+def _attn_z(runs, keep) -> dict:
+    """The headline: ||sum_j a_tj v_j|| (hook_z) against position, pooled and per head."""
+    layer = _layer_of(runs, "attn_z_norm")
+    one = len(runs) == 1
+    out = [_norm_figure(runs, keep, "attn_z_norm", f"||hook_z|| of layer {layer} / its mean over t >= 1",
+                        "Weighted value sum norm before W_O (dot: position 0)", "circuit_attn_z_norm",
+                        f"layer {layer}: norm of sum_j a_tj v_j per position before W_O, all heads side by side"
+                        f"{' (grey: each head)' if one else ''}, averaged over windows, over its mean at positions "
+                        "t >= 1 (seed 003 Table 2)", relative=True)]
+    columns, body = ["run", "head", "position 0 / others", "change per doubling of position (t >= 1)"], []
+    for run in runs:
+        heads = sorted(_rows(run.table, "attn_z_norm_p0_ratio")["head"].dropna().astype(int).unique())
+        for head in [None, *heads]:
+            body.append([run.label, "pooled" if head is None else str(head),
+                         _fmt(_one(run.table, "attn_z_norm_p0_ratio", head)),
+                         _fmt(_one(run.table, "attn_z_norm_trend", head))])
+    parts = []
+    for run in runs:
+        ratios = _rows(run.table, "attn_z_norm_p0_ratio")
+        ratios = ratios[ratios["head"].notna()]["value"]
+        above = f"; {int((ratios > 1).sum())} of {len(ratios)} heads above 1" if len(ratios) else ""
+        parts.append(f"{run.label}: {_fmt(_one(run.table, 'attn_z_norm_p0_ratio'))} (pooled), after W_O "
+                     f"{_fmt(_one(run.table, 'attn_out_norm_p0_ratio'))}{above}")
+    note = ("Seed 003 models attention as a weighted sum of value vectors: position 0 reads only its own value "
+            "(sum_j a_0j^2 = 1), so its norm is the largest, and the norm falls as the weights spread. This is "
+            "that sum (hook_z, before the output projection); the attention output after W_O is the next entry. "
+            "Position 0 over the mean of the other positions — " + "; ".join(parts) + ".")
+    return {"figures": out, "table": _table(columns, body, f"Per head ({len(body)} rows)"), "note": note}
+
+
+def _attn_out(runs, keep) -> dict:
+    """Beside the headline: ||hook_attn_out|| against position (after W_O), with the hook_z curve in the table."""
+    layer = _layer_of(runs, "attn_out_norm")
+    out = [_norm_figure(runs, keep, "attn_out_norm", f"||hook_attn_out|| of layer {layer}",
+                        "Attention-output norm after W_O (dot: position 0)", "circuit_attn_out_norm",
+                        f"layer {layer}: attention-output norm per position after W_O, averaged over windows")]
+    curves = [(_curve(r.table, "attn_z_norm"), _curve(r.table, "attn_out_norm")) for r in runs]
+    positions = sorted(set().union(*[set(z) | set(o) for z, o in curves]))
+    columns = ["position"]
+    for run in runs:
+        name = f" ({run.label})" if len(runs) > 1 else ""
+        columns += [f"before W_O (hook_z, all heads){name}", f"after W_O{name}"]
+    body = [[str(p)] + [_fmt(c.get(p)) for pair in curves for c in pair] for p in _shown(positions)]
+    parts = [f"{r.label}: {_fmt(_one(r.table, 'attn_out_norm_p0_ratio'))} (change per doubling of position "
+             f"{_fmt(_one(r.table, 'attn_out_norm_trend'))})" for r in runs]
+    note = ("After W_O the heads are mixed by the output projection, which need not keep the order of the "
+            "weighted value sums; seed 003's argument is about the sum before it (previous entry). Position 0 "
+            "over the mean of the others — " + "; ".join(parts) + ".")
     return {"figures": out, "table": _table(columns, body, f"Positions 0-7 and powers of two ({len(body)} rows)"),
             "note": note}
 
