@@ -243,7 +243,7 @@ def selectivity(
     text_file: TextFileOpt = None,
     dataset: DatasetOpt = None,
     seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 16,
+    n_seqs: NSeqsOpt = 256,
     batch_size: BatchOpt = 4,
     seed: SeedOpt = 0,
     bos: BosOpt = "auto",
