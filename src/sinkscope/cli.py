@@ -145,6 +145,10 @@ def sinks(
     trust_remote_code: TrustOpt = False,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
     sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:], a layer of the model [default: 2; no [2:] row for a 2-layer model].")] = None,
+    massive_top_k: Annotated[int, typer.Option("--massive-top-k", help="The K largest residual entries per layer (distinct position and channel) with channel, position, token and Sun et al.'s criterion [default: 0 = none; 10 with --massive-intervention].")] = 0,
+    massive_min_abs: Annotated[float, typer.Option("--massive-min-abs", help="Massive: |h| above this (Sun et al.: 100).")] = 100.0,
+    massive_min_ratio: Annotated[float, typer.Option("--massive-min-ratio", help="Massive: |h| at least this times the window's median |h| (Sun et al.: 1000).")] = 1000.0,
+    massive_intervention: Annotated[Optional[str], typer.Option("--massive-intervention", help="zero | mean: then set the massive top-k entries (at their first layer) to 0 or their mean and report the loss change: a second pass, clean and intervened.")] = None,
     overwrite: OverwriteOpt = False,
     figures: FiguresOpt = True,
     progress: ProgressOpt = True,
@@ -170,6 +174,9 @@ def sinks(
 
     \b
         sinkscope sinks openai/gpt-oss-20b --device-map auto --dtype bfloat16
+
+    \b
+        sinkscope sinks --massive-top-k 10 --massive-intervention zero   # Sun et al.: set them to 0, loss change
 
     \b
         torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
