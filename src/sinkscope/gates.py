@@ -42,7 +42,8 @@ import torch
 from torch import Tensor
 
 #: the sink sets ``--sink-set`` accepts (SPEC.md; seed 004 §6.2 for ``first+phantom`` and ``data``).
-SINK_SETS = ("first", "phantom", "first+phantom", "data")
+FIXED_SINK_SETS = ("first", "phantom", "first+phantom")  # named keys: the fused LSE form applies
+SINK_SETS = FIXED_SINK_SETS + ("data",)
 #: ``data`` (seed 004 §6.2: "combine high attention weight with low value norm"; the seed gives no
 #: threshold, so these are chosen here): a key is a sink when its attention alpha_j (Gu et al.'s
 #: mean over the queries that see it, SPEC.md "Sink rate") exceeds 0.3, SPEC's sink-rate epsilon,

@@ -132,7 +132,10 @@ class HeadImportance(Probe):
 
     def options(self) -> dict:
         """The parameters as used (``sink_set`` resolved) and the gate Imp reads."""
-        return {**super().options(), "gate": self.gate}
+        options = {**super().options(), "gate": self.gate}
+        if not self.data:  # the data set's thresholds mean nothing for the other sets
+            options.pop("sink_attention"), options.pop("sink_value_ratio")
+        return options
 
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
