@@ -178,7 +178,7 @@ def test_a_head_with_all_its_mass_on_position_0_has_gate_0(fused):
     assert as_cells(rows_to_frame(probe.rows()))["implicit_gate"][(0, 0)] == pytest.approx(0.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("sink_set", gates.SINK_SETS)
+@pytest.mark.parametrize("sink_set", gates.FIXED_SINK_SETS)
 def test_fused_form_equals_one_minus_sink_mass(sink_set):
     """gate_from_lse == gate_from_weights == the formula in numpy, with a phantom, a hidden key 0
     (past a sliding window: -inf) and rows dominated by key 0 (G near 0, where cancellation bites)."""
@@ -527,3 +527,65 @@ def test_two_process_ablation_run_equals_one_process(tiny_llama_dir, text_file, 
     heads = [json.loads((f / "manifest.json").read_text())["probes"]["head_ablation"]["options"]["heads"]
              for f in (one, two)]
     assert heads[0] == heads[1] and 0 < len(heads[0]) < 12
+
+
+# ---- seed 004 §6.2's data-driven sink set (issue 27, fix 7) ------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "gemma3_text"])
+def test_the_data_driven_sink_set_equals_high_attention_and_low_value_norm_on_eager_weights(family):
+    """``--sink-set data``: the sink keys of each window and head are those with Gu et al.'s alpha_j (mean
+    a_ij over the queries i >= max(j, 1) that see j) above the attention threshold and a value norm below
+    the ratio times the window's median; G_i = 1 - sum over them of a_ij, minus the phantom's mass where
+    there is one. Reference: the model's eager weights (output_attentions) and its v_proj outputs (hooks),
+    in numpy; both record paths must equal it, and the set must differ from key 0 alone."""
+    model = build(family)
+    spec = ModelSpec.from_model(model)
+    ids = random_ids(3, 21, seed=5)
+    above, ratio = 0.12, 1.1  # a random tiny model has no real sink: thresholds that pick a few keys
+    layers = get_submodule(model, PATHS[family].layers)
+    values, handles = {}, []
+    for i in spec.attention_layers:
+        handles.append(layers[i].self_attn.v_proj.register_forward_hook(
+            lambda _m, _i, out, i=i: values.__setitem__(i, out.double().numpy())))
+    with torch.no_grad():
+        out = model(ids, output_attentions=True, use_cache=False)
+    for h in handles:
+        h.remove()
+    implicit, n_keys, not_first = {}, {}, 0
+    for layer, A in zip(spec.attention_layers, out.attentions):
+        A = A.double().numpy()  # (B, H, T, S): a_ij, rows sum to 1 - phi_i
+        B, H, T, S = A.shape
+        v = values[layer].reshape(B, T, spec.n_kv_heads, -1)  # (B, S, Hkv, D)
+        norms = np.linalg.norm(v, axis=-1).transpose(0, 2, 1).repeat(H // spec.n_kv_heads, axis=1)  # (B, H, S)
+        window = getattr(model.config, "sliding_window", None)
+        sliding = (getattr(model.config, "layer_types", None) or [None] * (layer + 1))[layer] == "sliding_attention"
+        i, j = np.arange(T)[:, None], np.arange(S)[None, :]
+        seen = (j <= i) & (i >= 1) & ((i - j < window) if sliding else True)  # (T, S)
+        alpha = (A * seen).sum(2) / np.maximum(seen.sum(0), 1)  # (B, H, S)
+        median = np.array([[np.sort(n)[(len(n) - 1) // 2] for n in heads] for heads in norms])  # torch's lower median
+        keys = (alpha > above) & (seen.sum(0) > 0) & (norms < ratio * median[..., None])  # (B, H, S)
+        not_first += int((keys & (j[0] > 0)).sum())
+        G = 1.0 - (A * keys[:, :, None, :]).sum(-1) - spec.has_phantom * (1.0 - A.sum(-1))  # (B, H, T)
+        implicit[layer] = G[:, :, 1:].mean(axis=(0, 2))
+        n_keys[layer] = keys.sum(-1).mean(0)  # (H,)
+    assert not_first > 0  # the set is not just key 0
+    for mode in ("explicit", "fused"):
+        got = as_cells(probe_table(model, ids, mode, sink_set="data", sink_attention=above, sink_value_ratio=ratio))
+        for metric, ref in (("implicit_gate", implicit), ("sink_keys", n_keys)):
+            for layer, heads in ref.items():
+                for h, value in enumerate(heads):
+                    assert abs(got[metric][(layer, h)] - value) <= TOL, (mode, metric, layer, h)
+
+
+def test_heads_takes_the_data_driven_sink_set_and_its_thresholds_from_the_command_line(tiny_llama_dir, text_file,
+                                                                                        tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["heads", str(tiny_llama_dir), "--sink-set", "data", "--sink-attention", "0.2",
+                                 "--sink-value-ratio", "0.9", "--text-file", str(text_file), "--seq-len", "16",
+                                 "--n-seqs", "2", "--out", str(out), "--no-figures", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    options = json.loads((out / "manifest.json").read_text())["probes"]["head_importance"]["options"]
+    assert (options["sink_set"], options["sink_attention"], options["sink_value_ratio"]) == ("data", 0.2, 0.9)
+    table = pd.read_csv(out / "results.csv")
+    assert (table.metric == "sink_keys").any()

@@ -157,9 +157,13 @@ def reference(model: GPT, ids: np.ndarray, min_count: int = MIN_COUNT) -> dict[s
     if token_values:
         tokens = ids.ravel()
         counts = np.bincount(tokens, minlength=VOCAB)
-        for metric, keep in (("token_share", np.ones(B * T, bool)),
-                             (f"token_share[n>={min_count}]", counts[tokens] >= min_count)):
+        for metric, suffix, keep in (("token_share", "", np.ones(B * T, bool)),
+                                     (f"token_share[n>={min_count}]", f"[n>={min_count}]",
+                                      counts[tokens] >= min_count)):
             cells, pooled = {}, np.zeros(2)
+            # the chance level from the kept positions alone: K distinct tokens among them, N of them
+            N_kept, K_kept = int(keep.sum()), len(np.unique(tokens[keep]))
+            chance = (K_kept - 1) / (N_kept - 1) if N_kept > 1 else np.nan
             for layer, g in token_values.items():
                 layer_sums = np.zeros(2)
                 for h in range(H):
@@ -176,6 +180,8 @@ def reference(model: GPT, ids: np.ndarray, min_count: int = MIN_COUNT) -> dict[s
                 pooled += layer_sums
             cells[(None, None)] = pooled[0] / pooled[1] if keep.any() else np.nan
             table[metric] = cells
+            table[f"token_share_chance{suffix}"] = {key: chance for key in cells}
+            table[f"token_share_excess{suffix}"] = {key: (share - chance) / (1 - chance) for key, share in cells.items()}
         stacked = np.stack(list(token_values.values()))  # (L, H, B*T)
         table["token_gate"] = {("token", int(u)): float(stacked[:, :, tokens == u].mean()) for u in np.unique(tokens)}
     return table
@@ -299,9 +305,11 @@ def test_a_gate_of_the_token_id_alone_has_token_share_one(attention):
     with torch.no_grad():
         model.transformer.wpe.weight.zero_()
     frame = measured(model, windows(8, 24), attention)
-    shares = frame[frame.metric.str.startswith("token_share")]
-    assert len(shares) == 2 * (H + 1 + 1)
-    np.testing.assert_allclose(shares["value"].to_numpy(), 1.0, rtol=0, atol=1e-9)
+    for names in (("token_share", f"token_share[n>={MIN_COUNT}]"),  # a share of 1 is 1 above chance too
+                  ("token_share_excess", f"token_share_excess[n>={MIN_COUNT}]")):
+        shares = frame[frame.metric.isin(names)]
+        assert len(shares) == 2 * (H + 1 + 1)
+        np.testing.assert_allclose(shares["value"].to_numpy(), 1.0, rtol=0, atol=1e-9)
     selectivity = frame[(frame.metric == "gate_selectivity") & frame.layer.isna()]["value"].item()
     assert selectivity > 0.01  # the gate does vary across the reads
 
@@ -325,6 +333,62 @@ def test_a_gate_independent_of_the_token_has_a_share_near_zero():
     shares = frame[frame.metric == "token_share"]["value"]
     assert len(shares) == L * H + L + 1 and (shares < bound).all(), (shares.max(), bound)
     assert frame[(frame.metric == "gate_selectivity") & frame.layer.isna()]["value"].item() > 0.01
+
+
+def test_the_chance_level_is_the_mean_share_of_shuffled_gates_and_the_excess_subtracts_it():
+    """Issue 27 (5): token_share_chance is the share a token-blind gate gets at this N and K.
+
+    Independent of the probe: the gate values of one head are read with a forward hook, shuffled
+    over the positions 2,000 times (token counts kept) and the between/total SS of each shuffle
+    computed in numpy; the mean of those shares is the chance level (exactly, in expectation), so
+    the reported chance must lie within 4 standard errors of it; the excess is
+    (share - chance) / (1 - chance). For [n>=K], K and N count only the positions of kept tokens.
+    """
+    model = make("normgate", n_layer=1)
+    ids = windows(6, 20, seed=11, vocab=12)  # N = 120, K = 12: chance 0.092, far from 0
+    frame = measured(model, ids, "fused", min_count=MIN_COUNT)
+    captured = {}
+    handle = model.transformer.h[0].attn.c_attn.register_forward_hook(
+        lambda _m, _i, out: captured.__setitem__("qkv", out.double().numpy()))
+    with torch.no_grad():
+        model(torch.from_numpy(ids), attention="explicit")
+    handle.remove()
+    B, T = ids.shape
+    v = captured["qkv"][..., 2 * C:].reshape(B, T, H, D)  # (B, T, H, D)
+    tau = model.transformer.h[0].attn.gate_tau.detach().double().numpy()
+    g = _sigmoid(model.config.norm_gate_beta * (np.linalg.norm(v, axis=-1) / math.sqrt(D) - tau))  # (B, T, H)
+    tokens = ids.ravel()
+
+    def share(x, t):
+        grand = x.mean()
+        between = sum((t == u).sum() * (x[t == u].mean() - grand) ** 2 for u in np.unique(t))
+        return between / ((x - grand) ** 2).sum()
+
+    rng = np.random.default_rng(0)
+    counts = np.bincount(tokens)
+    for suffix, keep in (("", np.ones_like(tokens, bool)), (f"[n>={MIN_COUNT}]", counts[tokens] >= MIN_COUNT)):
+        x, t = g[..., 0].ravel()[keep], tokens[keep]
+        assert 1 < len(np.unique(t)) < len(t)
+        shuffled = np.array([share(rng.permutation(x), t) for _ in range(2000)])
+        row = frame[(frame.metric == f"token_share_chance{suffix}") & (frame.layer == 0) & (frame["head"] == 0)]
+        chance = row["value"].item()
+        assert abs(chance - shuffled.mean()) < 4 * shuffled.std() / math.sqrt(len(shuffled)), (chance, shuffled.mean())
+        assert chance == pytest.approx((len(np.unique(t)) - 1) / (len(t) - 1), abs=1e-12)
+        for layer, head in ((0, 0), (0, None), (None, None)):
+            where = (frame.layer == layer if layer is not None else frame.layer.isna()) & \
+                    (frame["head"] == head if head is not None else frame["head"].isna())
+            s_ = frame[where & (frame.metric == ("token_share" if not suffix else f"token_share{suffix}"))]["value"].item()
+            c_ = frame[where & (frame.metric == f"token_share_chance{suffix}")]["value"].item()
+            e_ = frame[where & (frame.metric == f"token_share_excess{suffix}")]["value"].item()
+            assert c_ == pytest.approx(chance, abs=1e-12)  # every head sees the same K and N
+            assert e_ == pytest.approx((s_ - c_) / (1 - c_), abs=1e-12)
+        assert frame[(frame.metric == "token_share") & (frame.layer == 0) & (frame["head"] == 0)]["value"].item() \
+            == pytest.approx(share(g[..., 0].ravel(), tokens), abs=TOL)
+
+
+def test_selectivity_measures_enough_tokens_by_default_for_a_small_chance_level():
+    """Issue 27 (5): the default sample of `selectivity` is 256 windows (32,768 tokens at ctx 128)."""
+    assert SelectivityOptions().n_seqs == 256
 
 
 # ---- streaming: batch size, merging, resuming --------------------------------------------------------------

@@ -145,6 +145,10 @@ def sinks(
     trust_remote_code: TrustOpt = False,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
     sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of sink_rate[s:], a layer of the model [default: 2; no [2:] row for a 2-layer model].")] = None,
+    massive_top_k: Annotated[int, typer.Option("--massive-top-k", help="The K largest residual entries per layer (distinct position and channel) with channel, position, token and Sun et al.'s criterion [default: 0 = none; 10 with --massive-intervention].")] = 0,
+    massive_min_abs: Annotated[float, typer.Option("--massive-min-abs", help="Massive: |h| above this (Sun et al.: 100).")] = 100.0,
+    massive_min_ratio: Annotated[float, typer.Option("--massive-min-ratio", help="Massive: |h| at least this times the window's median |h| (Sun et al.: 1000).")] = 1000.0,
+    massive_intervention: Annotated[Optional[str], typer.Option("--massive-intervention", help="zero | mean: then set the massive top-k entries (at their first layer) to 0 or their mean and report the loss change: a second pass, clean and intervened.")] = None,
     overwrite: OverwriteOpt = False,
     figures: FiguresOpt = True,
     progress: ProgressOpt = True,
@@ -170,6 +174,9 @@ def sinks(
 
     \b
         sinkscope sinks openai/gpt-oss-20b --device-map auto --dtype bfloat16
+
+    \b
+        sinkscope sinks --massive-top-k 10 --massive-intervention zero   # Sun et al.: set them to 0, loss change
 
     \b
         torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
@@ -243,7 +250,7 @@ def selectivity(
     text_file: TextFileOpt = None,
     dataset: DatasetOpt = None,
     seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 16,
+    n_seqs: NSeqsOpt = 256,
     batch_size: BatchOpt = 4,
     seed: SeedOpt = 0,
     bos: BosOpt = "auto",
@@ -300,7 +307,9 @@ def heads(
     dtype: DtypeOpt = "auto",
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
-    sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom.")] = "auto",
+    sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom | data (seed 004 §6.2: keys of high attention and low value norm, plus any phantom).")] = "auto",
+    sink_attention: Annotated[float, typer.Option("--sink-attention", help="--sink-set data: a key's mean attention (Gu et al.'s alpha_j) must exceed this.")] = 0.3,
+    sink_value_ratio: Annotated[float, typer.Option("--sink-value-ratio", help="--sink-set data: a key's value norm must be below this times the window's median.")] = 0.5,
     dormant_below: Annotated[float, typer.Option("--dormant-below", help="A head whose importance is below this is dormant.")] = 0.1,
     ablate_dormant: Annotated[bool, typer.Option("--ablate-dormant", help="Then zero the dormant heads (found on all windows) and report the loss change: a second pass, clean and ablated.")] = False,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,

@@ -41,17 +41,61 @@ import math
 import torch
 from torch import Tensor
 
-#: the sink sets ``--sink-set`` accepts (SPEC.md; seed 004 §6.2 for ``first+phantom``).
-SINK_SETS = ("first", "phantom", "first+phantom")
+#: the sink sets ``--sink-set`` accepts (SPEC.md; seed 004 §6.2 for ``first+phantom`` and ``data``).
+FIXED_SINK_SETS = ("first", "phantom", "first+phantom")  # named keys: the fused LSE form applies
+SINK_SETS = FIXED_SINK_SETS + ("data",)
+#: ``data`` (seed 004 §6.2: "combine high attention weight with low value norm"; the seed gives no
+#: threshold, so these are chosen here): a key is a sink when its attention alpha_j (Gu et al.'s
+#: mean over the queries that see it, SPEC.md "Sink rate") exceeds 0.3, SPEC's sink-rate epsilon,
+#: and its value norm is below half the median value norm of its window and value head.
+DATA_SINK_ATTENTION = 0.3
+DATA_SINK_VALUE_RATIO = 0.5
 #: the first query position averaged (SPEC.md "Averages").
 FIRST_QUERY = 1
 
 
 def sink_parts(sink_set: str) -> tuple[bool, bool]:
-    """``(first, phantom)``: whether key 0 and whether the phantom belong to ``sink_set``."""
+    """``(first, phantom)``: whether key 0 and whether the phantom belong to ``sink_set``.
+
+    ``data`` chooses its keys per window (:func:`data_sink_keys`), so it names neither here.
+    """
     if sink_set not in SINK_SETS:
         raise ValueError(f"sink_set must be one of {', '.join(SINK_SETS)}, not {sink_set!r}")
     return sink_set in ("first", "first+phantom"), sink_set in ("phantom", "first+phantom")
+
+
+def data_sink_keys(weights: Tensor, visible: Tensor, value_norms: Tensor, *,
+                   attention_above: float = DATA_SINK_ATTENTION,
+                   value_below: float = DATA_SINK_VALUE_RATIO) -> Tensor:
+    """Seed 004 §6.2's sink set of each window and head: high attention and a low value norm.
+
+        alpha_j = mean over the queries i >= max(j, 1) that see key j of a_ij
+        sink    = alpha_j > attention_above  and  ||v_j|| < value_below * median_k ||v_k||
+
+    Args:
+        weights: a_ij (B, H, T, S), any phantom in the normaliser.
+        visible: whether query i sees key j, bool (B|1, H|1, T, S) (causal mask, window).
+        value_norms: ||v_j|| per query head (KV heads repeated), (B, H, S); the median is over
+            the window's S keys (torch's lower median for an even count).
+    Returns:
+        bool (B, H, S): the keys in the sink set.
+    """
+    T, S = weights.shape[-2:]
+    rows = torch.arange(T, device=weights.device) + (S - T)  # (T,) absolute query positions
+    counted = visible & (rows >= FIRST_QUERY).view(-1, 1)  # (.., T, S): queries i >= 1 only
+    counted = counted & (rows.view(-1, 1) >= torch.arange(S, device=weights.device).view(1, -1))  # i >= j
+    seen = counted.sum(-2).to(weights.dtype)  # (B|1, H|1, S)
+    alpha = (weights * counted).sum(-2) / seen.clamp_min(1)  # (B, H, S)
+    median = value_norms.median(dim=-1, keepdim=True).values  # (B, H, 1)
+    return (alpha > attention_above) & (seen > 0) & (value_norms < value_below * median)  # (B, H, S)
+
+
+def gate_from_sink_keys(weights: Tensor, keys: Tensor, *, phantom: bool) -> Tensor:
+    """G_i = 1 - sum_{j in keys} a_ij (- phi_i with ``phantom``), (B, H, T); ``keys`` (B, H, S) bool."""
+    gate = 1.0 - (weights * keys.unsqueeze(-2).to(weights.dtype)).sum(-1)  # (B, H, T)
+    if phantom:
+        gate = gate - (1.0 - weights.sum(-1))  # (B, H, T): minus phi_i
+    return gate
 
 
 def default_sink_set(has_phantom: bool) -> str:

@@ -438,7 +438,19 @@ def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _Ac
                 if hp.RESID_PRE in observed:
                     sink.emit(hp.RESID_PRE, index, hidden)
             on(hp.RESID_PRE, layer_module, resid_pre, pre=True)
-        if hp.RESID_POST in observed:
+        if hp.RESID_POST in intervened:
+            def resid_post(_m, _i, out, index=index):
+                hidden = _output_of(out)  # (B, T, C)
+                replaced = sink.replace(hp.RESID_POST, index, hidden)
+                if hp.RESID_POST in observed:
+                    sink.emit(hp.RESID_POST, index, replaced)
+                if replaced is hidden:
+                    return None
+                replaced = replaced.to(hidden.dtype)
+                return (replaced, *out[1:]) if isinstance(out, tuple) else [replaced, *out[1:]] \
+                    if isinstance(out, list) else replaced
+            on(hp.RESID_POST, layer_module, resid_post)
+        elif hp.RESID_POST in observed:
             on(hp.RESID_POST, layer_module,
                lambda _m, _i, out, index=index: sink.emit(hp.RESID_POST, index, _output_of(out)))
         if hp.LN1_NORMALIZED in observed:

@@ -14,7 +14,9 @@ which the model then uses inside the same forward pass:
 - ``blocks.{l}.attn.hook_v``: the value vectors before they are mixed (and before any value
   gate of the trainer's variants, so the gate sees the replacement);
 - ``blocks.{l}.attn.hook_z``: each head's output before the output projection (zeroing a
-  head's slice removes exactly that head's contribution ``hook_result[..., h, :]``).
+  head's slice removes exactly that head's contribution ``hook_result[..., h, :]``);
+- ``blocks.{l}.hook_resid_post``: the residual stream leaving block l, which every later block
+  reads (setting massive activations to zero or to their mean, Sun et al. 2024).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ HOOK_POINTS: dict[str, HookPoint] = {p.name: p for p in [
 ]}
 
 #: the points whose value a probe may replace inside the forward pass.
-INTERVENABLE = frozenset({ATTN_V, ATTN_Z})
+INTERVENABLE = frozenset({ATTN_V, ATTN_Z, RESID_POST})
 
 _LAYER_NAME = re.compile(r"^blocks\.(\d+)\.(.+)$")
 

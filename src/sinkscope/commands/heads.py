@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from sinkscope.sources import Source
 
 #: ``--sink-set`` values; ``auto`` is the model's own (its phantom if it has one, else key 0).
-SINK_SET_CHOICES = ("auto", "first", "phantom", "first+phantom")  # = ("auto",) + gates.SINK_SETS
+SINK_SET_CHOICES = ("auto", "first", "phantom", "first+phantom", "data")  # = ("auto",) + gates.SINK_SETS
 #: seed 004 leaves the dormancy threshold open (probes/head_importance.py DORMANT_BELOW).
 DEFAULT_DORMANT_BELOW = 0.1
 
@@ -37,13 +37,18 @@ class HeadsOptions(RunOptions):
     """``RunOptions`` plus the sink set, the dormancy threshold and the ablation switch.
 
     Attributes:
-        sink_set: ``auto`` | ``first`` | ``phantom`` | ``first+phantom``: what A_sink sums
-            (``auto``: the phantom where the model has one, else key 0).
+        sink_set: ``auto`` | ``first`` | ``phantom`` | ``first+phantom`` | ``data``: what A_sink
+            sums (``auto``: the phantom where the model has one, else key 0; ``data``: seed 004
+            §6.2's keys of high attention and low value norm, plus any phantom).
+        sink_attention: ``data``: a key's mean attention alpha_j must exceed this (0.3).
+        sink_value_ratio: ``data``: its value norm must be below this times the median (0.5).
         dormant_below: a head with importance below this is dormant (0.1).
         ablate_dormant: a second stage zeroes the dormant heads and reports the loss change.
     """
 
     sink_set: str = "auto"
+    sink_attention: float = 0.3
+    sink_value_ratio: float = 0.5
     dormant_below: float = DEFAULT_DORMANT_BELOW
     ablate_dormant: bool = False
 
@@ -53,6 +58,10 @@ def _check(options: HeadsOptions) -> None:
         raise SinkscopeError(f"unknown --sink-set {options.sink_set!r}; use one of {', '.join(SINK_SET_CHOICES)}.")
     if not 0.0 <= options.dormant_below <= 1.0:
         raise SinkscopeError(f"--dormant-below must lie in [0, 1] (got {options.dormant_below}).")
+    if not 0.0 <= options.sink_attention <= 1.0:
+        raise SinkscopeError(f"--sink-attention must lie in [0, 1] (got {options.sink_attention}).")
+    if not options.sink_value_ratio > 0:
+        raise SinkscopeError(f"--sink-value-ratio must be positive (got {options.sink_value_ratio}).")
 
 
 def _check_source(options: HeadsOptions, source: Source) -> None:
@@ -72,7 +81,9 @@ def _check_model(options: HeadsOptions, spec: ModelSpec) -> None:
 
 
 def _probes(options: HeadsOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
-    return [("head_importance", {"sink_set": options.sink_set, "dormant_below": options.dormant_below})]
+    data = {"sink_attention": options.sink_attention, "sink_value_ratio": options.sink_value_ratio} \
+        if options.sink_set == "data" else {}
+    return [("head_importance", {"sink_set": options.sink_set, "dormant_below": options.dormant_below, **data})]
 
 
 def _followup(options: HeadsOptions, spec: ModelSpec, probes: list) -> list[tuple[str, dict]]:

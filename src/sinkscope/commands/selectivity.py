@@ -35,6 +35,9 @@ VALUE_GATE_PROBES: tuple[str, ...] = ("gate_selectivity", "token_share", "read_g
 #: what an output-gated model runs.
 OUTPUT_GATE_PROBES: tuple[str, ...] = ("output_gate",)
 
+#: windows measured by default (SelectivityOptions.n_seqs: the chance level of the token share).
+DEFAULT_N_SEQS = 256
+
 VALUE_GATED_VARIANTS = ("normgate", "projgate", "sink+norm", "sink+proj", "routing-norm")
 OUTPUT_GATED_VARIANTS = ("outgate",)
 WHO_HAS_GATES = ("value gates: the trainer variants " + ", ".join(VALUE_GATED_VARIANTS)
@@ -44,13 +47,20 @@ WHO_HAS_GATES = ("value gates: the trainer variants " + ", ".join(VALUE_GATED_VA
 
 @dataclass
 class SelectivityOptions(RunOptions):
-    """``RunOptions`` plus the token threshold.
+    """``RunOptions`` plus the token threshold, and a larger default sample.
 
     Attributes:
+        n_seqs: 256 windows by default (the other commands: 16), because the token-identity
+            share is read against its chance level (K - 1) / (N - 1), which is small only when
+            the N positions far outnumber the K distinct tokens: 32,768 tokens at a tiny
+            checkpoint's context of 128 (a few seconds on CPU), 131,072 at 512. Seed 000 uses
+            262,144 (eight validation batches at the training context); at 2,048 tokens (16
+            windows of 128) the chance level of a 4,096-token vocabulary is above 0.3.
         min_count: ``token_share[n>=K]`` and the report's token tables count only tokens seen at
             least K times in the run (seed 000: 50).
     """
 
+    n_seqs: int = DEFAULT_N_SEQS
     min_count: int = 50
 
 

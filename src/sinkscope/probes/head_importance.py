@@ -15,7 +15,16 @@ uses ``sigmoid(LSE_rest - LSE_sink)`` from the kernel's log-sum-exp and the logi
 
 The sink set (``sink_set``): ``first`` (key 0: vanilla attention; for ``sinktoken`` the learned
 token), ``phantom`` (the learned phantom key: gpt-oss, ``sinklogit``, ``offbyone``, ``sink+*``)
-or ``first+phantom`` (seed 004 §6.2: a phantom that does not absorb everything); ``auto`` is what
+or ``first+phantom`` (seed 004 §6.2: a phantom that does not absorb everything), or ``data``
+(seed 004 §6.2's data-driven set, "combine high attention weight with low value norm"): per
+window and head the keys j with alpha_j = mean over the queries i >= max(j, 1) that see j of
+a_ij above ``sink_attention`` (0.3, SPEC's sink-rate epsilon) *and* ||v_j|| below
+``sink_value_ratio`` (0.5) times the median value norm of the window's keys (that value head),
+plus the phantom where the model has one (its value is 0). The seed gives no threshold; these
+are chosen here. ``data`` reads whole rows, so its fused path materialises the weights
+exp(s_ij - LSE_i) one layer at a time (quadratic memory in the sequence length, as
+``--attention explicit``); the row ``sink_keys`` is the mean number of keys in the set per
+window (phantom not counted). ``auto`` is what
 the model has, its phantom where it has one, else key 0. A phantom outside the sink set counts as
 active mass (``1 - a_i0`` includes it); on a sliding-window layer queries past the window cannot
 see key 0, so ``first`` gives them G = 1.
@@ -34,12 +43,16 @@ import torch
 
 from sinkscope import gates
 from sinkscope.capture import hooks
-from sinkscope.capture.record import AttentionRecord
+from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
 
 #: seed 004 leaves the dormancy threshold open; 0.1 (a head passing under a tenth of its input).
 DORMANT_BELOW = 0.1
+
+
+def _positive(value: float) -> str | None:
+    return None if value > 0 else "must be positive"
 
 
 def check_sink_set(sink_set: str, has_phantom: bool) -> None:
@@ -57,7 +70,12 @@ def _threshold(value: float) -> str | None:
     "head_importance",
     params=(
         Param("sink_set", str, "auto", "auto (the model's own: phantom if it has one, else first) | first | "
-              "phantom | first+phantom", choices=("auto",) + gates.SINK_SETS),
+              "phantom | first+phantom | data (seed 004 §6.2: high attention and a low value norm)",
+              choices=("auto",) + gates.SINK_SETS),
+        Param("sink_attention", float, gates.DATA_SINK_ATTENTION,
+              "sink set data: a key's mean attention alpha_j must exceed this", check=_threshold),
+        Param("sink_value_ratio", float, gates.DATA_SINK_VALUE_RATIO,
+              "sink set data: a key's value norm must be below this times the window's median", check=_positive),
         Param("dormant_below", float, DORMANT_BELOW, "a head is dormant when its importance is below this",
               check=_threshold),
     ),
@@ -87,6 +105,11 @@ def _threshold(value: float) -> str | None:
             "the layer's heads; model row: the mean over layers of those shares",
             "seed 004 §4.1 (dormant heads, Sandoval-Segura et al. 2025); threshold chosen here",
             "higher = more heads that pass on almost nothing"),
+        "sink_keys": MetricInfo(
+            "Keys in the data-driven sink set", "keys per window",
+            "--sink-set data only: the mean over windows of the number of keys j with alpha_j > sink_attention and "
+            "||v_j|| < sink_value_ratio * median ||v|| (the phantom not counted)",
+            "seed 004 §6.2; thresholds chosen here (SPEC.md)", "1 with key 0 alone = the classic first-token sink"),
     },
 )
 class HeadImportance(Probe):
@@ -99,7 +122,9 @@ class HeadImportance(Probe):
         if self.sink_set == "auto":
             self.sink_set = gates.default_sink_set(spec.has_phantom)
         check_sink_set(self.sink_set, spec.has_phantom)
-        self.first, self.phantom = gates.sink_parts(self.sink_set)
+        self.data = self.sink_set == "data"
+        self.first, self.phantom = (False, spec.has_phantom) if self.data else gates.sink_parts(self.sink_set)
+        self.sink_keys = HeadMeans(spec.n_layers, spec.n_heads)  # sums of |S| per window (sink set data)
         #: where G comes from: the heads' output gates where the model has them, else the sink set.
         self.gate = "output" if spec.has_output_gate else "implicit"
         self.implicit = HeadMeans(spec.n_layers, spec.n_heads)  # sums of 1 - A_sink,i
@@ -107,11 +132,16 @@ class HeadImportance(Probe):
 
     def options(self) -> dict:
         """The parameters as used (``sink_set`` resolved) and the gate Imp reads."""
-        return {**super().options(), "gate": self.gate}
+        options = {**super().options(), "gate": self.gate}
+        if not self.data:  # the data set's thresholds mean nothing for the other sets
+            options.pop("sink_attention"), options.pop("sink_value_ratio")
+        return options
 
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
-        if record.is_fused:  # linear memory: the kernel's LSE and the logit of key 0 only
+        if self.data:
+            G = self._data_gate(layer, record)  # (B, H, T)
+        elif record.is_fused:  # linear memory: the kernel's LSE and the logit of key 0 only
             first_logit = record.key_logits(torch.zeros(1, dtype=torch.long))[..., 0] if self.first else None
             G = gates.gate_from_lse(record.lse(), first_logit=first_logit, sink_logit=record.sink_logits,
                                     first=self.first, phantom=self.phantom)  # (B, H, T)
@@ -121,6 +151,23 @@ class HeadImportance(Probe):
         if record.output_gate is not None:
             g = record.output_gate.float().mean(-1).transpose(1, 2)  # (B, H, T): mean over the head's D gates
             self.output.add(layer, gates.query_items(g), item_dims=(0, 2))
+
+    def _data_gate(self, layer: int, record: AttentionRecord) -> torch.Tensor:
+        """G_i from seed 004 §6.2's data-driven sink set (module docstring), (B, H, T)."""
+        if record.weights_only:
+            raise SinkscopeError("--sink-set data needs the value vectors, which this model's attention path does not "
+                                 "expose (the eager fallback); use first, phantom or first+phantom.")
+        logits = record.logits()  # (B, H, T, S) with the model's mask
+        visible = logits > MASKED_BELOW  # (B, H, T, S)
+        if record.is_fused:  # a_ij = exp(s_ij - LSE_i) (1 - phi_i)
+            weights = torch.exp(logits - record.lse().unsqueeze(-1)) * record.real_mass().unsqueeze(-1)
+        else:
+            weights = record.weights.float()  # (B, H, T, S)
+        norms = record._per_query_head(record.value_norms())  # (B, H, S)
+        keys = gates.data_sink_keys(weights, visible, norms, attention_above=self.sink_attention,
+                                    value_below=self.sink_value_ratio)  # (B, H, S)
+        self.sink_keys.add(layer, keys.sum(-1, keepdim=True).double(), item_dims=(0, 2))
+        return gates.gate_from_sink_keys(weights, keys, phantom=self.phantom and record.has_phantom)
 
     # ---- finalising ------------------------------------------------------------------------------
     def _importance_acc(self) -> HeadMeans:
@@ -141,6 +188,8 @@ class HeadImportance(Probe):
     def rows(self) -> list[Row]:
         acc = self._importance_acc()
         out = self.implicit.rows(self.name, "implicit_gate") + acc.rows(self.name, "head_importance")
+        if self.data:
+            out += self.sink_keys.rows(self.name, "sink_keys")
         layers, imp = self.importance()
         if not layers:
             return out

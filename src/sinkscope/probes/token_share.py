@@ -14,8 +14,24 @@ heads, the model row pools every head of every layer (it is *not* a mean of head
 ``token_share[n>=50]`` is the same share over the positions whose token occurs at least 50
 times in the run (``min_count``), with the grand mean of those positions. A gate that is a
 function of the token id alone has share 1; a gate independent of the token has, for K
-distinct tokens among N values, expected share (K - 1) / (N - 1) (between SS / total SS of
-iid values is Beta((K-1)/2, (N-K)/2)), so a share is only read against that floor.
+distinct tokens among N values, expected share (K - 1) / (N - 1), so a share is only read
+against that floor, reported beside it (SPEC.md, "Resolved (2026-12)")::
+
+    token_share_chance = (K - 1) / (N - 1)
+    token_share_excess = (share - chance) / (1 - chance) = 1 - (1 - share) (N - 1) / (N - K)
+
+The chance level is exact, not an approximation: for any fixed gate values, shuffling them over
+the N positions (token counts n_t held) gives E[between SS] = total SS (K - 1) / (N - 1),
+because E[n_t (mean_t - mean)^2] = s^2 (1 - n_t / N) under sampling without replacement
+(s^2 = total SS / (N - 1)); for iid normal values between/total is Beta((K-1)/2, (N-K)/2).
+The excess is the share of the variance *left over by chance* that token identity explains:
+0 on average for a token-blind gate, 1 for a function of the token; it equals the adjusted R^2
+of the one-way model with K - 1 token indicators (epsilon^2-like). For ``[n>=min_count]`` K
+and N count only the positions of the tokens kept (K = tokens seen at least min_count times,
+N = their occurrences), the same positions the share uses. Layer and model rows pool the
+chance levels as they pool the shares: sum_h c_h total_h / sum_h total_h (the permutation
+expectation of the pooled share; every head of a run sees the same K and N, so it is their
+common c), and the excess of a pooled row is computed from the pooled share and chance.
 
 Streaming and exact: per (layer, head, token) the probe keeps the count, the sum and the sum of
 squares of x = g - 1/2 (shifted so that float64 sums keep every digit that matters) in
@@ -148,6 +164,23 @@ class TokenSums(Accumulator):
             self.counts[layer] = self.counts[layer] + pad(theirs[2].to(device), (0, grow))  # (V,)
 
 
+def chance_share(n_tokens: int, n_positions: int) -> float:
+    """(K - 1) / (N - 1): the expected share of a token-blind gate (module docstring); NaN for N < 2."""
+    return (n_tokens - 1) / (n_positions - 1) if n_positions > 1 else float("nan")
+
+
+def excess_share(share: float, chance: float) -> float:
+    """(share - chance) / (1 - chance): 0 = chance, 1 = a function of the token; NaN when undefined."""
+    if not (np.isfinite(share) and np.isfinite(chance)) or chance >= 1.0:
+        return float("nan")
+    return float((share - chance) / (1.0 - chance))
+
+
+def distinct_tokens(counts: np.ndarray, keep: np.ndarray) -> int:
+    """K: how many tokens of ``keep`` occur at all."""
+    return int((keep & (counts > 0)).sum())
+
+
 def sums_of_squares(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray,
                     keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """(between SS (H,), total SS (H,), N) over the tokens ``keep`` (V,) bool, from per-token sums.
@@ -181,11 +214,35 @@ def sums_of_squares(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray,
             "(model row): sum of between SS over heads / sum of total SS over heads",
             SOURCE, "1 = the gate is a function of the token id alone; near (K-1)/(N-1) = independent of it",
             per="layer x KV head"),
+        "token_share_chance": MetricInfo(
+            "Token-identity share at chance", "share of gate variance",
+            "(K - 1) / (N - 1) for K distinct tokens among the N positions: the exact expected token_share of a "
+            "gate shuffled over the positions (token-blind); layer and model rows pool it as the share is pooled "
+            "(weighted by total SS)",
+            "SPEC.md 'Token-identity variance share', Resolved (2026-12)",
+            "the floor token_share is read against; small only when N >> K", per="layer x KV head"),
+        "token_share_excess": MetricInfo(
+            "Token-identity share above chance", "share of the variance left by chance",
+            "(token_share - token_share_chance) / (1 - token_share_chance) = 1 - (1 - share)(N - 1)/(N - K), "
+            "the adjusted R^2 of the token groups",
+            "SPEC.md 'Token-identity variance share', Resolved (2026-12)",
+            "0 = no more than a token-blind gate; 1 = the gate is a function of the token id",
+            per="layer x KV head"),
         f"token_share[n>={DEFAULT_MIN_COUNT}]": MetricInfo(
             "Token-identity share, frequent tokens", "share of gate variance",
             f"token_share over the positions whose token occurs at least {DEFAULT_MIN_COUNT} times in the run "
             "(min_count), pooled the same way",
             SOURCE, "as token_share, less inflated by tokens seen a few times", per="layer x KV head"),
+        f"token_share_chance[n>={DEFAULT_MIN_COUNT}]": MetricInfo(
+            "Token-identity share at chance, frequent tokens", "share of gate variance",
+            "(K - 1) / (N - 1) with K the tokens seen at least min_count times and N their positions only",
+            "SPEC.md 'Token-identity variance share', Resolved (2026-12)",
+            "the floor token_share[n>=K] is read against", per="layer x KV head"),
+        f"token_share_excess[n>={DEFAULT_MIN_COUNT}]": MetricInfo(
+            "Token-identity share above chance, frequent tokens", "share of the variance left by chance",
+            "(token_share[n>=K] - its chance) / (1 - its chance), on the same positions",
+            "SPEC.md 'Token-identity variance share', Resolved (2026-12)",
+            "0 = chance; 1 = a function of the token id", per="layer x KV head"),
         "token_gate": MetricInfo(
             "Mean gate per token", "gate value",
             "for each token seen: the mean value gate over its occurrences, heads and layers; n = its number of "
@@ -225,22 +282,39 @@ class TokenShare(Probe):
     def rows(self) -> list[Row]:
         rows: list[Row] = []
         layers = self.sums.layers
+        suffix = f"[n>={self.min_count}]"
         for metric, threshold in (("token_share", 1), (self.frequent_metric, self.min_count)):
-            pooled_between = pooled_total = 0.0
+            tail = suffix if threshold != 1 else ""
+            chance_metric, excess_metric = f"token_share_chance{tail}", f"token_share_excess{tail}"
+            shares, chances, excesses = [], [], []
+
+            def emit(layer, head, share, chance, n):
+                shares.append(Row(self.name, metric, layer, head, share, n))
+                chances.append(Row(self.name, chance_metric, layer, head, chance, n))
+                excesses.append(Row(self.name, excess_metric, layer, head, excess_share(share, chance), n))
+
+            pooled_between = pooled_total = pooled_chance = 0.0
             pooled_n = 0
             for layer in layers:
                 counts, sums, squares = self.sums.arrays(layer)
-                between, total, N = sums_of_squares(counts, sums, squares, counts >= threshold)
+                keep = counts >= threshold
+                between, total, N = sums_of_squares(counts, sums, squares, keep)
+                chance = chance_share(distinct_tokens(counts, keep), N)  # the same for every head of the layer
                 for head in range(len(between)):
-                    rows.append(Row(self.name, metric, layer, head, _ratio(between[head], total[head]), N))
+                    emit(layer, head, _ratio(between[head], total[head]), chance, N)
                 layer_between, layer_total = float(between.sum()), float(total.sum())
-                rows.append(Row(self.name, metric, layer, None, _ratio(layer_between, layer_total), N * len(between)))
-                if N:
+                emit(layer, None, _ratio(layer_between, layer_total), chance, N * len(between))
+                if N and layer_total > 0:
                     pooled_between += layer_between
                     pooled_total += layer_total
+                    pooled_chance += chance * layer_total  # weighted by total SS, as the share pools
                 pooled_n += N * len(between)
             if layers:
-                rows.append(Row(self.name, metric, None, None, _ratio(pooled_between, pooled_total), pooled_n))
+                layer_chances = [r.value for r in chances if r.head is None]
+                model_chance = _ratio(pooled_chance, pooled_total) if pooled_total > 0 else \
+                    float(np.nanmean(layer_chances)) if not np.isnan(layer_chances).all() else float("nan")
+                emit(None, None, _ratio(pooled_between, pooled_total), model_chance, pooled_n)
+            rows += shares + chances + excesses
         return rows + self.token_rows()
 
     def token_rows(self) -> list[Row]:

@@ -691,6 +691,7 @@ class Block(nn.Module):
         _emit(hooks, hp.RESID_MID, layer, x)
         normed = _masked(self.ln_2(x), keep)  # (B, T, C): ln2's output, the MLP's input
         x = _masked(x + self.mlp(normed, layer=layer, hooks=hooks), keep)  # (B, T, C): resid_post
+        x = _replace(hooks, hp.RESID_POST, layer, x)  # (B, T, C): what the next block reads
         _emit(hooks, hp.RESID_POST, layer, x)
         return x, importance
 
