@@ -157,7 +157,7 @@ def test_the_eager_fallback_is_named_and_refuses_what_it_cannot_read():
     assert any(m.startswith("warning: the probe value_norm") for m in messages)  # values: not under the fallback
     assert (result.table.metric == "p0_mass").any()
     with pytest.raises(SinkscopeError, match="hook_v"):
-        sinkscope.measure("inject", model, windows=ids)
+        sinkscope.measure("inject", model, windows=ids, eval_batch=2)  # whole batches: structured junk
 
 
 def test_a_sink_parameter_the_interface_does_not_receive_is_refused():

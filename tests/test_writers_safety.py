@@ -109,7 +109,7 @@ def gated(tmp_path_factory, tokenizer) -> Path:
 def command_args(name: str, tiny_llama_dir: Path, gated: Path, text_file: Path) -> list:
     """The fastest run of each measuring command: one window of 16 tokens, no figures."""
     model = {"selectivity": gated}.get(name, tiny_llama_dir)
-    extra = {"measure": ["--probe", "p0_mass"], "inject": ["--doses", "0.4", "--eval-batch", "1"],
+    extra = {"measure": ["--probe", "p0_mass"], "inject": ["--doses", "0.4", "--eval-batch", "1", "--junk", "gaussian"],
              "circuit": ["--repeats", "1"]}.get(name, [])
     return [name, model, *extra, "--text-file", text_file, "--seq-len", "16", "--n-seqs", "1", "--no-progress",
             "--no-figures"]

@@ -352,11 +352,13 @@ def inject(
     dataset: DatasetOpt = None,
     seq_len: SeqLenOpt = None,
     n_seqs: NSeqsOpt = 16,
-    eval_batch: Annotated[int, typer.Option("--eval-batch", help="Windows per evaluation batch: structured junk is drawn across it, so it is part of the measurement (recorded in the manifest, never halved).")] = 8,
+    eval_batch: Annotated[int, typer.Option("--eval-batch", help="Windows per evaluation batch: structured junk is drawn across it, so it is part of the measurement (recorded in the manifest, never halved); with structured junk --n-seqs must be a multiple of it (at least 2).")] = 8,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the window draw and of the junk (per batch and layer).")] = 0,
     junk: Annotated[list[str], typer.Option("--junk", help="Junk types, repeatable or comma-separated: structured, same-context, gaussian, random-direction, own-direction (projection-gate checkpoints).")] = ["structured", "same-context", "gaussian"],  # noqa: B006
     cutoff: Annotated[list[str], typer.Option("--cutoff", help="Quiet-read cutoffs, repeatable or comma-separated: median, q25.")] = ["median", "q25"],  # noqa: B006
     doses: Annotated[str, typer.Option("--doses", help="Doses eps, comma-separated: the junk's norm is eps x the head's median read norm.")] = "0.2,0.4,0.8,1.6",
+    draws: Annotated[int, typer.Option("--draws", help="Seeded draws of the junk per condition (draw d seeded by seed, batch, layer and d): the table gives the mean over draws and windows and its standard error over windows; K corrupted passes per condition, one shared clean pass.")] = 1,
+    junk_source: Annotated[str, typer.Option("--junk-source", help="Where each layer's quiet set, median read norm m_h and transplanted junk come from: clean (the clean forward pass of the same batch, SPEC.md) or corrupted (the reads the layer receives after the layers below were corrupted; the protocol before 2026-12).")] = "clean",
     exposure: Annotated[bool, typer.Option("--exposure/--no-exposure", help="Also measure quiet and phantom mass on the clean pass.")] = True,
     bos: BosOpt = "auto",
     device: DeviceOpt = "auto",
@@ -374,8 +376,9 @@ def inject(
 ) -> None:
     """Corrupt every value head's quiet reads with junk and measure the loss increase (seed 000 §5).
 
-    For each junk type, cutoff and dose: one more forward pass per evaluation batch; the clean
-    loss and the exposure (quiet and phantom mass) come from the clean pass of the same batches.
+    For each junk type, cutoff, dose and draw: one more forward pass per evaluation batch; the clean
+    loss, the exposure (quiet and phantom mass) and, by default (--junk-source clean), each layer's
+    quiet set, m_h and transplanted junk come from the clean pass of the same batches.
     Several models give one run each and one comparison page.
 
     Examples:
@@ -385,6 +388,9 @@ def inject(
 
     \b
         sinkscope inject --junk gaussian --cutoff q25 --doses 0.4,0.8 --n-seqs 8 --seq-len 256
+
+    \b
+        sinkscope inject --junk structured,gaussian --doses 0.2,0.8 --draws 3   # mean ± se over 3 junk draws
 
     \b
         sinkscope inject ckpt/projgate --junk own-direction,structured

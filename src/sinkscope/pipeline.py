@@ -219,6 +219,7 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     inputs = inputs or Inputs()
     if inputs.windows is not None:  # checked and converted first: its shape decides seq_len below
         inputs = replace(inputs, windows=_given_windows(inputs.windows).tokens)
+        options = replace(options, n_seqs=int(inputs.windows.shape[0]))  # the checks see the windows' count
     cleanup = cleanup if cleanup is not None else contextlib.ExitStack()
     check_options(options)
     command.check(options)

@@ -165,7 +165,8 @@ def run_probes(
     measurement, is never halved, and every probe learns each batch's first window, ``batch_start``). ``attention``
     chooses the capture: ``"fused"`` (kernel log-sum-exp, memory linear in the sequence length)
     or ``"explicit"`` (the model's eager weights; the reference). After each batch
-    ``on_batch_done(next_window)`` is called (the caller checkpoints there).
+    ``on_batch_done(next_window)`` is called (the caller checkpoints there). Before the first batch
+    every probe may refuse the batching (``Probe.check_batches``: a short last batch), in one sentence.
 
     Out of memory: the batch's partial contributions are rolled back (probes are snapshot on
     their device before each batch), the batch size is halved once and the batch retried,
@@ -179,6 +180,10 @@ def run_probes(
     native = is_native(model)
     passes = [(label, Dispatcher([p for p in probes if label in p.passes()])) for label in _passes(probes)]
     n = tokens.shape[0]
+    for probe in probes:
+        problem = probe.check_batches(n - start, batch_size)
+        if problem:
+            raise SinkscopeError(problem)
     bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
                        dynamic_ncols=True)
     switch = _PassSwitch([d for _, d in passes])

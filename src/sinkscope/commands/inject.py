@@ -1,16 +1,26 @@
 """``sinkscope inject``: value-read injection and exposure (SPEC.md "Value-read injection", "Quiet mass").
 
-Probes: ``injection`` (one clean pass and one pass per junk type x cutoff x dose over every
+Probes: ``injection`` (one clean pass and one pass per junk type x cutoff x dose x draw over every
 evaluation batch: the loss increase when every value head's quiet reads receive junk, before any
-gate) and ``exposure`` (from the clean pass of the same batches: the share of each attention row
-on the quiet reads, per cutoff, and on the phantom, averaged over every query as seed 000's
-tables are). Seed 000 §5.1, its appendix C and Tables 3, 9-11 and 13.
+gate; the quiet set, m_h and transplanted junk from the batch's clean pass, ``--junk-source
+clean``, or from the reads each layer receives under corruption, ``--junk-source corrupted``)
+and ``exposure`` (from the clean pass of the same batches: the share of each attention row on the
+quiet reads, per cutoff, and on the phantom, averaged over every query as seed 000's tables are). Seed 000 §5.1, its appendix C and Tables 3, 9-11 and 13.
 
 The evaluation batch is part of the measurement (structured junk is drawn across it), so it is an
 option of its own, ``--eval-batch`` (recorded in the manifest), and replaces ``--batch-size``:
-every batch holds ``eval_batch`` windows (the last one fewer when ``--n-seqs`` is not a
-multiple) and is never halved. Under torchrun each process's share of the windows must be whole
-batches, so that the batches are those of a one-process run.
+every batch holds ``eval_batch`` windows and is never halved. With structured junk ``--n-seqs``
+must be a multiple of ``--eval-batch`` (>= 2), refused in one sentence before anything loads: a
+short last batch would draw its "other context" junk from fewer windows (from its own window
+alone, for one). Without structured junk the last batch may be short (no junk looks across
+windows). Under torchrun each process's share of the windows must be whole batches, so that the
+batches are those of a one-process run.
+
+``--draws K`` repeats every condition with K seeded draws of the junk (draw d's generator is
+seeded by (seed, batch, layer, d); ``probes/injection.draw_seed``): K corrupted passes per
+condition and batch, one shared clean pass. The table gives the mean over draws and windows and
+its standard error over windows (``*_se`` rows, n = windows), and each draw's increase
+(``inject_loss_delta_draw``) when K > 1.
 
 ``own-direction`` junk needs a projection-gate trainer checkpoint (``projgate``, ``sink+proj``);
 anything else is refused in one sentence before the weights load.
@@ -37,6 +47,7 @@ CUTOFFS = ("median", "q25")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 PROJECTION_GATE_VARIANTS = ("projgate", "sink+proj")
 DEFAULT_EVAL_BATCH = 8  # seed 000: eight batches of eight windows
+JUNK_SOURCES = ("clean", "corrupted")
 
 
 #: the largest dose accepted (x the median read norm): far past any dose a seed uses, and short of
@@ -55,6 +66,9 @@ class InjectOptions(RunOptions):
         eval_batch: windows per evaluation batch (structured junk draws across it); it is the
             run's batch size, never halved.
         exposure: also measure the quiet and phantom mass (the clean pass of the same batches).
+        draws: seeded draws of the junk per condition (mean and standard error over windows).
+        junk_source: ``clean`` (the quiet set, m_h and transplanted junk from the batch's clean
+            pass, SPEC.md) or ``corrupted`` (from the reads each layer receives under corruption).
     """
 
     junk: tuple = DEFAULT_JUNK
@@ -62,11 +76,33 @@ class InjectOptions(RunOptions):
     doses: tuple = DEFAULT_DOSES
     eval_batch: int = DEFAULT_EVAL_BATCH
     exposure: bool = True
+    draws: int = 1
+    junk_source: str = "clean"
 
     def __post_init__(self):
         if isinstance(self.eval_batch, int) and self.eval_batch < 1:  # before the shared --batch-size check
             raise SinkscopeError(f"--eval-batch must be at least 1 (got {self.eval_batch}).")
         self.batch_size = self.eval_batch  # the batch is part of the measurement
+
+
+def batch_problem(junk: tuple, eval_batch: int, n_windows: int) -> str | None:
+    """Why batches of ``eval_batch`` over ``n_windows`` windows cannot carry this junk, as a sentence, or None.
+
+    The same as ``probes.injection.batch_problem`` (which imports torch; tests keep them equal).
+    """
+    if "structured" not in junk:
+        return None
+    if eval_batch < 2:
+        return ("structured junk is drawn from the other windows of its evaluation batch, so it needs "
+                f"--eval-batch 2 or more (got {eval_batch}); use a larger --eval-batch, or other --junk.")
+    if n_windows % eval_batch:
+        lower, upper = n_windows // eval_batch * eval_batch, (n_windows // eval_batch + 1) * eval_batch
+        short = (f"{n_windows} windows leave a last batch of {n_windows % eval_batch}" if lower
+                 else f"there are only {n_windows} windows")
+        return (f"structured junk is drawn from the other windows of its evaluation batch, so every batch needs "
+                f"--eval-batch ({eval_batch}) windows, but {short}; use --n-seqs "
+                f"{f'{lower} or {upper}' if lower else upper}, or an --eval-batch that divides {n_windows}.")
+    return None
 
 
 def _split(values) -> tuple:
@@ -103,6 +139,13 @@ def _check(options: InjectOptions) -> None:
     if options.eval_batch < 1:
         raise SinkscopeError(f"--eval-batch must be at least 1 (got {options.eval_batch}).")
     options.batch_size = options.eval_batch
+    if not isinstance(options.draws, int) or isinstance(options.draws, bool) or options.draws < 1:
+        raise SinkscopeError(f"--draws must be at least 1 (got {options.draws}).")
+    if options.junk_source not in JUNK_SOURCES:
+        raise SinkscopeError(f"unknown --junk-source {options.junk_source!r}; use clean or corrupted.")
+    problem = batch_problem(options.junk, options.eval_batch, options.n_seqs)
+    if problem:
+        raise SinkscopeError(problem)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # distributed.world(), without importing torch
     if world_size > 1:
         starts = [options.n_seqs * r // world_size for r in range(world_size)]
@@ -139,7 +182,7 @@ def _check_sources(options: InjectOptions, sources: list[Source]) -> None:
 
 def _probes(options: InjectOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
     params = {"junk": options.junk, "cutoffs": options.cutoffs, "doses": options.doses, "seed": options.seed,
-              "eval_batch": options.eval_batch}
+              "eval_batch": options.eval_batch, "draws": options.draws, "junk_source": options.junk_source}
     if "own-direction" in options.junk:
         from sinkscope.sources import resolve_source
 

@@ -402,6 +402,12 @@ class Probe:
         """
         return None
 
+    def check_batches(self, n_windows: int, batch_size: int) -> str | None:
+        """Why this probe cannot measure ``n_windows`` windows in batches of ``batch_size`` (the last
+        one holding the rest), as a sentence, or None. The runner asks before the first batch; a
+        ``fixed_batch`` probe refuses a short last batch here (injection's structured junk)."""
+        return None
+
     def end_batch(self) -> None:
         """Called after every pass of a batch has run (for probes that combine passes)."""
 

@@ -1,19 +1,25 @@
 """Value-read injection: the loss increase from junk added to the quiet reads (SPEC.md "Value-read injection").
 
-Per batch the probe takes part in one clean forward pass and one more per condition
-(junk type x cutoff x dose). In a condition's pass, at every attention layer, for every value
-(KV) head and window, before the attention mixes the values and before any value gate
+Per batch the probe takes part in one clean forward pass and one more per condition and draw
+(junk type x cutoff x dose x draw). In a condition's pass, at every attention layer, for every
+value (KV) head and window, before the attention mixes the values and before any value gate
 (``blocks.{l}.attn.hook_v``)::
 
-    n_j = ||v_j||                                   read norms over the window's S keys
+    n_j = ||v~_j||                                  clean read norms over the window's S keys
     c   = quantile(n, 0.5 | 0.25)                   cutoff (numpy's linear quantile)
-    m_h = median(n)                                 the head's median read norm
+    m_h = median(n)                                 the head's median clean read norm
     v_j <- v_j + eps * m_h * u_j   for every j with n_j < c (strict); other reads untouched
 
     loss_clean = mean next-token cross-entropy over every window and position (clean pass)
-    loss       = the same under corruption;  loss_delta = loss - loss_clean  (nats / token)
+    loss       = the same under corruption, averaged over the K draws
+    loss_delta = loss - loss_clean  (nats / token)
 
-Junk ``u_j`` (unit length), drawn from the reads the layer receives, before its own corruption:
+``v~_j`` is the read layer l receives in the clean forward pass of the same batch, ``v_j`` the one it
+receives in the corrupted pass (which already carries the junk injected below l). With
+``junk_source="corrupted"`` (the protocol before 2026-12) the quiet set, m_h and transplanted junk
+come from ``v_j`` itself instead.
+
+Junk ``u_j`` (unit length), drawn from the clean reads ``v~`` (SPEC.md "Resolved (2026-12)"):
 
 - ``structured``: the normalised read of the same KV head at a uniformly random *other* position
   of the evaluation batch (any window, never (window, position) itself; almost always another
@@ -24,25 +30,42 @@ Junk ``u_j`` (unit length), drawn from the reads the layer receives, before its 
 - ``own-direction``: the head's projection-gate direction w_h / ||w_h|| (the trainer's
   ``projgate`` and ``sink+proj``; read from the checkpoint given as ``directions``).
 
-Decisions (SPEC.md leaves them open):
+Uncertainty (``draws`` = K seeded draws of the junk). With ``x_w`` a window's mean cross-entropy
+over its T - 1 predictions, and ``x_w`` under a condition the mean over the K draws of that::
+
+    value = mean_w x_w                               (= the pooled mean: every window has T - 1 predictions)
+    se    = sd_w(x_w) / sqrt(N)                      sd with N - 1; N = windows (``n`` of the ``*_se`` rows)
+
+so the standard error covers both the sample of windows and the junk draws (each window's value
+averages its draws; the draws of one window are not independent of each other, so windows, not
+window x draw pairs, are the units). When K > 1, rows ``inject_loss_delta_draw`` (condition ``draw``)
+keep each draw's loss increase over every window, and ``inject_loss_delta_se_draws`` is their
+standard error over the K draws alone (``paired.mean_se``; n = K): the junk's share of the
+uncertainty with the windows held fixed. Fewer than two windows give no ``*_se`` rows.
+
+Decisions:
 
 - Every layer is corrupted in the same pass, so layer l's reads already carry the effect of the
-  junk injected below it; "drawn from the clean reads" means the quiet set, m_h and structured
-  or same-context junk come from the reads layer l receives *before its own* corruption (never
-  from a corrupted read), which is what keeps one layer's values at a time: nothing from the
-  clean pass is kept across layers.
-- The random generator is seeded per (seed, batch, layer) (batch = its first window's index)
+  junk injected below it. The clean pass (the first pass of every batch, which also gives the
+  clean loss and the exposure) keeps, per layer, the clean read norms' median and quiet sets and,
+  for structured or same-context junk, the clean reads themselves: one batch's worth of values
+  (B x S x Hkv x D per layer, like the V half of a KV cache), released at the end of the batch.
+- The random generator of draw d is seeded per (seed, batch, layer, d) (:func:`draw_seed`; batch =
+  its first window's index; draw 0's seed is the one of the single draw before ``draws`` existed)
   and draws on the CPU, so the draws do not depend on the device, the dose or the cutoff: every
-  dose and cutoff of a junk type sees the same u_j, and models with the same shapes (layers,
-  KV heads, head size, windows per batch, positions) get identical junk.
+  dose and cutoff of a junk type sees the same u_j within a draw, and models with the same shapes
+  (layers, KV heads, head size, windows per batch, positions) get identical junk.
 - A read of norm 0 gives a zero junk vector (structured and same-context).
 - Structured junk draws across the batch, so the batch is part of the measurement
   (``fixed_batch``): ``sinkscope inject --eval-batch`` fixes it and the manifest records it; the
-  runner never halves it.
+  runner never halves it, and with structured junk every batch must hold exactly ``eval_batch >= 2``
+  windows (:meth:`Injection.check_batches`): a short last batch (one window: structured junk
+  would silently be same-window junk) is refused before the first batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +75,7 @@ from torch import Tensor
 from sinkscope.capture import hooks
 from sinkscope.capture.record import QUIET_CUTOFFS, read_norm_quantiles
 from sinkscope.errors import SinkscopeError
+from sinkscope.paired import mean_se
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
 
 #: every junk type, in table order.
@@ -61,6 +85,10 @@ DEFAULT_JUNK = ("structured", "same-context", "gaussian")
 CUTOFF_QUANTILES = dict(QUIET_CUTOFFS)
 DEFAULT_CUTOFFS = tuple(CUTOFF_QUANTILES)
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
+#: where the quiet set, m_h and transplanted junk come from: the clean pass (SPEC.md) or the corrupted one.
+JUNK_SOURCES = ("clean", "corrupted")
+#: junk types that transplant other positions' reads (they need the clean reads themselves, not just their norms).
+TRANSPLANTED = ("structured", "same-context")
 #: variants of the bundled trainer with a projection gate (the only ones with an own direction).
 PROJECTION_GATE_VARIANTS = ("projgate", "sink+proj")
 OWN_DIRECTION_SENTENCE = ("own-direction junk is the head's projection-gate direction w_h/||w_h||, which only "
@@ -87,14 +115,48 @@ def _distinct(values: tuple) -> str | None:
     return "lists a value twice" if len(set(values)) != len(values) else None
 
 
-def condition_label(junk: str, cutoff: str, dose: float) -> str:
-    """The runner's pass label of one condition, e.g. ``structured|median|0.4``."""
-    return f"{junk}|{cutoff}|{dose:g}"
+def condition_label(junk: str, cutoff: str, dose: float, draw: int = 0) -> str:
+    """The runner's pass label of one condition and draw, e.g. ``structured|median|0.4`` (draw 0),
+    ``structured|median|0.4|draw1``."""
+    return f"{junk}|{cutoff}|{dose:g}" + (f"|draw{draw}" if draw else "")
 
 
-def draw_seed(seed: int, batch_start: int, layer: int) -> int:
-    """The generator seed of one (batch, layer): the same for every junk type's doses and cutoffs."""
-    return int(np.random.SeedSequence([seed, batch_start, layer]).generate_state(1, dtype=np.uint64)[0] >> 1)
+def draw_seed(seed: int, batch_start: int, layer: int, draw: int = 0) -> int:
+    """The generator seed of one (batch, layer, draw): the same for every junk type's doses and cutoffs.
+
+    ``numpy.random.SeedSequence([seed, batch_start, layer, draw])``'s first 64-bit word, shifted
+    to 63 bits; draw 0 leaves ``draw`` out (``[seed, batch_start, layer]``), so a single draw is
+    the junk of runs made before ``--draws`` existed.
+    """
+    entropy = [seed, batch_start, layer] + ([draw] if draw else [])
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def check_draws(draws: int) -> str | None:
+    return None if isinstance(draws, int) and draws >= 1 else "must be at least 1"
+
+
+def batch_problem(junk: tuple, eval_batch: int, n_windows: int) -> str | None:
+    """Why batches of ``eval_batch`` over ``n_windows`` windows cannot carry this junk, as a sentence, or None.
+
+    Structured junk comes from the other windows of the evaluation batch, so every batch must hold
+    ``eval_batch >= 2`` windows; a last batch with fewer (one window: same-window junk under the
+    name structured) would change what is measured. Other junk types never look across windows.
+    ``commands/inject.py`` repeats this for its no-torch option check (tests keep the two equal).
+    """
+    if "structured" not in junk:
+        return None
+    if eval_batch < 2:
+        return ("structured junk is drawn from the other windows of its evaluation batch, so it needs "
+                f"--eval-batch 2 or more (got {eval_batch}); use a larger --eval-batch, or other --junk.")
+    if n_windows % eval_batch:
+        lower, upper = n_windows // eval_batch * eval_batch, (n_windows // eval_batch + 1) * eval_batch
+        short = (f"{n_windows} windows leave a last batch of {n_windows % eval_batch}" if lower
+                 else f"there are only {n_windows} windows")
+        return (f"structured junk is drawn from the other windows of its evaluation batch, so every batch needs "
+                f"--eval-batch ({eval_batch}) windows, but {short}; use --n-seqs "
+                f"{f'{lower} or {upper}' if lower else upper}, or an --eval-batch that divides {n_windows}.")
+    return None
 
 
 def other_positions(n: int, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
@@ -105,6 +167,16 @@ def other_positions(n: int, shape: tuple[int, ...], generator: torch.Generator) 
     r = torch.randint(0, n - 1, shape, generator=generator)  # (n, ...)
     own = torch.arange(n).view(n, *([1] * (len(shape) - 1)))  # (n, 1, ...)
     return r + (r >= own).long()  # skips its own index
+
+
+@dataclass
+class Reads:
+    """What the junk of one layer is drawn from: one batch's reads, per window and KV head."""
+
+    median: Tensor  # (B, Hkv) float64: m_h, the median read norm
+    quiet: dict[str, Tensor]  # cutoff -> (B, S, Hkv) bool: ||v_j|| strictly below the cutoff
+    values: Tensor | None  # (B, S, Hkv, D) the reads (their dtype), kept for transplanted junk only
+    norms: Tensor | None  # (B, S, Hkv) float32, with ``values``
 
 
 def load_gate_directions(checkpoint: str | Path) -> dict[int, Tensor]:
@@ -133,7 +205,12 @@ def load_gate_directions(checkpoint: str | Path) -> dict[int, Tensor]:
               check=_distinct),
         Param("doses", tuple, DEFAULT_DOSES, "doses eps (junk norm = eps x the head's median read norm)",
               check=_check_doses),
-        Param("seed", int, 0, "seeds the junk draws (per batch and layer)"),
+        Param("seed", int, 0, "seeds the junk draws (per batch, layer and draw)"),
+        Param("draws", int, 1, "seeded draws of the junk per condition (mean and standard error over windows)",
+              check=check_draws),
+        Param("junk_source", str, "clean", "where the quiet set, m_h and transplanted junk come from: clean (the "
+              "clean pass of the batch, SPEC.md) or corrupted (the reads the layer receives under corruption)",
+              choices=JUNK_SOURCES),
         Param("eval_batch", int, 8, "windows per evaluation batch (structured junk draws across it)",
               check=lambda b: None if b >= 1 else "must be at least 1"),
         Param("directions", str, None, "own-direction: the trainer checkpoint whose projection gates give w_h",
@@ -149,31 +226,64 @@ def load_gate_directions(checkpoint: str | Path) -> dict[int, Tensor]:
             "layer, per junk type, cutoff and dose eps", "SPEC.md 'Value-read injection'; seed 000 §5.1",
             "", per="model"),
         "inject_loss_delta": MetricInfo(
-            "Loss increase under injection", "nats / token", "inject_loss - inject_loss_clean on the same windows",
-            "SPEC.md 'Value-read injection'; seed 000 §5.1, Tables 3, 9, 10, 13",
+            "Loss increase under injection", "nats / token", "inject_loss - inject_loss_clean on the same windows "
+            "(mean over the draws)", "SPEC.md 'Value-read injection'; seed 000 §5.1, Tables 3, 9, 10, 13",
             "higher = the model is hurt more by junk in its quiet reads", per="model"),
+        "inject_loss_clean_se": MetricInfo(
+            "Loss, clean: standard error", "nats / token", "sd over windows (N - 1) / sqrt(N) of each window's mean "
+            "clean cross-entropy; n = N windows", "SPEC.md 'Resolved (2026-12)' (standard errors)", "", per="model"),
+        "inject_loss_se": MetricInfo(
+            "Loss under injection: standard error", "nats / token", "sd over windows (N - 1) / sqrt(N) of each "
+            "window's loss under injection (its mean over the draws); n = N windows",
+            "SPEC.md 'Resolved (2026-12)' (standard errors)", "", per="model"),
+        "inject_loss_delta_se": MetricInfo(
+            "Loss increase under injection: standard error", "nats / token", "sd over windows (N - 1) / sqrt(N) of "
+            "each window's loss increase (its mean over the draws minus its clean loss); n = N windows, so the "
+            "draws' spread is inside", "SPEC.md 'Value-read injection', 'Resolved (2026-12)'", "", per="model"),
+        "inject_loss_delta_se_draws": MetricInfo(
+            "Loss increase: standard error over draws", "nats / token", "sd over the K draws (K - 1) / sqrt(K) of "
+            "each draw's inject_loss_delta_draw (the junk's share of the uncertainty, windows held fixed); n = K; "
+            "written when draws > 1", "SPEC.md 'Value-read injection', 'Resolved (2026-12)'", "", per="model"),
+        "inject_loss_delta_draw": MetricInfo(
+            "Loss increase under one draw", "nats / token", "inject_loss_delta of one seeded draw of the junk "
+            "(condition draw), over every window; written when draws > 1",
+            "SPEC.md 'Value-read injection', 'Resolved (2026-12)'", "", per="model"),
     },
 )
 class Injection(Probe):
     """The loss increase when junk of a given type and dose is added to every head's quiet value reads."""
 
     fixed_batch = True
-    not_state = ("gate_directions",)  # read from a checkpoint, the same in every share
+    #: the gate directions are read from a checkpoint (the same in every share); ``clean`` and
+    #: ``batch_losses`` live for one batch (refilled by its clean pass, emptied by ``end_batch``).
+    not_state = ("gate_directions", "clean", "batch_losses")
 
     def setup(self) -> None:
         self.doses = tuple(float(d) for d in self.doses)
         self.conditions = [(j, c, d) for j in self.junk for c in self.cutoffs for d in self.doses]
-        self.labels = {condition_label(*cond): i + 1 for i, cond in enumerate(self.conditions)}
-        self.by_label = {condition_label(*cond): cond for cond in self.conditions}
+        K = self.draws
+        # pass index: 0 the clean pass, then 1 + condition x K + draw
+        self.labels = {condition_label(*cond, draw): 1 + i * K + draw
+                       for i, cond in enumerate(self.conditions) for draw in range(K)}
+        self.by_label = {condition_label(*cond, draw): (*cond, draw)
+                         for cond in self.conditions for draw in range(K)}
         self.gate_directions: dict[int, Tensor] = {}  # layer -> w_h (H, D), own-direction only
         if "own-direction" in self.junk:
             if self.directions is None:
                 raise SinkscopeError(OWN_DIRECTION_SENTENCE.format(", ".join(PROJECTION_GATE_VARIANTS))
                                      + "; this model is not one.")
             self.gate_directions = load_gate_directions(self.directions)
-        n = len(self.conditions) + 1
-        self.loss_sum = torch.zeros(n, dtype=torch.float64)  # clean, then each condition: summed cross-entropy
+        self.keep_values = any(j in TRANSPLANTED for j in self.junk)
+        self.clean: dict[int, Reads] = {}  # layer -> this batch's clean reads (junk_source "clean")
+        self.batch_losses: dict[int, Tensor] = {}  # pass index -> (B,) each window's mean cross-entropy
+        n = 1 + len(self.conditions) * K
+        self.loss_sum = torch.zeros(n, dtype=torch.float64)  # clean, then each condition x draw: summed cross-entropy
         self.loss_n = torch.zeros(n, dtype=torch.float64)  # predictions
+        # per window x_w: clean, each condition's loss (mean over draws), each condition's increase
+        m = 1 + 2 * len(self.conditions)
+        self.window_sum = torch.zeros(m, dtype=torch.float64)  # sum_w x_w
+        self.window_sq = torch.zeros(m, dtype=torch.float64)  # sum_w x_w^2
+        self.window_n = torch.zeros(1, dtype=torch.float64)  # windows
 
     def options(self) -> dict:
         out = super().options()
@@ -183,15 +293,26 @@ class Injection(Probe):
     def passes(self) -> tuple[str | None, ...]:
         return (None, *self.labels)
 
+    def check_batches(self, n_windows: int, batch_size: int) -> str | None:
+        return batch_problem(self.junk, batch_size, n_windows)
+
     # ---- the junk ------------------------------------------------------------------------------
-    def junk_vectors(self, junk: str, layer: int, v: Tensor, norms: Tensor) -> Tensor:
+    def reads(self, v: Tensor, cutoffs: tuple[str, ...], keep_values: bool) -> Reads:
+        """The median read norm and quiet sets of ``v`` (B, S, Hkv, D), and ``v`` itself if kept."""
+        norms = v.float().norm(dim=-1)  # (B, S, Hkv)
+        qs = read_norm_quantiles(norms.transpose(1, 2), (0.5, *(CUTOFF_QUANTILES[c] for c in cutoffs)))  # (1+K, B, Hkv)
+        quiet = {c: norms.double() < qs[1 + k].unsqueeze(1) for k, c in enumerate(cutoffs)}  # (B, S, Hkv): strict <
+        return Reads(qs[0], quiet, v if keep_values else None, norms if keep_values else None)
+
+    def junk_vectors(self, junk: str, layer: int, v: Tensor, norms: Tensor | None, draw: int = 0) -> Tensor:
         """Unit junk u_j for every read, (B, S, Hkv, D) float32 on v's device.
 
-        ``v`` (B, S, Hkv, D) float32 are the reads the layer receives, ``norms`` (B, S, Hkv) theirs.
+        ``v`` (B, S, Hkv, D) float32 are the reads junk is transplanted from (structured,
+        same-context; ``norms`` (B, S, Hkv) theirs); other junk types use only its shape and device.
         """
         B, S, Hkv, D = v.shape
-        generator = torch.Generator().manual_seed(draw_seed(self.seed, self.batch_start, layer))
-        if junk in ("structured", "same-context"):
+        generator = torch.Generator().manual_seed(draw_seed(self.seed, self.batch_start, layer, draw))
+        if junk in TRANSPLANTED:
             heads = torch.arange(Hkv, device=v.device).view(1, 1, Hkv)  # (1, 1, Hkv)
             if junk == "structured":  # another position anywhere in the batch
                 if B * S < 2:
@@ -220,34 +341,83 @@ class Injection(Probe):
 
     @intervenes(hooks.ATTN_V)
     def inject(self, layer: int, v: Tensor) -> Tensor | None:  # v: (B, S, Hkv, D)
-        if self.pass_label is None:
+        if self.pass_label is None:  # the clean pass: keep what the conditions' passes draw from
+            if self.junk_source == "clean":
+                self.clean[layer] = self.reads(v, self.cutoffs, self.keep_values)
             return None
-        junk, cutoff, dose = self.by_label[self.pass_label]
+        junk, cutoff, dose, draw = self.by_label[self.pass_label]
+        if self.junk_source == "clean":
+            reads = self.clean[layer]
+        else:  # the reads this layer receives under corruption (the protocol before 2026-12)
+            reads = self.reads(v, (cutoff,), junk in TRANSPLANTED)
         vf = v.float()  # (B, S, Hkv, D)
-        norms = vf.norm(dim=-1)  # (B, S, Hkv)
-        median, c = read_norm_quantiles(norms.transpose(1, 2), (0.5, CUTOFF_QUANTILES[cutoff]))  # (B, Hkv) each
-        quiet = norms.double() < c.unsqueeze(1)  # (B, S, Hkv): strict <
-        u = self.junk_vectors(junk, layer, vf, norms)  # (B, S, Hkv, D)
-        step = dose * median.float().unsqueeze(1) * quiet.float()  # (B, S, Hkv): eps m_h on quiet reads, else 0
+        source = reads.values.float() if reads.values is not None else vf  # (B, S, Hkv, D)
+        u = self.junk_vectors(junk, layer, source, reads.norms, draw)  # (B, S, Hkv, D)
+        step = dose * reads.median.float().unsqueeze(1) * reads.quiet[cutoff].float()  # (B, S, Hkv): eps m_h if quiet
         return (vf + step.unsqueeze(-1) * u).to(v.dtype)  # (B, S, Hkv, D)
 
     # ---- the loss --------------------------------------------------------------------------------
     @observes(hooks.LOSS)
     def loss(self, layer: None, value: Tensor) -> None:  # value: (B, T-1)
         if self.loss_sum.device != value.device:  # accumulate where the loss lives (no host sync per batch)
-            self.loss_sum, self.loss_n = self.loss_sum.to(value.device), self.loss_n.to(value.device)
+            for name in ("loss_sum", "loss_n", "window_sum", "window_sq", "window_n"):
+                setattr(self, name, getattr(self, name).to(value.device))
         index = 0 if self.pass_label is None else self.labels[self.pass_label]
-        self.loss_sum[index] += value.double().sum()
+        per_window = value.double().sum(dim=1)  # (B,)
+        self.loss_sum[index] += per_window.sum()
         self.loss_n[index] += value.numel()
+        self.batch_losses[index] = per_window / value.shape[1]  # (B,): each window's mean
+
+    def end_batch(self) -> None:
+        self.clean = {}
+        losses, self.batch_losses = self.batch_losses, {}
+        if 0 not in losses:
+            return
+        C, K = len(self.conditions), self.draws
+        clean = losses[0]  # (B,)
+        if C:
+            under = torch.stack([losses[i] for i in range(1, 1 + C * K)]).view(C, K, -1).mean(dim=1)  # (C, B)
+            x = torch.cat([clean.unsqueeze(0), under, under - clean])  # (1 + 2C, B)
+        else:
+            x = clean.unsqueeze(0)
+        self.window_sum += x.sum(dim=1)
+        self.window_sq += (x * x).sum(dim=1)
+        self.window_n += clean.numel()
+
+    def standard_errors(self) -> tuple[list[float], int]:
+        """sd over windows (N - 1) / sqrt(N) of each x_w (clean, each condition's loss, its increase), and N."""
+        n = int(self.window_n.cpu()[0])
+        if n < 2:
+            return [], n
+        s, sq = self.window_sum.cpu(), self.window_sq.cpu()
+        var = ((sq - s * s / n) / (n - 1)).clamp_min(0.0)
+        return (var / n).sqrt().tolist(), n
 
     def rows(self) -> list[Row]:
         sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
         n = int(counts[0])
-        mean = (sums / counts.clamp_min(1)).tolist()
-        clean = mean[0] if n else float("nan")
+        clean = float(sums[0] / counts[0]) if n else float("nan")
+        se, windows = self.standard_errors()
+        C, K = len(self.conditions), self.draws
         out = [Row(self.name, "inject_loss_clean", None, None, clean, n)]
-        for i, (junk, cutoff, dose) in enumerate(self.conditions, start=1):
+        if se:
+            out.append(Row(self.name, "inject_loss_clean_se", None, None, se[0], windows))
+        for i, (junk, cutoff, dose) in enumerate(self.conditions):
             conditions = (("junk", junk), ("cutoff", cutoff), ("dose", dose))
-            out.append(Row(self.name, "inject_loss", None, None, mean[i], int(counts[i]), conditions))
-            out.append(Row(self.name, "inject_loss_delta", None, None, mean[i] - clean, int(counts[i]), conditions))
+            index = slice(1 + i * K, 1 + (i + 1) * K)  # this condition's draws
+            total, count = float(sums[index].sum()), int(counts[index].sum())
+            loss = total / count if count else float("nan")
+            out.append(Row(self.name, "inject_loss", None, None, loss, count, conditions))
+            out.append(Row(self.name, "inject_loss_delta", None, None, loss - clean, count, conditions))
+            if se:
+                out.append(Row(self.name, "inject_loss_se", None, None, se[1 + i], windows, conditions))
+                out.append(Row(self.name, "inject_loss_delta_se", None, None, se[1 + C + i], windows, conditions))
+            if K > 1:
+                per_draw = [float(sums[j] / counts[j]) - clean if counts[j] else float("nan")
+                            for j in range(1 + i * K, 1 + (i + 1) * K)]
+                out.append(Row(self.name, "inject_loss_delta_se_draws", None, None, mean_se(per_draw)[1], K,
+                               conditions))
+                for draw, value in enumerate(per_draw):
+                    out.append(Row(self.name, "inject_loss_delta_draw", None, None, value,
+                                   int(counts[1 + i * K + draw]), (*conditions, ("draw", draw))))
         return out

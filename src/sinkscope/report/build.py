@@ -522,19 +522,54 @@ EXPOSURE_NOTE = ("Quiet and phantom mass are averaged over every query, row 0 in
                  "are (p0_mass and phantom_mass average over queries i >= 1); the quiet set is the reads of a value "
                  "head with norm strictly below the median or 25th percentile of that window's read norms.")
 INJECTION_NOTE = ("Each condition adds junk of norm eps x the head's median read norm to every quiet read (norm "
-                  "strictly below the cutoff) of every value head in every layer, before any gate; the loss increase "
-                  "is the mean next-token loss under corruption minus the clean loss on the same windows. The y axis "
-                  "is logarithmic: increases <= 0 are not drawn (the table has them).")
+                  "strictly below the cutoff) of every value head in every layer, before any gate; the quiet set, "
+                  "m_h and transplanted junk come from the clean pass of the same batch (junk source clean; "
+                  "'corrupted': from the reads each layer receives under corruption). The loss increase is the mean "
+                  "next-token loss under corruption, over the seeded draws of the junk, minus the clean loss on the "
+                  "same windows; error bars and ± are one standard error over windows (sd with n - 1, over sqrt n; "
+                  "each window's increase averaged over its draws). The y axis is logarithmic: increases <= 0 are "
+                  "not drawn (the table has them).")
 
 
 def _injection_points(run: RunData, metric: str = "inject_loss_delta") -> pd.DataFrame:
-    """The run's rows of one injection metric: columns junk, cutoff, dose, value."""
+    """The run's rows of one injection metric: columns junk, cutoff, dose, value, se (its ``_se`` row; NaN
+    where the run has none: one window, or a run made before standard errors)."""
     table = run.table
     if "junk" not in table.columns:
-        return pd.DataFrame(columns=["junk", "cutoff", "dose", "value"])
-    rows = table[(table.metric == metric) & table["junk"].notna()]
-    return pd.DataFrame({"junk": rows["junk"].astype(str), "cutoff": rows["cutoff"].astype(str),
-                         "dose": rows["dose"].astype(float), "value": rows["value"].astype(float)})
+        return pd.DataFrame(columns=["junk", "cutoff", "dose", "value", "se"])
+
+    def rows_of(name: str) -> pd.DataFrame:
+        rows = table[(table.metric == name) & table["junk"].notna()]
+        return pd.DataFrame({"junk": rows["junk"].astype(str), "cutoff": rows["cutoff"].astype(str),
+                             "dose": rows["dose"].astype(float), "value": rows["value"].astype(float)})
+
+    se = rows_of(f"{metric}_se").rename(columns={"value": "se"})
+    return rows_of(metric).merge(se, on=["junk", "cutoff", "dose"], how="left")
+
+
+def _injection_caption(runs: list[RunData]) -> str:
+    """The table's caption: what the ± is, with the windows (n of the se rows) and draws of the runs."""
+    windows, draws, sources = set(), set(), set()
+    for run in runs:
+        se = run.table[run.table.metric == "inject_loss_delta_se"]
+        windows |= set(se["n"].astype(int))
+        options = ((run.manifest.get("probes") or {}).get("injection") or {}).get("options") or {}
+        draws.add(int(options.get("draws", 1)))
+        sources.add(str(options.get("junk_source", "clean")))
+    caption = "Loss increase (nats / token) per junk type, cutoff and dose"
+    if windows:
+        over = f"the {windows.pop()} windows" if len(windows) == 1 else "each run's windows"
+        k = draws.pop() if len(draws) == 1 else None
+        its = "its draws" if k is None else f"its {k} draws" if k > 1 else "its one draw"
+        caption += f"; mean ± one standard error over {over} (each window's increase averaged over {its} of the junk)"
+    if sources != {"clean"}:
+        caption += f"; junk source {', '.join(sorted(sources))}"
+    return caption
+
+
+def _pm(value: float, se: float) -> str:
+    """``+3.18 ± 0.21`` (four significant figures, the se two), or the value alone without an se."""
+    return f"{value:+.4g}" if pd.isna(se) else f"{value:+.4g} ± {se:.2g}"
 
 
 def _injection_section(runs: list[RunData], metrics: list[str], docs: dict, fig_dir: Path, summary: list) -> dict:
@@ -563,13 +598,13 @@ def _injection_section(runs: list[RunData], metrics: list[str], docs: dict, fig_
     for run in runs:
         mine = points[points["run"] == run.label]
         for (junk, cutoff), part in mine.groupby(["junk", "cutoff"], sort=False):
-            by_dose = dict(zip(part["dose"], part["value"]))
+            by_dose = {d: (v, e) for d, v, e in zip(part["dose"], part["value"], part["se"])}
             rows.append(([run.label] if len(runs) > 1 else []) + [junk, cutoff]
-                        + [f"{by_dose[d]:+.4g}" if d in by_dose else "—" for d in doses])
+                        + [_pm(*by_dose[d]) if d in by_dose else "—" for d in doses])
     info = docs.get("inject_loss_delta", MetricInfo("inject_loss_delta", "", "", ""))
     entries.append({"metric": "inject_loss_delta", "info": info, "note": None, "figures": figs,
                     "table": {"columns": columns, "rows": rows, "collapsed": False,
-                              "caption": "Loss increase (nats / token) per junk type, cutoff and dose"}})
+                              "caption": _injection_caption(runs)}})
     return {"probe": "injection", "entries": entries, "note": INJECTION_NOTE, "tables": []}
 
 

@@ -690,11 +690,13 @@ def dose_response(points: pd.DataFrame, junk: str) -> Figure:
     """Loss increase against dose for one junk type (seed 000 §5.1): one line per cutoff (and run).
 
     Args:
-        points: columns ``run``, ``cutoff``, ``dose``, ``value`` (the loss increase in nats).
+        points: columns ``run``, ``cutoff``, ``dose``, ``value`` (the loss increase in nats) and
+            optionally ``se`` (its standard error over windows; NaN or absent: no error bar).
         junk: the junk type, for the title.
 
     The y axis is logarithmic; increases <= 0 (junk that did not hurt) cannot be drawn on it and
-    are left out (the table beside the figure has every number).
+    are left out (the table beside the figure has every number). Error bars span value ± se (a
+    lower end <= 0 is clipped by the log axis).
 
     Returns:
         The figure.
@@ -714,8 +716,13 @@ def dose_response(points: pd.DataFrame, junk: str) -> Figure:
                 if rows.empty:
                     continue
                 label = f"{run}: {cutoff}" if len(runs) > 1 else f"cutoff {cutoff}"
-                ax.plot(rows["dose"], rows["value"], marker="o", markersize=3.5, linewidth=1.4, color=color,
-                        linestyle=styles.get(cutoff, ":"), label=label)
+                style = dict(marker="o", markersize=3.5, linewidth=1.4, color=color, linestyle=styles.get(cutoff, ":"),
+                             label=label)
+                if "se" in rows.columns and rows["se"].notna().any():
+                    ax.errorbar(rows["dose"], rows["value"], yerr=rows["se"].fillna(0.0).to_numpy(), capsize=2.5,
+                                elinewidth=0.9, **style)
+                else:
+                    ax.plot(rows["dose"], rows["value"], **style)
                 drawn = True
         if drawn:
             ax.set_yscale("log")
