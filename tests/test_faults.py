@@ -495,7 +495,7 @@ def test_an_uncached_hub_id_fails_fast_without_retries(tmp_path):
     assert "Retrying" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "the hub could not be reached" in errors[0], proc.stderr
-    assert took < 30, took  # imports included; 50 s before
+    assert took < 45, took  # imports included, on a loaded CI machine; ~50 s of retries before (the retries: no "Retrying")
 
 
 def test_a_mistyped_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):

@@ -551,6 +551,7 @@ def train(
     eval_every: Annotated[Optional[int], typer.Option("--eval-every", help="Validation loss every N steps.")] = None,
     checkpoint_every: Annotated[Optional[int], typer.Option("--checkpoint-every", help="Checkpoint every N steps.")] = None,
     stop_at: Annotated[Optional[int], typer.Option("--stop-at", help="Stop (checkpointed) after this step; continue with --resume.")] = None,
+    monitor_every: Annotated[Optional[int], typer.Option("--monitor-every", help="Sink probes (p0 mass, phantom mass, value-norm ratio) every N steps on 8 fixed validation windows, into monitor.csv; `sinkscope report CKPT` draws them against the step.")] = None,
     text_file: TextFileOpt = None,
     dataset: DatasetOpt = None,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="bpe4096 (default, trained on the corpus) | gpt2 | a tokenizer folder.")] = None,
@@ -592,7 +593,7 @@ def train(
     options = TrainOptions(
         variant=variant, task=task, windows=windows, task_options=list(task_set or []), tier=tier, seed=seed, out=out, steps=steps, batch_size=batch_size, lr=lr,
         min_lr=min_lr, warmup_steps=warmup_steps, grad_accum=grad_accum, eval_every=eval_every,
-        checkpoint_every=checkpoint_every, stop_at=stop_at, text_file=text_file, dataset=dataset, tokenizer=tokenizer, tnlm=tnlm, lb_lambda=lb_lambda,
+        checkpoint_every=checkpoint_every, stop_at=stop_at, monitor_every=monitor_every, text_file=text_file, dataset=dataset, tokenizer=tokenizer, tnlm=tnlm, lb_lambda=lb_lambda,
         force_sink_k=force_sink_k, overrides=list(set_ or []), device=device, resume=resume,
         overwrite=overwrite, progress=progress, trust_remote_code=trust_remote_code,
     )

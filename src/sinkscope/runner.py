@@ -157,6 +157,7 @@ def run_probes(
     start: int = 0,
     on_batch_done: Callable[[int], None] | None = None,
     log: Callable[[str], None] | None = None,
+    inference: bool = True,
 ) -> int:
     """Run ``model`` over ``tokens[start:]`` (n_seqs, seq_len) in batches, feeding ``probes``.
 
@@ -165,7 +166,9 @@ def run_probes(
     measurement, is never halved, and every probe learns each batch's first window, ``batch_start``). ``attention``
     chooses the capture: ``"fused"`` (kernel log-sum-exp, memory linear in the sequence length)
     or ``"explicit"`` (the model's eager weights; the reference). After each batch
-    ``on_batch_done(next_window)`` is called (the caller checkpoints there). Before the first batch
+    ``on_batch_done(next_window)`` is called (the caller checkpoints there). ``inference=False``
+    runs under ``torch.no_grad`` instead of inference mode (a model that trains on afterwards:
+    ``sinkscope.monitor``; a buffer it caches in the pass stays usable by autograd). Before the first batch
     every probe may refuse the batching (``Probe.check_batches``: a short last batch), in one sentence.
 
     Out of memory: the batch's partial contributions are rolled back (probes are snapshot on
@@ -191,7 +194,7 @@ def run_probes(
     attached = contextlib.nullcontext() if native else capture(model, switch, mode=attention)
     retried = False
     index = start
-    with attached, torch.inference_mode():
+    with attached, (torch.inference_mode() if inference else torch.no_grad()):
         while index < n:
             snapshot = [p.snapshot() for p in probes]
             ids = torch.from_numpy(np.ascontiguousarray(tokens[index:index + batch_size])).to(device)  # (B, T)

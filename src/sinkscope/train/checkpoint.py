@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # torch is imported by the functions that need it: is_checkpo
 #: config.json's marker and format version.
 TRAINER_FORMAT = 1
 #: files the loop owns that survive a checkpoint rewrite.
-CARRIED_FILES = ("log.csv",)
+CARRIED_FILES = ("log.csv", "monitor.csv", "monitor.json", "monitor_tokens.npy")  # the last three: --monitor-every
 _TIED_KEY = "sinkscope_tied"
 #: the inventory's writer name for a checkpoint folder.
 WRITER = "checkpoint"

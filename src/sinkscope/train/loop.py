@@ -82,6 +82,10 @@ LOG_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "val_loss_all", "lr",
 IMBALANCE_COLUMN = "load_imbalance"
 
 
+#: validation windows the monitor measures (``--monitor-every``): the first of the fixed evaluation windows.
+MONITOR_WINDOWS = 8
+
+
 def log_columns(n_layer: int) -> tuple[str, ...]:
     """The columns of a model's log.csv: ``LOG_COLUMNS``, the imbalance, then its value per layer."""
     return LOG_COLUMNS + (IMBALANCE_COLUMN, *(f"{IMBALANCE_COLUMN}_l{layer}" for layer in range(n_layer)))
@@ -147,6 +151,7 @@ class TrainOptions:
     overwrite: bool = False  # replace the checkpoint in `out`
     overrides: list[str] = field(default_factory=list)  # `--set key=value` on GPTConfig fields
     stop_at: int | None = None  # stop after this step (checkpointed) as if interrupted; resume later
+    monitor_every: int | None = None  # sink probes every N steps on fixed validation windows (monitor.csv); None/0 = off
     progress: bool = True  # a tqdm bar on stderr
 
 
@@ -155,7 +160,7 @@ RESULT_FIELDS = ("variant", "task", "windows", "task_options", "tier", "seed", "
                  "weight_decay", "grad_clip", "val_tokens", "text_file", "dataset", "tokenizer", "tnlm",
                  "lb_lambda", "force_sink_k", "overrides")
 #: Options a resumed run may change (None = the checkpoint's value).
-RUN_FIELDS = ("steps", "eval_every", "checkpoint_every", "log_every", "eval_windows")
+RUN_FIELDS = ("steps", "eval_every", "checkpoint_every", "log_every", "eval_windows", "monitor_every")
 #: Options not recorded in the checkpoint.
 _NOT_RECORDED = ("out", "resume", "overwrite", "progress", "device", "stop_at", "trust_remote_code")
 
@@ -219,6 +224,9 @@ def resolve_options(options: TrainOptions) -> TrainOptions:
         value = getattr(out, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise SinkscopeError(f"{name} must be a positive integer, not {value!r}.")
+    if out.monitor_every is not None and (not isinstance(out.monitor_every, int) or isinstance(out.monitor_every, bool)
+                                          or out.monitor_every < 0):
+        raise SinkscopeError(f"monitor_every must be 0 (off) or a positive integer, not {out.monitor_every!r}.")
     if not 0 <= out.warmup_steps < out.steps:
         raise SinkscopeError(f"warmup_steps must be in [0, steps={out.steps}), not {out.warmup_steps}.")
     for name in ("lr", "min_lr", "weight_decay", "grad_clip", "lb_lambda"):
@@ -695,6 +703,16 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
             f"seed {opts.seed} on {what}; "
             f"{opts.steps} steps x {tokens_per_step:,} tokens on {device}"
             f"{f' x {env.world_size} processes' if env.enabled else ''} -> {out}")
+    monitor = None
+    if opts.monitor_every and env.is_main:  # sink formation: the same validation windows at every measured step
+        from sinkscope.monitor import SinkMonitor
+
+        monitor = SinkMonitor(every=opts.monitor_every, windows=val_x[:MONITOR_WINDOWS].cpu().numpy(), out=log_dir,
+                              batch_size=max(1, micro))
+        if options.resume:
+            monitor.truncate(start)  # rows an interrupted run measured after its checkpoint
+        elif log_dir == out:
+            write_inventory(out, WRITER)  # the monitor's files are the run's
     env.barrier()
 
     run_start = time.perf_counter()
@@ -752,6 +770,8 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
         _on_main(env, write)
         last_ckpt = step
 
+    if not options.resume and monitor is not None:
+        monitor.step(model, 0)
     if not options.resume and env.is_main:
         v = do_eval(0)
         _append_log(log_dir, {"step": 0, "tokens": 0, "train_loss": "", "val_loss": _fmt(v, ".6f"),
@@ -808,6 +828,8 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
             is_ckpt = step % opts.checkpoint_every == 0 or step == opts.steps or step == stop
             if is_eval:
                 do_eval(step)
+            if monitor is not None:
+                monitor.step(model, step)  # rank 0: the module itself, not the DDP wrapper
             if env.is_main and (is_eval or is_ckpt or step % opts.log_every == 0):
                 tokens_per_s = window_steps * tokens_per_step / max(window_time, 1e-9)
                 train_loss, train_steps = window_loss / window_steps, window_steps  # what log.csv records
@@ -825,6 +847,8 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
                     bar.write(line, file=sys.stderr) if not bar.disable else log(line)
             if is_ckpt:
                 save(step)
+                if monitor is not None:
+                    monitor.out = log_dir  # the replacement's sibling became --out at its first checkpoint
                 env.barrier()
     finally:
         bar.close()

@@ -1,0 +1,295 @@
+"""Sinks through training: measure a model's sink probes every N steps of any training loop.
+
+    from sinkscope.monitor import SinkMonitor
+
+    monitor = SinkMonitor(every=100, windows=val_ids[:8], out="runs/monitor")   # fixed once
+    for step in range(steps):
+        ...                                                   # the loop's own forward/backward/step
+        monitor.step(model, step + 1)                         # measures when (step + 1) % 100 == 0
+
+    trainer.add_callback(monitor.callback(trainer))           # the transformers Trainer
+
+Every measurement runs the named probes (``p0_mass``, ``phantom_mass`` and ``value_norm_ratio``
+by default) over the **same token windows** (given as ``windows`` or cut once from ``texts``),
+with the fused capture, under ``torch.no_grad`` (not inference mode, so nothing the model caches
+during the pass becomes an inference tensor its next training step cannot use), in eval mode.
+Afterwards the model's mode and attention implementation are what they were. The numbers are
+those ``sinkscope.measure(probes, checkpoint, windows=...)`` gives on the checkpoint saved at
+that step (tests): the same probes, the same definitions (SPEC.md), the same tidy rows.
+
+The table grows in ``out/monitor.csv``: ``step, probe, metric, layer, head, value, n`` (per head,
+per layer and model rows, as in a run's ``results.csv``), one block of rows per measured step,
+appended and flushed. ``out/monitor.json`` records the probes, ``every`` and the windows'
+sha256, and ``out/monitor_tokens.npy`` the exact ids. A folder holding a ``monitor.csv`` of
+other probes or windows is refused, never appended to; a resumed run drops the rows after its
+checkpoint (``truncate``).
+
+Under data parallelism (``torch.distributed`` initialised) rank 0 measures and writes; the other
+ranks skip (their replicas hold the same weights). The model handed in may be wrapped
+(``DistributedDataParallel``, ``torch.compile``): its ``module`` / ``_orig_mod`` is measured.
+A sharded model (FSDP) is not supported: its forward needs every rank.
+
+Loggers: :meth:`scalars` turns a step's rows into ``{"sinks/p0_mass": ..., "sinks/p0_mass/layer_3": ...}``
+(model and per-layer means); the Trainer callback passes them to ``trainer.log``, so TensorBoard,
+W&B and the Trainer's ``log_history`` see them.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from sinkscope.errors import SinkscopeError
+
+#: what the monitor measures when no probes are named: the sink-formation curves of issue 29.
+DEFAULT_PROBES = ("p0_mass", "phantom_mass", "value_norm_ratio")
+#: measure every this many steps when ``every`` is not given.
+DEFAULT_EVERY = 100
+TABLE = "monitor.csv"
+MANIFEST = "monitor.json"
+TOKENS = "monitor_tokens.npy"
+COLUMNS = ("step", "probe", "metric", "layer", "head", "value", "n")
+
+
+def _unwrap(model):
+    """The module that holds the weights: DDP's ``module``, torch.compile's ``_orig_mod``."""
+    for attribute in ("module", "_orig_mod"):
+        inner = getattr(model, attribute, None)
+        if inner is not None and hasattr(inner, "parameters") and type(model).__name__ in (
+                "DistributedDataParallel", "DataParallel", "OptimizedModule"):
+            return _unwrap(inner)
+    return model
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed
+        return 0
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def windows_from_texts(texts: Sequence[str], tokenizer, *, seq_len: int, n_seqs: int, seed: int = 0) -> np.ndarray:
+    """(n_seqs, seq_len) int64 windows cut from ``texts`` by the pipeline's rule (``corpus.make_windows``)."""
+    from sinkscope.corpus import make_windows, resolve_bos, tokenize_documents
+
+    return make_windows(tokenize_documents(tokenizer, list(texts)), seq_len=seq_len, n_seqs=n_seqs, seed=seed,
+                        bos_id=resolve_bos("auto", tokenizer)).tokens
+
+
+class SinkMonitor:
+    """Sink probes on fixed windows every ``every`` steps of a training loop (module docstring).
+
+    Args:
+        probes: registered probe names (``sinkscope ls probes``).
+        every: measure at the steps divisible by it (step 0 included).
+        windows: token ids (n_seqs, seq_len), fixed for the whole training.
+        texts, tokenizer, seq_len, n_seqs, seed: or windows cut once from ``texts``.
+        out: folder of the table (None: rows are only returned and kept in ``frames``).
+        batch_size: windows per forward pass.
+        attention: ``"fused"`` (default) or ``"explicit"``.
+    """
+
+    def __init__(self, probes: Sequence[str] = DEFAULT_PROBES, *, every: int = DEFAULT_EVERY, windows=None,
+                 texts: Sequence[str] | None = None, tokenizer=None, seq_len: int = 128, n_seqs: int = 8,
+                 seed: int = 0, out: str | Path | None = None, batch_size: int = 4, attention: str = "fused"):
+        from sinkscope.probes import get_probe
+
+        if every < 1:
+            raise SinkscopeError(f"every must be at least 1 (got {every}).")
+        if (windows is None) == (texts is None):
+            raise SinkscopeError("give the monitor either windows= (token ids) or texts= (with tokenizer=), once.")
+        if texts is not None:
+            if tokenizer is None:
+                raise SinkscopeError("texts= needs tokenizer= to cut its windows.")
+            windows = windows_from_texts([texts] if isinstance(texts, str) else texts, tokenizer, seq_len=seq_len,
+                                         n_seqs=n_seqs, seed=seed)
+        tokens = np.asarray(windows, dtype=np.int64)
+        if tokens.ndim != 2 or tokens.shape[1] < 2:
+            raise SinkscopeError(f"windows must be token ids of shape (n_seqs, seq_len >= 2), not {tokens.shape}.")
+        for name in probes:
+            get_probe(name)  # one sentence for an unknown name, before training starts
+        if attention not in ("fused", "explicit"):
+            raise SinkscopeError(f"attention must be 'fused' or 'explicit', not {attention!r}.")
+        self.probes, self.every, self.tokens = tuple(probes), int(every), tokens
+        self.batch_size, self.attention = int(batch_size), attention
+        self.out = Path(out) if out is not None else None
+        self.frames: list = []  # every measured step's rows, in memory (pandas DataFrames)
+        self._spec = None
+        self._spec_of = None
+        self._last_step: int | None = None  # a step is measured once (Lightning calls per micro-batch)
+        if self.out is not None and _rank() == 0:
+            self._open()
+
+    # ---- the folder -------------------------------------------------------------------------------
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(np.ascontiguousarray(self.tokens).tobytes()).hexdigest()
+
+    def _manifest(self) -> dict:
+        return {"probes": list(self.probes), "every": self.every, "windows_sha256": self.sha256,
+                "windows": list(self.tokens.shape), "attention": self.attention}
+
+    def _open(self) -> None:
+        """Create ``out`` (or check that its table is this monitor's: same probes and windows)."""
+        from sinkscope.fileio import atomic_write_bytes, atomic_write_text
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        table, manifest = self.out / TABLE, self.out / MANIFEST
+        if table.exists() or manifest.exists():
+            try:
+                held = json.loads(manifest.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                held = None
+            mine = self._manifest()
+            if held is None or any(held.get(k) != mine[k] for k in ("probes", "windows_sha256")):
+                raise SinkscopeError(f"{self.out} already holds a monitor table of other probes or windows (or one "
+                                     "sinkscope did not write); give the monitor another out= folder.")
+            return  # the same monitor, continued (a resumed training): rows are appended
+        atomic_write_text(manifest, json.dumps(self._manifest(), indent=2) + "\n")
+        import io
+
+        buffer = io.BytesIO()
+        np.save(buffer, self.tokens)
+        atomic_write_bytes(self.out / TOKENS, buffer.getvalue())
+        with open(table, "w", newline="", encoding="utf-8") as handle:
+            csv.writer(handle).writerow(COLUMNS)
+
+    def truncate(self, after_step: int) -> None:
+        """Drop the table's rows of steps after ``after_step`` (a training resumed from its checkpoint there)."""
+        if self.out is None or _rank() != 0 or not (self.out / TABLE).exists():
+            return
+        from sinkscope.fileio import atomic_write_text
+
+        with open(self.out / TABLE, newline="", encoding="utf-8") as handle:
+            rows = [r for r in csv.reader(handle)]
+        kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= after_step]
+        lines = [",".join(r) for r in kept]
+        atomic_write_text(self.out / TABLE, "\n".join(lines) + "\n")
+
+    # ---- measuring --------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def step(self, model, step: int, *, force: bool = False):
+        """Measure ``model`` at ``step`` when it is due (or ``force``); the rows as a DataFrame, else None.
+
+        Only rank 0 measures; other ranks return None.
+        """
+        if not (force or self.due(step)) or _rank() != 0 or step == self._last_step:
+            return None
+        self._last_step = int(step)
+        frame = self.measure(model)
+        frame.insert(0, "step", int(step))
+        self.frames.append(frame)
+        if self.out is not None:
+            with open(self.out / TABLE, "a", newline="", encoding="utf-8") as handle:
+                writer = csv.writer(handle)
+                for row in frame[list(COLUMNS)].itertuples(index=False):
+                    writer.writerow(["" if _missing(v) else v for v in row])
+                handle.flush()
+        return frame
+
+    def measure(self, model):
+        """The probes' rows on the monitor's windows (a DataFrame without ``step``); the model left as it was."""
+        import torch
+
+        from sinkscope.capture.families import ModelSpec
+        from sinkscope.probes import get_probe
+        from sinkscope.results import rows_to_frame
+        from sinkscope.runner import run_probes
+
+        model = _unwrap(model)
+        if self._spec_of is not model:  # discovery traces one forward pass: once per model
+            self._spec, self._spec_of = ModelSpec.from_model(model), model
+        probes = [get_probe(name)(self._spec) for name in self.probes]
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                run_probes(model, self.tokens, probes, batch_size=self.batch_size, progress=False,
+                           attention=self.attention, inference=False, log=lambda _m: None)
+        finally:
+            model.train(was_training)
+        frame = rows_to_frame([row for probe in probes for row in probe.rows()])
+        return frame[[c for c in COLUMNS if c != "step" and c in frame.columns]].copy()
+
+    @staticmethod
+    def scalars(frame, prefix: str = "sinks") -> dict[str, float]:
+        """Model and per-layer means of a step's rows, for a logger: ``{prefix/metric[/layer_l]: value}``."""
+        out: dict[str, float] = {}
+        layers = frame[frame["head"].isna()]
+        for row in layers.itertuples(index=False):
+            if _missing(row.value):
+                continue
+            key = f"{prefix}/{row.metric}" if _missing(row.layer) else f"{prefix}/{row.metric}/layer_{int(row.layer)}"
+            out[key] = float(row.value)
+        return out
+
+    def callback(self, trainer=None):
+        """A transformers ``TrainerCallback`` measuring at step 0 and every ``every`` steps.
+
+        With ``trainer``, the scalars go through ``trainer.log`` (its ``report_to`` loggers and
+        ``log_history``); without it, into ``state.log_history`` only.
+        """
+        return _trainer_callback(self, trainer)
+
+    def lightning_callback(self):
+        """A Lightning ``Callback`` (needs ``lightning``): measures on ``on_train_batch_end`` at ``trainer.global_step``."""
+        try:
+            from lightning.pytorch.callbacks import Callback
+        except ImportError as error:
+            raise SinkscopeError("the Lightning callback needs `pip install lightning`; the monitor itself does "
+                                 "not.") from error
+        monitor = self
+
+        class SinkMonitorLightning(Callback):
+            def on_train_start(self, trainer, pl_module):
+                self._log(trainer, monitor.step(pl_module, trainer.global_step))
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                self._log(trainer, monitor.step(pl_module, trainer.global_step))
+
+            @staticmethod
+            def _log(trainer, frame):
+                if frame is not None and trainer.logger is not None:
+                    trainer.logger.log_metrics(monitor.scalars(frame), step=trainer.global_step)
+
+        return SinkMonitorLightning()
+
+
+def _missing(value) -> bool:
+    import pandas as pd
+
+    return bool(pd.isna(value))
+
+
+def _trainer_callback(monitor: SinkMonitor, trainer):
+    from transformers import TrainerCallback
+
+    class SinkMonitorCallback(TrainerCallback):
+        """sinkscope's sink probes every ``monitor.every`` steps (``sinkscope.monitor``)."""
+
+        def _measure(self, state, model):
+            frame = monitor.step(model, state.global_step)
+            if frame is None:
+                return
+            logs = monitor.scalars(frame)
+            if trainer is not None:
+                trainer.log(dict(logs))
+            else:
+                state.log_history.append({**logs, "step": state.global_step})
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 0:
+                self._measure(state, model)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self._measure(state, model)
+
+    return SinkMonitorCallback()
