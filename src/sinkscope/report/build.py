@@ -53,7 +53,7 @@ from sinkscope import __version__
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import (atomic_write_text, check_replaceable, describe_entries, foreign_entries, lock_folder,
                               is_temporary_name, read_inventory, write_inventory)
-from sinkscope.results import RUN_FORMAT_VERSION, MetricInfo, read_results
+from sinkscope.results import NOT_CONDITIONS, RUN_FORMAT_VERSION, MetricInfo, read_results
 
 #: Per-layer tables longer than this start collapsed.
 COLLAPSE_ROWS = 16
@@ -480,7 +480,7 @@ def _layer_type_section(runs: list[RunData]) -> dict | None:
         if "layer_type" not in table.columns or not table["layer_type"].notna().any():
             continue
         split = table[table["layer_type"].notna() & table.layer.isna() & table["head"].isna()]
-        others = [c for c in split.columns if c not in ("probe", "metric", "layer", "head", "value", "n", "layer_type")
+        others = [c for c in split.columns if c not in (*NOT_CONDITIONS, "layer_type")
                   and split[c].notna().any()]
         rows = []
         for (metric, *rest), part in split.groupby(["metric", *others], sort=False, dropna=False):
@@ -711,7 +711,7 @@ def group_runs(runs: list[RunData], key: str) -> list[RunData]:
         # the run's own conditions (variant, seed, ...) are what is averaged over
         run_keys = set().union(*[set((m.manifest.get("conditions") or {})) for m in members])
         extra = [c for c in dict.fromkeys(c for m in members for c in m.table.columns)
-                 if c not in ("probe", "metric", "layer", "head", "value", "n") and c not in run_keys
+                 if c not in NOT_CONDITIONS and c not in run_keys
                  and all(c in m.table.columns for m in members)]
         keys = ["probe", "metric", "layer", "head", *extra]
         stacked = pd.concat([m.table[keys + ["value", "n"]] for m in members])
