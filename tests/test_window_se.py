@@ -115,3 +115,33 @@ def test_an_older_state_without_window_statistics_gives_nan_not_a_wrong_se():
     old.load_state_dict(state)
     old.add(0, torch.rand(4, 2, 3), item_dims=(0, 2))
     assert all(math.isnan(r.se) for r in old.rows("p", "m"))
+
+
+def test_the_report_prints_layer_values_with_their_se_and_the_figure_draws_the_band(tmp_path, monkeypatch):
+    from sinkscope.report import build_report, figures
+    from sinkscope.results import read_results
+    from test_report import parse
+
+    model = build("llama")
+    ids = random_ids(N_WINDOWS, SEQ_LEN, seed=3)
+    run = tmp_path / "run"
+    sinkscope.measure(["p0_mass"], model, windows=ids.numpy(), batch_size=4, out=str(run))
+    drawn = {}
+    original = figures.per_layer_line
+
+    def spy(table, metric, *args, **kwargs):
+        fig = original(table, metric, *args, **kwargs)
+        drawn.setdefault(metric, fig)
+        return fig
+
+    monkeypatch.setattr(figures, "per_layer_line", spy)
+    page = build_report([run], out=tmp_path / "page")
+    table = read_results(run)
+    layer_rows = table[(table.metric == "p0_mass") & table.layer.notna() & table["head"].isna()]
+    html = parse(page)
+    shown = {attrs["data-metric"]: rows for attrs, rows in html.tables if attrs.get("class") == "layers"}["p0_mass"]
+    cells = [r[1] for r in shown[1:]]
+    assert all(" ± " in c for c in cells)
+    np.testing.assert_allclose([float(c.split(" ± ")[1]) for c in cells], layer_rows.se.to_numpy(), rtol=1e-5)
+    bands = [c for c in drawn["p0_mass"].axes[0].collections if c.get_gid() == "se"]
+    assert len(bands) == 1

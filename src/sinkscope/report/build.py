@@ -492,8 +492,19 @@ def _layer_type_section(runs: list[RunData]) -> dict | None:
     return {"probe": "layer_types", "entries": [], "note": LAYER_TYPE_NOTE, "tables": tables} if tables else None
 
 
+def fmt_se(value, se) -> str:
+    """``value ± se`` where the row has a standard error over windows (SPEC.md "Averages"), else ``value``."""
+    if se is None or pd.isna(se):
+        return fmt(value)
+    return f"{fmt(value)} ± {fmt(se)}"
+
+
 def _layer_table(runs: list[RunData], metric: str) -> dict:
-    """Per-layer rows: layer, then per run the layer value (and min/max over heads for one run)."""
+    """Per-layer rows: layer, then per run the layer value (and min/max over heads for one run).
+
+    A layer value that is a mean over windows reads ``value ± se`` (one standard error over the
+    windows, the ``se`` column).
+    """
     single = len(runs) == 1
     columns = ["layer"] + ([f"{metric}", "min over heads", "max over heads", "n"] if single
                            else [run.label for run in runs])
@@ -501,6 +512,8 @@ def _layer_table(runs: list[RunData], metric: str) -> dict:
     for run in runs:
         rows = run.table[run.table.metric == metric]
         layer_rows = rows[rows.layer.notna() & rows["head"].isna()].set_index("layer")
+        if "se" not in layer_rows.columns:
+            layer_rows = layer_rows.assign(se=math.nan)
         heads = rows[rows.layer.notna() & rows["head"].notna()].groupby("layer")["value"].agg(["min", "max"])
         per_run.append((layer_rows, heads))
     layers = sorted(set().union(*[set(lr.index.astype(int)) for lr, _ in per_run]))
@@ -510,10 +523,10 @@ def _layer_table(runs: list[RunData], metric: str) -> dict:
             layer_rows, heads = per_run[0]
             row = layer_rows.loc[layer]
             lo, hi = (heads.loc[layer, "min"], heads.loc[layer, "max"]) if layer in heads.index else (None, None)
-            body.append([str(layer), fmt(row["value"]), fmt(lo), fmt(hi), str(int(row["n"]))])
+            body.append([str(layer), fmt_se(row["value"], row["se"]), fmt(lo), fmt(hi), str(int(row["n"]))])
         else:
-            body.append([str(layer)] + [fmt(lr.loc[layer, "value"]) if layer in lr.index else "—"
-                                        for lr, _ in per_run])
+            body.append([str(layer)] + [fmt_se(lr.loc[layer, "value"], lr.loc[layer, "se"]) if layer in lr.index
+                                        else "—" for lr, _ in per_run])
     return {"columns": columns, "rows": body, "collapsed": len(body) > COLLAPSE_ROWS}
 
 
