@@ -1,7 +1,7 @@
 """Every probe's state survives a checkpoint, a process merge and a rollback (issue 23, item 9).
 
 Each registered probe of the package runs three ways over the same windows and must give the
-same rows (keys, values, n): one pass; a resumed run (state after the first windows written with
+same rows (keys, values, n, standard errors over windows): one pass; a resumed run (state after the first windows written with
 ``statefile.save_state``, read back, loaded into a fresh probe, the rest run from ``start=k``);
 and a two-process merge done as ``distributed.merge_into_rank0`` does it (share A, share B, a
 fresh probe loads B's gathered state, A merges it). A rolled-back batch (``snapshot`` /
@@ -75,12 +75,12 @@ def run(model, tokens, probe: Probe, start: int = 0) -> Probe:
 
 
 def table(probe: Probe) -> dict:
-    """{(metric, layer, head, conditions): (value, n)} of the probe's rows."""
+    """{(metric, layer, head, conditions): (value, n, se)} of the probe's rows."""
     out = {}
     for r in probe.rows():
         key = (r.metric, r.layer, r.head, r.conditions)
         assert key not in out, f"{probe.name} gives two rows {key}"
-        out[key] = (r.value, r.n)
+        out[key] = (r.value, r.n, r.se)
     return out
 
 
@@ -91,9 +91,10 @@ def _close(a: float, b: float) -> bool:
 def assert_same_rows(got: dict, want: dict, probe: str, how: str) -> None:
     missing, extra = [k for k in want if k not in got], [k for k in got if k not in want]
     assert not missing and not extra, f"{probe} {how}: rows missing {missing[:3]}, extra {extra[:3]}"
-    bad = [(k, got[k], want[k]) for k in want if got[k][1] != want[k][1] or not _close(got[k][0], want[k][0])]
+    bad = [(k, got[k], want[k]) for k in want if got[k][1] != want[k][1] or not _close(got[k][0], want[k][0])
+           or not _close(got[k][2], want[k][2])]
     assert not bad, (f"{probe} {how}: {len(bad)} of {len(want)} rows differ from one pass, e.g. "
-                     + "; ".join(f"{k}: (value, n) {g} != {w}" for k, g, w in bad[:3]))
+                     + "; ".join(f"{k}: (value, n, se) {g} != {w}" for k, g, w in bad[:3]))
 
 
 def pick(name: str):

@@ -39,7 +39,7 @@ def test_sinks_end_to_end_on_a_saved_model(tiny_llama_dir, text_file, tmp_path):
         assert (out / name).is_file(), name
 
     table = pd.read_csv(out / "results.csv")
-    assert list(table.columns) == ["probe", "metric", "layer", "head", "value", "n"]
+    assert list(table.columns) == ["probe", "metric", "layer", "head", "value", "n", "se"]
     metrics = set(table.metric)
     assert {"p0_mass", "sink_rate", "sink_rate[1:]", "phantom_mass", "value_norm_ratio",
             "massive_activation"} <= metrics

@@ -262,6 +262,31 @@ def test_line_without_heads_has_no_band(tidy: pd.DataFrame) -> None:
     np.testing.assert_allclose(np.asarray(ax.lines[0].get_ydata()), expected)
 
 
+def test_line_draws_a_band_of_one_standard_error_where_the_layer_rows_have_one(tidy: pd.DataFrame) -> None:
+    """Issue 27 fix 4: value ± 1 se over windows, a band of its own beside the min-max over heads."""
+    layer_rows = tidy["head"].isna() & tidy["layer"].notna() & (tidy["metric"] == "p0_mass")
+    se = np.where(layer_rows, 0.01 * (tidy["layer"].fillna(0).to_numpy(dtype=float) + 1), np.nan)
+    se[np.flatnonzero(layer_rows)[1]] = np.nan  # layer 1: no se, no band there
+    ax = figures.per_layer_line(tidy.assign(se=se), "p0_mass").axes[0]
+    bands = [c for c in ax.collections if c.get_gid() == "se"]
+    assert len(bands) == 1 and len(ax.collections) == 2
+    verts = np.concatenate([p.vertices for p in bands[0].get_paths()])
+    layers = tidy[layer_rows].sort_values("layer")
+    for layer, value in zip(layers["layer"], layers["value"]):
+        at = verts[np.isclose(verts[:, 0], layer), 1]
+        if layer == 1:
+            assert at.size == 0
+        else:
+            width = 0.01 * (layer + 1)
+            assert at.min() == pytest.approx(value - width) and at.max() == pytest.approx(value + width)
+    assert any("s.e. over windows" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_line_without_se_draws_no_se_band(tidy: pd.DataFrame) -> None:
+    ax = figures.per_layer_line(tidy.assign(se=np.nan), "p0_mass").axes[0]
+    assert not [c for c in ax.collections if c.get_gid() == "se"]
+
+
 def test_line_overlay_on_existing_axes(tidy: pd.DataFrame) -> None:
     fig = figures.per_layer_line(tidy, "p0_mass", label="run A")
     other = tidy.assign(value=tidy["value"] * 0.5)

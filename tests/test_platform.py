@@ -147,7 +147,7 @@ def test_passes_run_each_batch_under_each_intervention():
     run_probes(model, ids, [alone], batch_size=2, progress=False)
     pd.testing.assert_frame_equal(rows_to_frame(p0.rows()), rows_to_frame(alone.rows()))
     frame = rows_to_frame(probe.rows())
-    assert list(frame.columns) == ["probe", "metric", "layer", "head", "value", "n", "pass"]
+    assert list(frame.columns) == ["probe", "metric", "layer", "head", "value", "n", "pass", "se"]
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt_oss"])

@@ -188,8 +188,9 @@ def test_fused_capture_gives_the_explicit_tables(family):
         run_probes(model, ids.numpy(), probes, batch_size=2, progress=False, attention=mode)
         tables[mode] = rows_to_frame(r for p in probes for r in p.rows())
     explicit, fused = tables["explicit"], tables["fused"]
-    pd.testing.assert_frame_equal(explicit.drop(columns="value"), fused.drop(columns="value"))
+    pd.testing.assert_frame_equal(explicit.drop(columns=["value", "se"]), fused.drop(columns=["value", "se"]))
     np.testing.assert_allclose(fused["value"].to_numpy(), explicit["value"].to_numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fused["se"].to_numpy(), explicit["se"].to_numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

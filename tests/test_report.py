@@ -94,7 +94,13 @@ def test_report_content_equals_the_table(llama_run):
         expected = table[(table.metric == metric) & table.layer.notna() & table["head"].isna()]
         rows = layer_tables[metric][1:]
         assert [int(r[0]) for r in rows] == expected.layer.astype(int).tolist()
-        np.testing.assert_allclose([float(r[1]) for r in rows], expected.value.to_numpy(), rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose([float(r[1].split(" ± ")[0]) for r in rows], expected.value.to_numpy(),
+                                   rtol=1e-5, atol=1e-9)
+        # a mean over windows reads value ± se (issue 27 fix 4; the golden tables predate se: none)
+        se = expected.se.to_numpy()
+        assert [" ± " in r[1] for r in rows] == list(np.isfinite(se)), metric
+        np.testing.assert_allclose([float(r[1].split(" ± ")[1]) for r in rows if " ± " in r[1]],
+                                   se[np.isfinite(se)], rtol=1e-5, atol=1e-9)
 
     text = page.read_text()
     for needle in ["What was run", "SPEC.md", "w_i0", "sigmoid(b_h - LSE_i)", "tiny-llama", "sample.txt"]:

@@ -40,6 +40,7 @@ from sinkscope.options import Command, RunOptions, check_options, seq_lens
 from sinkscope.probes import get_probe
 from sinkscope.probes.base import Probe
 from sinkscope.results import (
+    NOT_CONDITIONS,
     base_manifest,
     check_run_dir,
     default_run_dir,
@@ -747,7 +748,7 @@ def _warn_non_finite(table: pd.DataFrame, log) -> None:
     bad = table[~np.isfinite(table["value"].to_numpy(dtype=float))]
     if bad.empty:
         return
-    extra = [c for c in table.columns if c not in ("probe", "metric", "layer", "head", "value", "n")]
+    extra = [c for c in table.columns if c not in NOT_CONDITIONS]
     first = bad.iloc[0]
     where = ", ".join(f"{c} {first[c]}" for c in extra if not pd.isna(first[c]))
     log(f"warning: {len(bad)} of the {len(table)} numbers are not finite (NaN or inf), the first {first['metric']}"

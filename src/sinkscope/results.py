@@ -2,7 +2,7 @@
 
 A run folder holds:
 
-    results.csv / results.parquet   tidy table: probe, metric, layer, head, value, n
+    results.csv / results.parquet   tidy table: probe, metric, layer, head, value, n, (conditions), se
     manifest.json                   what produced it (versions, model, corpus + hash, seed, BOS, options)
     tokens.npy                      int64 (n_seqs, seq_len): exactly the ids evaluated
     figures/                        heatmap_<metric>.{png,svg}, layers_<metric>.{png,svg}
@@ -12,7 +12,9 @@ A run folder holds:
 ``layer`` and ``head`` a model aggregate. Condition columns follow ``n`` where a run has them:
 those a probe adds to its rows (e.g. ``junk``, ``cutoff``, ``dose``) and those of the run
 itself (``variant``, ``seed``, ``step``, ``tier`` for a trainer checkpoint); a plain ``sinks``
-run of a Hugging Face model has none. The whole folder is written into a hidden sibling and
+run of a Hugging Face model has none. The last column, ``se``, is the standard error over windows
+of a value that is a mean over windows (SPEC.md "Averages"), empty (NaN) elsewhere; a table
+written before it is read with ``se`` NaN. The whole folder is written into a hidden sibling and
 renamed into place at the end, so a crash leaves either no folder or a complete one.
 
 This module is the table schema (``Row``, ``MetricInfo``) and imports neither torch nor any
@@ -28,6 +30,7 @@ Guards on the output folder, in the order a command uses them (all before the mo
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -51,6 +54,12 @@ if TYPE_CHECKING:  # numpy and pandas are imported where they are used: the CLI'
     import pandas as pd
 
 COLUMNS = ["probe", "metric", "layer", "head", "value", "n"]
+#: statistics of a row that are neither keys nor conditions, the table's last columns (appended after
+#: every condition column, so readers of the columns above are unchanged): ``se``, the standard error
+#: over windows of a value that is a mean over windows, NaN elsewhere (SPEC.md "Averages").
+STAT_COLUMNS = ["se"]
+#: the columns that are not conditions.
+NOT_CONDITIONS = (*COLUMNS, *STAT_COLUMNS)
 #: bumped when the folder layout or table schema changes incompatibly (the report checks it).
 RUN_FORMAT_VERSION = 1
 
@@ -82,6 +91,8 @@ class Row:
 
     ``conditions`` are extra columns of this row, as ``((column, value), ...)`` (e.g.
     ``(("junk", "gaussian"), ("dose", 0.4))``); rows without them leave those columns empty.
+    ``se`` is the standard error over windows of a value that is a mean over windows (SPEC.md
+    "Averages"; ``HeadMeans``), NaN where the value is not one or it is undefined.
     """
 
     probe: str
@@ -91,6 +102,7 @@ class Row:
     value: float
     n: int
     conditions: tuple[tuple[str, object], ...] = ()
+    se: float = math.nan
 
 
 #: probes whose per-layer rows are not means over queries and heads (positions, channels, maxima,
@@ -128,7 +140,8 @@ def rows_to_frame(rows: Iterable[Row], run_conditions: dict | None = None) -> pd
     """The tidy table with the schema's dtypes (nullable Int64 for layer and head).
 
     Columns: ``COLUMNS``, then the rows' condition columns in order of first appearance, then
-    ``run_conditions`` (one value for every row, e.g. a checkpoint's variant and seed).
+    ``run_conditions`` (one value for every row, e.g. a checkpoint's variant and seed), then
+    ``STAT_COLUMNS`` (``se``).
     """
     import pandas as pd
 
@@ -142,15 +155,16 @@ def rows_to_frame(rows: Iterable[Row], run_conditions: dict | None = None) -> pd
     frame = frame.astype({"probe": "string", "metric": "string", "layer": "Int64", "head": "Int64",
                           "value": "float64", "n": "int64"})
     for key, value in (run_conditions or {}).items():
-        if key in frame.columns:
+        if key in frame.columns or key in STAT_COLUMNS:
             raise SinkscopeError(f"the run condition {key!r} clashes with a column of the table.")
         frame[key] = pd.Series([value] * len(frame), dtype="string" if isinstance(value, str) else None)
+    frame["se"] = pd.Series([r.se for r in rows], dtype="float64")
     return frame
 
 
 def condition_columns(frame: pd.DataFrame) -> list[str]:
     """The table's columns beyond ``COLUMNS`` (probe and run conditions), in order."""
-    return [c for c in frame.columns if c not in COLUMNS]
+    return [c for c in frame.columns if c not in NOT_CONDITIONS]
 
 
 def validate(frame: pd.DataFrame) -> None:
@@ -178,7 +192,10 @@ def _read_one(path: Path) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise SinkscopeError(f"the table {path} lacks the columns {missing}; it is damaged: {remedy}.")
-    for column, dtype in (("layer", "Int64"), ("head", "Int64"), ("value", "float64"), ("n", "int64")):
+    if "se" not in frame.columns:  # a table written before the standard errors
+        frame["se"] = math.nan
+    for column, dtype in (("layer", "Int64"), ("head", "Int64"), ("value", "float64"), ("n", "int64"),
+                          ("se", "float64")):
         try:
             frame[column] = frame[column].astype(dtype)
         except (ValueError, TypeError) as error:
@@ -200,6 +217,9 @@ def _disagreement(a: pd.DataFrame, b: pd.DataFrame) -> str | None:
     va, vb = a["value"].to_numpy(), b["value"].to_numpy()
     diff |= ~np.isclose(va, vb, rtol=1e-7, atol=1e-12, equal_nan=True)
     diff |= a["n"].to_numpy() != b["n"].to_numpy()
+    if "se" in a.columns and "se" in b.columns:
+        diff |= ~np.isclose(a["se"].to_numpy(dtype=float), b["se"].to_numpy(dtype=float), rtol=1e-7, atol=1e-12,
+                            equal_nan=True)
     if not diff.any():
         return None
     i = int(np.flatnonzero(diff.to_numpy())[0])

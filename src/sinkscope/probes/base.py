@@ -229,6 +229,22 @@ class HeadMeans(Accumulator):
     needs no transfer); counts come from shapes and live on the CPU. A layer is either
     *accumulated* (``add``: a mean over items) or *fixed* (``set``: one value per head, e.g. a
     learned parameter, identical in every share of a data-parallel run, so merging keeps it).
+
+    Standard error over windows (SPEC.md "Averages", resolved 2026-12): when ``add``'s item
+    dimensions include the batch axis 0 (the windows), each window's own mean (``per_item``
+    averaged over the other item dimensions) is also accumulated as a sum and a sum of squares
+    per head, and so is the layer's per-window mean over its heads, with the number of windows
+    ``n_w`` per layer: O(L x H) state, on the device, that adds under ``merge`` (a torchrun share,
+    a resumed run), so the merged standard error is over every window of every share. The rows
+    carry ``se = sd / sqrt(n_w)``, the sd over windows with ``n_w - 1`` in the denominator
+    (``paired.mean_se``'s convention), for the head rows and the layer rows; it is NaN for a fixed
+    layer, with fewer than 2 windows, for a layer added without the batch axis among the item
+    dimensions, and for the model row (its per-window value would pair each window's means across
+    layers, which are added one layer at a time: not kept). Windows of one run have the same
+    number of items each, so the mean of the window means is the pooled mean the rows report and
+    ``se`` is its standard error. The variance is ``(sum x^2 - (sum x)^2 / n_w) / (n_w - 1)`` in
+    float64, clamped at 0. A state from before these statistics (an older progress file) has
+    ``windows`` -1 (unknown) on its layers, and their ``se`` stays NaN.
     """
 
     def __init__(self, n_layers: int, n_heads: int):
@@ -237,17 +253,23 @@ class HeadMeans(Accumulator):
         self.counts = torch.zeros(n_layers, n_heads, dtype=torch.int64)
         self.seen = torch.zeros(n_layers, dtype=torch.bool)
         self.fixed = torch.zeros(n_layers, dtype=torch.bool)
+        #: layer -> (2, H + 1) on its device: per-window means summed (row 0) and squared and summed
+        #: (row 1), per head (columns :H) and for the layer's mean over its heads (column H).
+        self.window_sums: dict[int, Tensor] = {}
+        self.windows = torch.zeros(n_layers, dtype=torch.int64)  # windows behind window_sums (-1: unknown)
 
     def add(self, layer: int, per_item: Tensor, item_dims: tuple[int, ...]) -> None:
         """Add items of ``per_item`` (head axis 1) summed over ``item_dims``.
 
         A layer may have fewer heads than ``n_heads`` (the widest layer's): its heads are the first
-        ones, and its rows and layer mean are over its own heads only.
+        ones, and its rows and layer mean are over its own heads only. With axis 0 (the windows)
+        among ``item_dims``, each window's mean is accumulated too, for the standard error.
 
         Example: ``per_item`` (B, H, T) with ``item_dims=(0, 2)`` adds B*T items per head.
         """
         x = per_item.detach()
-        summed = x.to(_accumulate_dtype(x.device)).sum(dim=item_dims)  # (H',)
+        values = x.to(_accumulate_dtype(x.device))
+        summed = values.sum(dim=item_dims)  # (H',)
         heads = summed.shape[0]
         if heads < self.n_heads:  # a layer with fewer heads than the widest (MiMo's full layers: half the KV heads)
             summed = torch.cat([summed, summed.new_zeros(self.n_heads - heads)])  # (H,)
@@ -258,13 +280,27 @@ class HeadMeans(Accumulator):
             count *= x.shape[d]
         self.counts[layer, :heads] += count
         self.seen[layer] = True
+        rest = tuple(d for d in item_dims if d != 0)
+        per_window_items = count // max(x.shape[0], 1)
+        if 0 in item_dims and x.shape[0] > 0 and per_window_items > 0:
+            per_window = (values.sum(dim=rest) if rest else values) / per_window_items  # (B, H')
+            of_layer = per_window.mean(dim=1, keepdim=True)  # (B, 1): the window's mean over the layer's heads
+            pad = per_window.new_zeros(x.shape[0], self.n_heads - heads)
+            window_means = torch.cat([per_window, pad, of_layer], dim=1)  # (B, H + 1)
+            stats = torch.stack([window_means.sum(dim=0), window_means.square().sum(dim=0)])  # (2, H + 1)
+            mine = self.window_sums.get(layer)
+            self.window_sums[layer] = stats if mine is None else mine.to(stats.device) + stats
+            if self.windows[layer] >= 0:
+                self.windows[layer] += x.shape[0]
 
     def set(self, layer: int, values: Tensor) -> None:
-        """Record one value per head (e.g. a learned parameter), n = 1."""
+        """Record one value per head (e.g. a learned parameter), n = 1 (and no standard error)."""
         self.sums[layer] = values.detach().to(_accumulate_dtype(values.device))
         self.counts[layer] = 1
         self.seen[layer] = True
         self.fixed[layer] = True
+        self.window_sums.pop(layer, None)
+        self.windows[layer] = 0
 
     def means(self) -> Tensor:
         """(L, H) float64 on the CPU: per-head means (0 where nothing was seen)."""
@@ -273,23 +309,38 @@ class HeadMeans(Accumulator):
             out[layer] = sums.to("cpu", torch.float64) / self.counts[layer].clamp(min=1)
         return out
 
+    def standard_errors(self) -> Tensor:
+        """(L, H + 1) float64 on the CPU: the standard error over windows per head (column H: of the
+        layer's mean over heads); NaN where it is undefined (see the class docstring)."""
+        out = torch.full((self.n_layers, self.n_heads + 1), float("nan"), dtype=torch.float64)
+        for layer, stats in self.window_sums.items():
+            n = int(self.windows[layer])
+            if n < 2 or bool(self.fixed[layer]):
+                continue
+            total, squares = stats.to("cpu", torch.float64)
+            variance = ((squares - total * total / n) / (n - 1)).clamp(min=0.0)
+            out[layer] = (variance / n).sqrt()
+        return out
+
     def rows(self, probe: str, metric: str, *, layers: list[int] | None = None) -> list[Row]:
-        """Per-head rows, per-layer means over heads, one model mean over the layers seen."""
+        """Per-head rows, per-layer means over heads, one model mean over the layers seen (with ``se``)."""
         out: list[Row] = []
         layer_values: list[float] = []
         total_n = 0
+        errors = self.standard_errors()
         for layer in range(self.n_layers):
             if not self.seen[layer] or (layers is not None and layer not in layers):
                 continue
             means = self.sums[layer].to("cpu", torch.float64) / self.counts[layer].clamp(min=1)  # (H,)
+            head_se = errors[layer, :self.n_heads]
             present = self.counts[layer] > 0  # (H,): a layer with fewer heads than the widest has rows for its own
             if not self.fixed[layer] and not bool(present.all()):
-                means = means[present]
-            for head, value in enumerate(means.tolist()):
-                out.append(Row(probe, metric, layer, head, value, int(self.counts[layer, head])))
+                means, head_se = means[present], head_se[present]
+            for head, (value, se) in enumerate(zip(means.tolist(), head_se.tolist())):
+                out.append(Row(probe, metric, layer, head, value, int(self.counts[layer, head]), se=se))
             layer_n = int(self.counts[layer].sum())
             layer_values.append(float(means.mean()))
-            out.append(Row(probe, metric, layer, None, layer_values[-1], layer_n))
+            out.append(Row(probe, metric, layer, None, layer_values[-1], layer_n, se=float(errors[layer, -1])))
             total_n += layer_n
         if layer_values:
             out.append(Row(probe, metric, None, None, sum(layer_values) / len(layer_values), total_n))
@@ -300,17 +351,29 @@ class HeadMeans(Accumulator):
         sums = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)
         for layer, values in self.sums.items():
             sums[layer] = values.to("cpu", torch.float64)
-        return {"sums": sums, "counts": self.counts.clone(), "seen": self.seen.clone(), "fixed": self.fixed.clone()}
+        window_sums = torch.zeros(self.n_layers, 2, self.n_heads + 1, dtype=torch.float64)
+        for layer, values in self.window_sums.items():
+            window_sums[layer] = values.to("cpu", torch.float64)
+        return {"sums": sums, "counts": self.counts.clone(), "seen": self.seen.clone(), "fixed": self.fixed.clone(),
+                "window_sums": window_sums, "windows": self.windows.clone()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.counts, self.seen = state["counts"].clone(), state["seen"].clone()
         self.fixed = state.get("fixed", torch.zeros_like(self.seen)).clone()
         self.sums = {layer: state["sums"][layer].clone() for layer in range(self.n_layers) if self.seen[layer]}
+        if "windows" in state:
+            self.windows = state["windows"].clone()
+            self.window_sums = {layer: state["window_sums"][layer].clone() for layer in range(self.n_layers)
+                                if self.windows[layer] != 0}
+        else:  # a state written before the window statistics: their standard errors are unknown
+            self.windows = torch.where(self.seen & ~self.fixed, -1, 0).to(torch.int64)
+            self.window_sums = {}
 
     def merge(self, other: "HeadMeans") -> None:
         """Add another share's accumulator (another process's windows, seen after these).
 
-        Fixed layers (``set``) are taken from whichever share has them, not added.
+        Fixed layers (``set``) are taken from whichever share has them, not added. The window
+        statistics add too, so the standard error is over the windows of both shares.
         """
         for layer in range(self.n_layers):
             if not other.seen[layer]:
@@ -325,6 +388,14 @@ class HeadMeans(Accumulator):
             self.sums[layer] = theirs.clone() if mine is None else mine + theirs.to(mine.device)
             self.counts[layer] += other.counts[layer]
             self.seen[layer] = True
+            their_stats, my_stats = other.window_sums.get(layer), self.window_sums.get(layer)
+            if their_stats is not None:
+                self.window_sums[layer] = (their_stats.clone() if my_stats is None
+                                           else my_stats + their_stats.to(my_stats.device))
+            if self.windows[layer] < 0 or other.windows[layer] < 0:
+                self.windows[layer] = -1
+            else:
+                self.windows[layer] += other.windows[layer]
 
 
 # ---- the probe ------------------------------------------------------------------------------------

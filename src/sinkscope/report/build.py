@@ -53,7 +53,7 @@ from sinkscope import __version__
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import (atomic_write_text, check_replaceable, describe_entries, foreign_entries, lock_folder,
                               is_temporary_name, read_inventory, write_inventory)
-from sinkscope.results import RUN_FORMAT_VERSION, MetricInfo, read_results
+from sinkscope.results import NOT_CONDITIONS, RUN_FORMAT_VERSION, MetricInfo, read_results
 
 #: Per-layer tables longer than this start collapsed.
 COLLAPSE_ROWS = 16
@@ -480,7 +480,7 @@ def _layer_type_section(runs: list[RunData]) -> dict | None:
         if "layer_type" not in table.columns or not table["layer_type"].notna().any():
             continue
         split = table[table["layer_type"].notna() & table.layer.isna() & table["head"].isna()]
-        others = [c for c in split.columns if c not in ("probe", "metric", "layer", "head", "value", "n", "layer_type")
+        others = [c for c in split.columns if c not in (*NOT_CONDITIONS, "layer_type")
                   and split[c].notna().any()]
         rows = []
         for (metric, *rest), part in split.groupby(["metric", *others], sort=False, dropna=False):
@@ -492,8 +492,19 @@ def _layer_type_section(runs: list[RunData]) -> dict | None:
     return {"probe": "layer_types", "entries": [], "note": LAYER_TYPE_NOTE, "tables": tables} if tables else None
 
 
+def fmt_se(value, se) -> str:
+    """``value ± se`` where the row has a standard error over windows (SPEC.md "Averages"), else ``value``."""
+    if se is None or pd.isna(se):
+        return fmt(value)
+    return f"{fmt(value)} ± {fmt(se)}"
+
+
 def _layer_table(runs: list[RunData], metric: str) -> dict:
-    """Per-layer rows: layer, then per run the layer value (and min/max over heads for one run)."""
+    """Per-layer rows: layer, then per run the layer value (and min/max over heads for one run).
+
+    A layer value that is a mean over windows reads ``value ± se`` (one standard error over the
+    windows, the ``se`` column).
+    """
     single = len(runs) == 1
     columns = ["layer"] + ([f"{metric}", "min over heads", "max over heads", "n"] if single
                            else [run.label for run in runs])
@@ -501,6 +512,8 @@ def _layer_table(runs: list[RunData], metric: str) -> dict:
     for run in runs:
         rows = run.table[run.table.metric == metric]
         layer_rows = rows[rows.layer.notna() & rows["head"].isna()].set_index("layer")
+        if "se" not in layer_rows.columns:
+            layer_rows = layer_rows.assign(se=math.nan)
         heads = rows[rows.layer.notna() & rows["head"].notna()].groupby("layer")["value"].agg(["min", "max"])
         per_run.append((layer_rows, heads))
     layers = sorted(set().union(*[set(lr.index.astype(int)) for lr, _ in per_run]))
@@ -510,10 +523,10 @@ def _layer_table(runs: list[RunData], metric: str) -> dict:
             layer_rows, heads = per_run[0]
             row = layer_rows.loc[layer]
             lo, hi = (heads.loc[layer, "min"], heads.loc[layer, "max"]) if layer in heads.index else (None, None)
-            body.append([str(layer), fmt(row["value"]), fmt(lo), fmt(hi), str(int(row["n"]))])
+            body.append([str(layer), fmt_se(row["value"], row["se"]), fmt(lo), fmt(hi), str(int(row["n"]))])
         else:
-            body.append([str(layer)] + [fmt(lr.loc[layer, "value"]) if layer in lr.index else "—"
-                                        for lr, _ in per_run])
+            body.append([str(layer)] + [fmt_se(lr.loc[layer, "value"], lr.loc[layer, "se"]) if layer in lr.index
+                                        else "—" for lr, _ in per_run])
     return {"columns": columns, "rows": body, "collapsed": len(body) > COLLAPSE_ROWS}
 
 
@@ -746,7 +759,7 @@ def group_runs(runs: list[RunData], key: str) -> list[RunData]:
         # the run's own conditions (variant, seed, ...) are what is averaged over
         run_keys = set().union(*[set((m.manifest.get("conditions") or {})) for m in members])
         extra = [c for c in dict.fromkeys(c for m in members for c in m.table.columns)
-                 if c not in ("probe", "metric", "layer", "head", "value", "n") and c not in run_keys
+                 if c not in NOT_CONDITIONS and c not in run_keys
                  and all(c in m.table.columns for m in members)]
         keys = ["probe", "metric", "layer", "head", *extra]
         stacked = pd.concat([m.table[keys + ["value", "n"]] for m in members])

@@ -353,7 +353,10 @@ def per_layer_line(
 
     Uses rows with a layer and no head. If the metric also has per-(layer,
     head) rows, a light band spans the min-max across heads of each layer.
-    Pass ``ax`` to overlay further runs on an existing plot.
+    Where the layer rows carry a standard error over windows (the ``se``
+    column, SPEC.md "Averages"), a darker band spans value ± 1 se (gid
+    ``"se"``, in the legend as "± 1 s.e. over windows"); layers whose se is
+    NaN get none. Pass ``ax`` to overlay further runs on an existing plot.
 
     Args:
         df: Tidy results table (one run; filter first when the table mixes runs).
@@ -384,6 +387,7 @@ def per_layer_line(
         {
             "layer": agg["layer"].astype("int64").to_numpy(),
             "value": agg["value"].astype("float64").to_numpy(),
+            "se": agg["se"].astype("float64").to_numpy() if "se" in agg else np.full(len(agg), np.nan),
             **({"probe": agg["probe"].to_numpy()} if "probe" in agg else {}),
         }
     )
@@ -391,6 +395,8 @@ def per_layer_line(
     agg = agg.sort_values("layer")
     x = agg["layer"].to_numpy()
     y = agg["value"].to_numpy()
+    se = agg["se"].to_numpy()
+    has_se = bool(np.isfinite(se).any())
 
     heads = _per_head_rows(df, metric)
     band = None
@@ -425,6 +431,19 @@ def per_layer_line(
                 label=f"{label}: min–max over heads" if label else "min–max over heads",
                 zorder=2,
             )
+        if has_se:
+            known = np.isfinite(se)
+            ax.fill_between(
+                x,
+                np.where(known, y - se, np.nan),
+                np.where(known, y + se, np.nan),
+                color=line.get_color(),
+                alpha=0.4,
+                linewidth=0.0,
+                label=f"{label}: ± 1 s.e. over windows" if label else "± 1 s.e. over windows",
+                zorder=2.5,
+                gid="se",
+            )
         if reference is not None and np.isfinite(reference):
             ax.axhline(reference, color="0.35", linewidth=1.0, linestyle="--", label=reference_label, zorder=1,
                        gid="reference")
@@ -432,12 +451,12 @@ def per_layer_line(
         ax.set_xlabel("layer")
         ax.set_ylabel(metric_axis_label(metric))
         ax.grid(True, linewidth=0.4, alpha=0.4)
-        if label is not None or band is not None or reference_label is not None:
+        if label is not None or band is not None or has_se or reference_label is not None:
             # Below the axes: the band would hide an inside legend, and
             # overlaid runs append entries (one column per run).
             handles, texts = ax.get_legend_handles_labels()
             n_entries = sum(1 for h in handles if h.get_gid() != "reference")  # one column per run
-            per_run = 2 if band is not None else 1
+            per_run = 1 + (band is not None) + has_se
             # as many columns as fit the figure's width (~90 characters of legend text per row)
             fits = max(1, 90 // max(12, max((len(t) for t in texts), default=12) + 6))
             ncols = max(1, min(4, fits, n_entries // per_run))
