@@ -1,6 +1,8 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   set up .venv, fetch the bundled corpus, run `sinkscope sinks` on SmolLM2
-#   make test   the same set-up, then the test suite
+#   make test   the same set-up (and the docs extras, for tests/test_docs.py), then the test suite
+# and the documentation site:
+#   make docs   the docs extras into .venv if missing, then `mkdocs build --strict -d site`
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +10,7 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup corpus browser demo test clean
+.PHONY: setup corpus browser docs-deps docs demo test clean
 
 setup: $(VENV)/.installed corpus
 
@@ -24,6 +26,18 @@ $(VENV)/.installed: pyproject.toml
 corpus: $(VENV)/.installed
 	$(BIN)/python -m sinkscope.corpus_fetch
 
+# MkDocs Material + mkdocstrings (pyproject's `docs` extra), installed once into .venv.
+docs-deps: $(VENV)/.docs-installed
+
+# (If the install fails, `make test` goes on and tests/test_docs.py's build test is skipped.)
+$(VENV)/.docs-installed: $(VENV)/.installed
+	@if $(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null \
+	  || $(BIN)/python -m pip install -q -e ".[docs]"; then touch $@; \
+	  else echo "note: could not install the docs extras; the site build test will be skipped"; fi
+
+docs: docs-deps
+	$(BIN)/python -m mkdocs build --strict -d site
+
 # Debian's chromium for the report's headless-browser test (skipped with a reason if this fails).
 browser:
 	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 \
@@ -33,8 +47,8 @@ browser:
 demo: setup
 	$(BIN)/sinkscope sinks
 
-test: setup browser
+test: setup browser docs-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache
