@@ -89,7 +89,11 @@ class SinkMonitor:
         probes: registered probe names (``sinkscope ls probes``).
         every: measure at the steps divisible by it (step 0 included).
         windows: token ids (n_seqs, seq_len), fixed for the whole training.
-        texts, tokenizer, seq_len, n_seqs, seed: or windows cut once from ``texts``.
+        texts: or documents to cut the windows from, once (``corpus.make_windows``'s rule).
+        tokenizer: the tokenizer that cuts ``texts``.
+        seq_len: tokens per window cut from ``texts``.
+        n_seqs: windows cut from ``texts``.
+        seed: the draw of the windows cut from ``texts``.
         out: folder of the table (None: rows are only returned and kept in ``frames``).
         batch_size: windows per forward pass.
         attention: ``"fused"`` (default) or ``"explicit"``.
