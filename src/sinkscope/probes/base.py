@@ -222,6 +222,11 @@ class Accumulator:
         raise NotImplementedError
 
 
+#: ``HeadMeans.windows`` of a layer whose window count is unknown (a state from before the window
+#: statistics): negative however many windows are added later, so no branch runs per layer.
+UNKNOWN_WINDOWS = -(2 ** 62)
+
+
 class HeadMeans(Accumulator):
     """Sums and counts per (layer, head), finalised into per-head means and aggregates.
 
@@ -244,7 +249,7 @@ class HeadMeans(Accumulator):
     number of items each, so the mean of the window means is the pooled mean the rows report and
     ``se`` is its standard error. The variance is ``(sum x^2 - (sum x)^2 / n_w) / (n_w - 1)`` in
     float64, clamped at 0. A state from before these statistics (an older progress file) has
-    ``windows`` -1 (unknown) on its layers, and their ``se`` stays NaN.
+    ``windows`` negative (``UNKNOWN_WINDOWS``, unknown) on its layers, and their ``se`` stays NaN.
     """
 
     def __init__(self, n_layers: int, n_heads: int):
@@ -256,7 +261,7 @@ class HeadMeans(Accumulator):
         #: layer -> (2, H + 1) on its device: per-window means summed (row 0) and squared and summed
         #: (row 1), per head (columns :H) and for the layer's mean over its heads (column H).
         self.window_sums: dict[int, Tensor] = {}
-        self.windows = torch.zeros(n_layers, dtype=torch.int64)  # windows behind window_sums (-1: unknown)
+        self.windows = torch.zeros(n_layers, dtype=torch.int64)  # windows behind window_sums (< 0: unknown)
 
     def add(self, layer: int, per_item: Tensor, item_dims: tuple[int, ...]) -> None:
         """Add items of ``per_item`` (head axis 1) summed over ``item_dims``.
@@ -290,8 +295,7 @@ class HeadMeans(Accumulator):
             stats = torch.stack([window_means.sum(dim=0), window_means.square().sum(dim=0)])  # (2, H + 1)
             mine = self.window_sums.get(layer)
             self.window_sums[layer] = stats if mine is None else mine.to(stats.device) + stats
-            if self.windows[layer] >= 0:
-                self.windows[layer] += x.shape[0]
+            self.windows[layer] += x.shape[0]  # no branch: an unknown count (UNKNOWN_WINDOWS) stays negative
 
     def set(self, layer: int, values: Tensor) -> None:
         """Record one value per head (e.g. a learned parameter), n = 1 (and no standard error)."""
@@ -366,7 +370,7 @@ class HeadMeans(Accumulator):
             self.window_sums = {layer: state["window_sums"][layer].clone() for layer in range(self.n_layers)
                                 if self.windows[layer] != 0}
         else:  # a state written before the window statistics: their standard errors are unknown
-            self.windows = torch.where(self.seen & ~self.fixed, -1, 0).to(torch.int64)
+            self.windows = torch.where(self.seen & ~self.fixed, UNKNOWN_WINDOWS, 0).to(torch.int64)
             self.window_sums = {}
 
     def merge(self, other: "HeadMeans") -> None:
@@ -393,7 +397,7 @@ class HeadMeans(Accumulator):
                 self.window_sums[layer] = (their_stats.clone() if my_stats is None
                                            else my_stats + their_stats.to(my_stats.device))
             if self.windows[layer] < 0 or other.windows[layer] < 0:
-                self.windows[layer] = -1
+                self.windows[layer] = UNKNOWN_WINDOWS
             else:
                 self.windows[layer] += other.windows[layer]
 
