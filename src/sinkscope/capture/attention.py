@@ -58,7 +58,10 @@ class HookSink(Protocol):
 
     ``observed`` and ``intervened`` are the hook-point templates (``hooks.py``) asked for;
     ``emit`` receives an observed point's value, ``replace`` returns the value to use in place
-    of an intervened one (the same object when nothing changes).
+    of an intervened one (the same object when nothing changes). A sink that runs several passes
+    through one capture (the runner's pass switch) may also have ``live_observed`` and
+    ``live_intervened``, the current pass's subsets: the capture installs hooks for ``observed``
+    but computes a point, or builds an attention record, only where the current pass reads it.
     """
 
     observed: frozenset[str]
