@@ -16,9 +16,10 @@ capture self-check, both stages, the table; no files written, the model loaded o
   circuit                    norms, PCA, outliers, BOS experiments (2 settings x r = 1, 2, 4, 8)
                                                                  floor: 1 + 8 passes
 
-The floor is counted, not assumed: every forward the runner makes is recorded (its length and
-whether a probe of it reads the loss), and the floor is the sum of the plain forwards of the same
-shapes: a plain SDPA forward with the last position's logits for a pass that reads no loss
+The floor is counted, not assumed: every forward the runner makes is recorded (its pass, its
+length and whether a probe of it reads the loss); the floor is one forward per distinct pass (a
+second stage repeating the clean pass is avoidable, so ``heads --ablate-dormant``'s floor is 1 + 1
+while it runs 3; column ``run``), each costed as the plain forward of the same shape: a plain SDPA forward with the last position's logits for a pass that reads no loss
 (``plain``), with every position's logits and the cross-entropy for one that does (``plain+loss``);
 both are timed at the window's length and scaled linearly to a pass's own length (the BOS passes
 are up to 7 tokens shorter). ratio = the command's wall time / its floor.
@@ -112,11 +113,11 @@ def worker(length: int, commands: list[str], repeats: int, probes_too: bool, pro
         finally:
             model.set_attn_implementation(own)
 
-    forwards: list[tuple[int, bool]] = []
+    forwards: list[tuple[int, bool, str | None]] = []
     real_forward = runner._forward
 
     def counted(model_, ids_, dispatcher, **kwargs):
-        forwards.append((int(ids_.shape[1]), hp.LOSS in dispatcher.observed))
+        forwards.append((int(ids_.shape[1]), hp.LOSS in dispatcher.observed, dispatcher.label))
         return real_forward(model_, ids_, dispatcher, **kwargs)
 
     runner._forward = counted
@@ -171,7 +172,7 @@ def worker(length: int, commands: list[str], repeats: int, probes_too: bool, pro
 
     times: dict[str, list[float]] = {k: [] for k in variants}
     peaks: dict[str, float] = {k: 0.0 for k in variants}
-    passes: dict[str, list[tuple[int, bool]]] = {}
+    passes: dict[str, list[tuple[int, bool, str | None]]] = {}
     errors: dict[str, str] = {}
     for _ in range(repeats):
         for key, call in variants.items():
@@ -217,15 +218,23 @@ def run_one(length: int, args) -> dict:
     return {"length": length, "error": f"process failed (exit {proc.returncode}): {tail[:100]}"}
 
 
-def floor_of(passes: list[tuple[int, bool]], length: int, t_plain: float, t_loss: float) -> tuple[float, str]:
-    """Seconds of the plain forwards of the same shapes, and the count as 'n (k with loss)'."""
-    seconds = sum((t_loss if loss else t_plain) * n / length for n, loss in passes)
-    with_loss = sum(1 for _, loss in passes if loss)
-    return seconds, f"{len(passes)}" + (f" ({with_loss} loss)" if with_loss else "")
+def floor_of(passes: list, length: int, t_plain: float, t_loss: float) -> tuple[float, str, int]:
+    """The unavoidable forwards: one per distinct pass (a second stage's repeat of the clean pass is
+    avoidable), with the loss where any forward of that pass read it. Returns (seconds of the plain
+    forwards of the same shapes, the count as 'n (k loss)', the forwards actually run)."""
+    distinct: dict = {}
+    for n, loss, *label in passes:
+        key = label[0] if label else len(distinct)  # results without labels: every forward counts
+        old = distinct.get(key, (0, False))
+        distinct[key] = (max(n, old[0]), loss or old[1])
+    seconds = sum((t_loss if loss else t_plain) * n / length for n, loss in distinct.values())
+    with_loss = sum(1 for _, loss in distinct.values() if loss)
+    return seconds, f"{len(distinct)}" + (f" ({with_loss} loss)" if with_loss else ""), len(passes)
 
 
 def print_table(results: list[dict]) -> None:
-    print(f"{'tokens':>6}  {'what':<24} {'time s':>8} {'peak +MB':>9} {'floor':>13} {'floor s':>8} {'ratio':>6}")
+    print(f"{'tokens':>6}  {'what':<24} {'time s':>8} {'peak +MB':>9} {'floor':>13} {'floor s':>8} {'ratio':>6} "
+          f"{'run':>4}")
     for r in results:
         if "error" in r:
             print(f"{r['length']:>6}  {r['error']}")
@@ -241,17 +250,21 @@ def print_table(results: list[dict]) -> None:
             if key in r["errors"]:
                 print(f"{T:>6}  {label:<24} {r['errors'][key]}")
                 continue
-            floor_s, count = floor_of(r["passes"][key], T, t_plain, t_loss)
+            floor_s, count, ran = floor_of(r["passes"][key], T, t_plain, t_loss)
             print(f"{T:>6}  {label:<24} {ts[key]:>8.2f} {peaks[key]:>9.0f} {count:>13} {floor_s:>8.2f} "
-                  f"{ts[key] / floor_s:>6.2f}")
+                  f"{ts[key] / floor_s:>6.2f} {ran:>4}")
         if "capture" in ts:
             cap = ts["capture"]
             print(f"{T:>6}  {'capture alone':<24} {cap:>8.2f} {peaks['capture']:>9.0f} {'1':>13} {t_plain:>8.2f} "
                   f"{cap / t_plain:>6.2f}   (x plain)")
             for key in [k for k in ts if k.startswith("probe:")]:
                 n = max(1, len(r["passes"][key]))
-                print(f"{T:>6}  {'  ' + key[6:]:<24} {ts[key]:>8.2f} {peaks[key]:>9.0f} {n:>13} {cap * n:>8.2f} "
-                      f"{ts[key] / (cap * n):>6.2f}   (x capture per pass)")
+                with_loss = sum(1 for _, loss, *_ in r["passes"][key] if loss)
+                # a pass that reads the loss also pays every position's logits: capture + (plain+loss - plain)
+                base = cap * n + with_loss * (t_loss - t_plain)
+                count = f"{n}" + (f" ({with_loss} loss)" if with_loss else "")
+                print(f"{T:>6}  {'  ' + key[6:]:<24} {ts[key]:>8.2f} {peaks[key]:>9.0f} {count:>13} {base:>8.2f} "
+                      f"{ts[key] / base:>6.2f}   (x capture per pass)")
             for key, error in r["errors"].items():
                 if key.startswith("probe:"):
                     print(f"{T:>6}  {'  ' + key[6:]:<24} {error}")
@@ -268,10 +281,18 @@ def main() -> None:
     parser.add_argument("--mem-limit-gb", type=float, default=20.0)
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--verbose", action="store_true", help="show each measurement as it finishes")
+    parser.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of saved --json results")
     parser.add_argument("--worker", type=int, metavar="LENGTH")
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker, args.commands, args.repeats, not args.no_probes, args.probe_limit)))
+        return
+    if args.table:
+        results = []
+        for path in args.table:
+            with open(path) as handle:
+                results += json.load(handle)
+        print_table(results)
         return
     if args.quick:
         args.lengths, args.commands, args.repeats, args.probe_limit = [256], ["sinks", "circuit"], 1, 3
