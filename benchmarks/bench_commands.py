@@ -32,7 +32,7 @@ Everything of one length runs in one process (``--worker``), interleaved over ``
 (the load of a shared machine then affects every variant alike); time is the median; memory is
 the peak resident set during the call minus the resident set at its start (after returning freed
 memory to the system), sampled every 2 ms. ``--quick``: 256 tokens, sinks and circuit, three
-probes, one repeat (a smoke test of the script, about a minute). Each length's process runs under
+probes, one repeat (a smoke test of the script: 1.5 to 4 minutes on 2 shared cores). Each length's process runs under
 an address-space cap (``--mem-limit-gb``).
 """
 
