@@ -24,6 +24,7 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec, get_submodule
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
+from sinkscope.probes.base import Probe
 from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 
 TOL = 1e-4
@@ -454,3 +455,76 @@ def test_shares_merge_and_checkpoints_restore_to_the_same_rows():
         assert got[:5] == want[:5]
         assert got[5] == pytest.approx(want[5], rel=1e-5, abs=1e-6, nan_ok=True)
     assert len(rows(restored)) == len(rows(whole))
+
+
+class _EveryPassAttention(Probe):
+    """Joins every pass of a BOS experiment and reads its attention records: the behaviour before issue 28,
+    where each pass built the records any pass read."""
+
+    name = "every_pass_attention"
+    metrics = {}
+    observers = {hp.ATTN: "see"}
+
+    def __init__(self, spec, labels):
+        self.labels = tuple(labels)
+        super().__init__(spec)
+
+    def passes(self):
+        return (None, *self.labels)
+
+    def see(self, layer, record):
+        pass
+
+    def rows(self):
+        return []
+
+
+def test_bos_passes_build_attention_records_only_where_they_are_read(monkeypatch):
+    """Issue 28: a pass builds no attention record unless one of its probes reads them (the r > 1 BOS passes
+    read only the loss; the clean pass here only hook_resid_post), and the r = 1 pass's loss is unchanged:
+    bit-identical to a run where every pass builds records, and equal to the model's own forward."""
+    from collections import Counter
+
+    from sinkscope import runner as runner_mod
+    from sinkscope.capture import attention as attention_mod
+    from sinkscope.probes import get_probe
+
+    model = build("llama")
+    spec = ModelSpec.from_model(model)
+    T, bos, repeats = 16, 7, (1, 2, 4)
+    ids = random_ids(4, T, seed=6)
+    built, current = Counter(), [None]
+    real_forward, real_record = runner_mod._forward, attention_mod.AttentionRecord
+
+    def forward(model_, ids_, dispatcher, **kwargs):
+        current[0] = dispatcher.probes[0].pass_label if dispatcher.probes else None
+        return real_forward(model_, ids_, dispatcher, **kwargs)
+
+    def record(*args, **kwargs):
+        built[current[0]] += 1
+        return real_record(*args, **kwargs)
+
+    monkeypatch.setattr(runner_mod, "_forward", forward)
+    monkeypatch.setattr(attention_mod, "AttentionRecord", record)
+
+    def run(extra: bool):
+        built.clear()
+        bos_probe = get_probe("bos_experiment")(spec, bos_id=bos, repeats=repeats)
+        probes = [get_probe("p0_norm")(spec), bos_probe]
+        if extra:
+            probes.append(_EveryPassAttention(spec, bos_probe.labels))
+        runner_mod.run_probes(model, ids.numpy(), probes, batch_size=2, progress=False)
+        return bos_probe, dict(built)
+
+    ours, counts = run(extra=False)
+    per_pass = len(spec.attention_layers) * 2  # layers x batches
+    assert counts == {"with-bos-r1": per_pass, "without-bos-r1": per_pass}  # the r = 1 passes read Sink_0^eps
+    everything, old_counts = run(extra=True)
+    assert old_counts == {label: per_pass for label in (None, *ours.labels)}
+    assert torch.equal(ours.loss_sum, everything.loss_sum) and torch.equal(ours.loss_n, everything.loss_n)
+    assert ours.rows() == everything.rows()  # Sink_0^eps and the loss rows, exactly
+    K = ids[:, 1:1 + T - max(repeats)]  # (B, L)
+    for setting, x, start in (("with", torch.cat([torch.full((4, 1), bos), K], 1), 1), ("without", K, 0)):
+        index = ours.labels.index(f"{setting}-bos-r1")
+        got = float(ours.loss_sum[index] / ours.loss_n[index])
+        assert got == pytest.approx(float(_loss(model, x)[:, start:].mean()), rel=1e-5)  # the model's own forward

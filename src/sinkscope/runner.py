@@ -38,6 +38,8 @@ class Dispatcher:
     """Routes hook points to the probes that read them, for one pass (the capture's sink)."""
 
     probes: list[Probe]
+    #: the pass (None: the clean pass); each probe observes what it reads on it (``Probe.pass_observers``).
+    label: str | None = None
     observed: frozenset[str] = field(init=False)
     intervened: frozenset[str] = field(init=False)
     #: crafted value columns some probe reads from fused attention records (``Probe.record_columns``).
@@ -47,13 +49,14 @@ class Dispatcher:
         self._observers: dict[str, list[Callable]] = {}
         self._interveners: dict[str, list[Callable]] = {}
         for probe in self.probes:
-            for template, method in probe.observers.items():
+            for template, method in probe.pass_observers(self.label).items():
                 self._observers.setdefault(template, []).append(getattr(probe, method))
             for template, method in probe.interventions.items():
                 self._interveners.setdefault(template, []).append(getattr(probe, method))
         self.observed = frozenset(self._observers)
         self.intervened = frozenset(self._interveners)
-        self.record_columns = frozenset().union(*(p.record_columns for p in self.probes))
+        self.record_columns = frozenset().union(*(p.record_columns for p in self.probes)) \
+            if hp.ATTN in self.observed else frozenset()
         self.finite: list[tuple[int, Tensor]] = []
 
     def emit(self, template: str, layer: int | None, value) -> None:
@@ -88,13 +91,27 @@ class Dispatcher:
 
 
 class _PassSwitch:
-    """One capture for every pass: forwards each point to the current pass's dispatcher."""
+    """One capture for every pass: forwards each point to the current pass's dispatcher.
+
+    ``observed`` and ``intervened`` (every pass's points) decide what the capture installs;
+    ``live_observed`` and ``live_intervened`` (the current pass's) what it computes: a pass
+    builds no attention record and computes no point that none of its probes reads (a BOS
+    pass of ``circuit`` that reads only the loss runs the model's layers and nothing else).
+    """
 
     def __init__(self, dispatchers: Sequence[Dispatcher]):
         self.observed = frozenset().union(*(d.observed for d in dispatchers))
         self.intervened = frozenset().union(*(d.intervened for d in dispatchers))
         self.record_columns = frozenset().union(*(d.record_columns for d in dispatchers))
         self.current = dispatchers[0]
+
+    @property
+    def live_observed(self) -> frozenset[str]:
+        return self.current.observed
+
+    @property
+    def live_intervened(self) -> frozenset[str]:
+        return self.current.intervened
 
     def emit(self, template: str, layer: int | None, value) -> None:
         if template in self.current.observed:
@@ -181,7 +198,7 @@ def run_probes(
     device = torch.device(device) if device is not None else _input_device(model)
     log = log or (lambda message: print(message, file=sys.stderr))
     native = is_native(model)
-    passes = [(label, Dispatcher([p for p in probes if label in p.passes()])) for label in _passes(probes)]
+    passes = [(label, Dispatcher([p for p in probes if label in p.passes()], label)) for label in _passes(probes)]
     n = tokens.shape[0]
     for probe in probes:
         problem = probe.check_batches(n - start, batch_size)
@@ -190,7 +207,8 @@ def run_probes(
     bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
                        dynamic_ncols=True)
     switch = _PassSwitch([d for _, d in passes])
-    kwargs = {} if native else _forward_kwargs(model, need_logits=hp.LOSS in switch.observed)
+    # logits of every position only on the passes that read the loss (the others: the last position's)
+    pass_kwargs = [{} if native else _forward_kwargs(model, need_logits=hp.LOSS in d.observed) for _, d in passes]
     attached = contextlib.nullcontext() if native else capture(model, switch, mode=attention)
     retried = False
     index = start
@@ -199,7 +217,7 @@ def run_probes(
             snapshot = [p.snapshot() for p in probes]
             ids = torch.from_numpy(np.ascontiguousarray(tokens[index:index + batch_size])).to(device)  # (B, T)
             try:
-                for label, dispatcher in passes:
+                for (label, dispatcher), kwargs in zip(passes, pass_kwargs):
                     for probe in dispatcher.probes:
                         probe.pass_label = label
                         probe.batch_start = index
@@ -259,8 +277,10 @@ def _forward(model: torch.nn.Module, ids: Tensor, dispatcher: Dispatcher, *, nat
     """One forward pass of ``ids`` (B, T); the capture (or the native model) feeds ``dispatcher``.
 
     The native model gets the pass switch (as the capture does), so every pass of a batch runs the
-    same attention kernels (records are built where any pass observes them) and two passes that
-    change nothing give bit-identical logits; only the current pass's probes receive anything.
+    same attention kernels (the native model builds records where any pass observes them) and two
+    passes that change nothing give bit-identical logits; only the current pass's probes receive
+    anything. A captured transformers model runs sinkscope's attention function on every pass too
+    (the same kernel), but builds records and computes points only on the passes that read them.
     """
     if hp.TOKENS in dispatcher.observed:
         dispatcher.emit(hp.TOKENS, None, ids)

@@ -58,7 +58,10 @@ class HookSink(Protocol):
 
     ``observed`` and ``intervened`` are the hook-point templates (``hooks.py``) asked for;
     ``emit`` receives an observed point's value, ``replace`` returns the value to use in place
-    of an intervened one (the same object when nothing changes).
+    of an intervened one (the same object when nothing changes). A sink that runs several passes
+    through one capture (the runner's pass switch) may also have ``live_observed`` and
+    ``live_intervened``, the current pass's subsets: the capture installs hooks for ``observed``
+    but computes a point, or builds an attention record, only where the current pass reads it.
     """
 
     observed: frozenset[str]
@@ -96,6 +99,23 @@ class _ActiveCapture:
         self.gate_after_attention = False  # set from discover.Parts by capture()
         self.resid_pre: dict[int, Tensor] = {}
 
+    def observes(self, template: str) -> bool:
+        """Whether the pass running now observes ``template``.
+
+        A sink with several passes (the runner's pass switch) says which points its current pass
+        reads (``live_observed``); the hooks are installed for every pass, but nothing is computed
+        at a point, and no attention record is built, on a pass that reads none. Other sinks: ``observed``.
+        """
+        return template in getattr(self.sink, "live_observed", self.sink.observed)
+
+    def intervenes(self, template: str) -> bool:
+        """Whether the pass running now intervenes on ``template`` (``live_intervened``, else ``intervened``)."""
+        return template in getattr(self.sink, "live_intervened", self.sink.intervened)
+
+    def records_now(self) -> bool:
+        """Whether this pass builds attention records: some probe of it observes them."""
+        return self.observe_attention and self.observes(hp.ATTN)
+
     def emit_record(self, layer: int, record: AttentionRecord) -> None:
         """Hand ``record`` to the sink, or hold it until its layer's output gate is read (``gate_arrived``)."""
         if record.output_gate is None and self.gate_after_attention:
@@ -114,12 +134,12 @@ class _ActiveCapture:
 
     def values(self, layer: int, value: Tensor) -> Tensor:
         """Apply and report ``hook_v`` on (B, Hkv, S, D) values; the probes see (B, S, Hkv, D)."""
-        if self.replace_values:
+        if self.replace_values and self.intervenes(hp.ATTN_V):
             replaced = self.sink.replace(hp.ATTN_V, layer, value.transpose(1, 2))  # (B, S, Hkv, D)
             if tuple(replaced.shape) != (value.shape[0], value.shape[2], value.shape[1], value.shape[3]):
                 raise ValueError(f"a hook_v replacement must keep the shape {tuple(value.transpose(1, 2).shape)}")
             value = replaced.transpose(1, 2).to(value.dtype)  # (B, Hkv, S, D)
-        if self.observe_values:
+        if self.observe_values and self.observes(hp.ATTN_V):
             self.sink.emit(hp.ATTN_V, layer, value.transpose(1, 2))  # (B, S, Hkv, D)
         return value
 
@@ -227,7 +247,7 @@ def sinkscope_attention(
     if active is not None:
         value = active.values(layer, value)  # (B, Hkv, S, D)
     out, weights = _family_eager(module)(module, query, key, value, attention_mask, **kwargs)
-    if active is not None and active.observe_attention:
+    if active is not None and active.records_now():
         mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
         record = AttentionRecord(
             layer=layer,
@@ -298,7 +318,8 @@ def sinkscope_fused_attention(
     mask = None if attention_mask is None else _additive(attention_mask[:, :, :, :S], query.dtype)
     scale = _scale(query, kwargs)
     quiet = None
-    if active is not None and active.observe_attention and "quiet" in active.record_columns:
+    records = active is not None and active.records_now()
+    if records and "quiet" in active.record_columns:
         # exposure: the quiet-set indicators ride along as extra value columns of the same call
         out, lse, quiet = _attention_with_columns(query, key, value, scale, mask,
                                                   AttentionRecord.quiet_indicator_columns(value))
@@ -308,7 +329,7 @@ def sinkscope_fused_attention(
     if sinks is not None:  # both forms (an extra softmax column, the output rescaled by sigmoid(LSE - b)) are this
         phi = torch.sigmoid(sink_rows(sinks) - lse)  # (B, H, T); b (1, H, 1) per head or (B, H, T) per query
         out = out * (1 - phi).unsqueeze(-1).to(out.dtype)  # drop the phantom's share
-    if active is not None and active.observe_attention:
+    if records:
         active.emit_record(layer, AttentionRecord(
             layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
             kernel_lse=lse, sliding_window=_sliding_window(module, kwargs), sink_logits=sinks,
@@ -399,7 +420,13 @@ def head_results(z: Tensor, out_proj: nn.Module, conv1d: bool) -> Tensor:
 
 def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _ActiveCapture) -> list:
     """Forward hooks for every requested point outside the attention function; returns the handles."""
+    # installed for every pass's points; inside a hook, ``now(t)`` / ``now_replaced(t)``: the current pass's
     sink, observed, intervened = active.sink, active.sink.observed, active.sink.intervened
+    now, now_replaced = active.observes, active.intervenes
+
+    def emit_now(template: str, index: int, value: Tensor) -> None:  # returns None: a hook that changes nothing
+        if now(template):
+            sink.emit(template, index, value)
     handles: list = []
     found: dict[str, bool] = {}
     layers = get_submodule(model, family.layers)
@@ -433,16 +460,16 @@ def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _Ac
         if hp.RESID_PRE in observed or want_pre_store:
             def resid_pre(_m, args, kwargs, index=index):
                 hidden = _input_of(args, kwargs)  # (B, T, C)
-                if want_pre_store:
+                if want_pre_store and now(hp.RESID_MID):
                     active.resid_pre[index] = hidden
-                if hp.RESID_PRE in observed:
+                if now(hp.RESID_PRE):
                     sink.emit(hp.RESID_PRE, index, hidden)
             on(hp.RESID_PRE, layer_module, resid_pre, pre=True)
         if hp.RESID_POST in intervened:
             def resid_post(_m, _i, out, index=index):
                 hidden = _output_of(out)  # (B, T, C)
-                replaced = sink.replace(hp.RESID_POST, index, hidden)
-                if hp.RESID_POST in observed:
+                replaced = sink.replace(hp.RESID_POST, index, hidden) if now_replaced(hp.RESID_POST) else hidden
+                if now(hp.RESID_POST):
                     sink.emit(hp.RESID_POST, index, replaced)
                 if replaced is hidden:
                     return None
@@ -452,19 +479,19 @@ def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _Ac
             on(hp.RESID_POST, layer_module, resid_post)
         elif hp.RESID_POST in observed:
             on(hp.RESID_POST, layer_module,
-               lambda _m, _i, out, index=index: sink.emit(hp.RESID_POST, index, _output_of(out)))
+               lambda _m, _i, out, index=index: emit_now(hp.RESID_POST, index, _output_of(out)))
         if hp.LN1_NORMALIZED in observed:
             on(hp.LN1_NORMALIZED, find_submodule(layer_module, family.ln1),
-               lambda _m, _i, out, index=index: sink.emit(hp.LN1_NORMALIZED, index, _output_of(out)))
+               lambda _m, _i, out, index=index: emit_now(hp.LN1_NORMALIZED, index, _output_of(out)))
         if hp.RESID_MID in observed and not parallel:
             on(hp.RESID_MID, find_submodule(layer_module, family.ln2 or family.mlp),
-               lambda _m, args, kwargs, index=index: sink.emit(hp.RESID_MID, index, _input_of(args, kwargs)), pre=True)
+               lambda _m, args, kwargs, index=index: emit_now(hp.RESID_MID, index, _input_of(args, kwargs)), pre=True)
         if (hp.ATTN_OUT in observed or (hp.RESID_MID in observed and parallel)) and is_attention:
             def attn_out(_m, _i, out, index=index):
                 added = _output_of(out)  # (B, T, C)
-                if hp.ATTN_OUT in observed:
+                if now(hp.ATTN_OUT):
                     sink.emit(hp.ATTN_OUT, index, added)
-                if hp.RESID_MID in observed and parallel:
+                if parallel and now(hp.RESID_MID):
                     sink.emit(hp.RESID_MID, index, active.resid_pre.pop(index) + added)
             on(hp.ATTN_OUT, find_submodule(layer_module, family.attn_out), attn_out)
             if hp.RESID_MID in observed and parallel:
@@ -474,16 +501,18 @@ def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _Ac
             out_proj = find_submodule(layer_module, family.out_proj)
 
             def z_hook(module, args, kwargs, index=index):
+                if not (now_replaced(hp.ATTN_Z) or now(hp.ATTN_Z) or now(hp.ATTN_RESULT)):
+                    return None
                 flat = _input_of(args, kwargs)  # (B, T, H*D)
                 z = flat.view(*flat.shape[:-1], spec.n_heads, spec.head_dim)  # (B, T, H, D)
                 changed = False
-                if hp.ATTN_Z in intervened:
+                if now_replaced(hp.ATTN_Z):
                     replaced = sink.replace(hp.ATTN_Z, index, z)
                     changed = replaced is not z
                     z = replaced.to(flat.dtype)
-                if hp.ATTN_Z in observed:
+                if now(hp.ATTN_Z):
                     sink.emit(hp.ATTN_Z, index, z)
-                if hp.ATTN_RESULT in observed:
+                if now(hp.ATTN_RESULT):
                     sink.emit(hp.ATTN_RESULT, index, head_results(z, module, family.out_proj_conv1d))
                 if changed:
                     flat = z.reshape(flat.shape)  # (B, T, H*D)
@@ -496,13 +525,14 @@ def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _Ac
                 handles.append(out_proj.register_forward_pre_hook(z_hook, with_kwargs=True))
         if hp.MLP_PRE in observed:
             on(hp.MLP_PRE, find_submodule(layer_module, family.mlp_pre),
-               lambda _m, _i, out, index=index: sink.emit(hp.MLP_PRE, index, _output_of(out)))
+               lambda _m, _i, out, index=index: emit_now(hp.MLP_PRE, index, _output_of(out)))
         if hp.MLP_PRE_LINEAR in observed:
             on(hp.MLP_PRE_LINEAR, find_submodule(layer_module, family.mlp_pre_linear),
-               lambda _m, _i, out, index=index: sink.emit(hp.MLP_PRE_LINEAR, index, _output_of(out)))
+               lambda _m, _i, out, index=index: emit_now(hp.MLP_PRE_LINEAR, index, _output_of(out)))
         if family.gate_module is not None and is_attention and active.observe_attention:
             def read_gate(_mod, _inp, out, index=index):
-                active.gate_arrived(index, family.gate_reader(out, spec.n_heads, spec.head_dim))
+                if active.records_now():  # a pass that builds no record reads no gate
+                    active.gate_arrived(index, family.gate_reader(out, spec.n_heads, spec.head_dim))
             handles.append(get_submodule(layer_module, family.gate_module).register_forward_hook(read_gate))
 
     missing = [name for name, ok in found.items() if not ok]
@@ -525,6 +555,8 @@ def _read_eager_weights(model: nn.Module, family: Parts, active: _ActiveCapture)
     the sequence length, as the model's own eager attention.
     """
     def ask(_module, args, kwargs):
+        if not active.observes(hp.ATTN):  # a pass that reads no record: the model's weights are not asked for
+            return None
         return args, {**kwargs, "output_attentions": True}
 
     def read(_module, _args, _kwargs, output):

@@ -470,6 +470,15 @@ class Probe:
         """The forward passes this probe takes part in per batch: None is the clean pass."""
         return (None,)
 
+    def pass_observers(self, label: str | None) -> dict[str, str]:
+        """The observers (template -> method) this probe runs on the pass ``label``: all of them by default.
+
+        A probe whose passes read different points narrows them here (``circuit``'s BOS experiment
+        reads attention records only on its r = 1 passes), so that a pass computes no point, and
+        builds no attention record, that none of its probes reads (runner.py).
+        """
+        return self.observers
+
     def pass_inputs(self, ids: Tensor) -> Tensor | None:
         """The token ids (B, T') for the current pass (``self.pass_label``), or None for the windows'.
 

@@ -739,9 +739,15 @@ class BosExperiment(_LazyTensors):
     def passes(self) -> tuple[str | None, ...]:
         return tuple(self.labels)
 
-    def _parse(self) -> tuple[str, int]:
-        setting, _, r = self.pass_label.partition("-bos-r")
+    def _parse(self, label: str | None = None) -> tuple[str, int]:
+        setting, _, r = (self.pass_label if label is None else label).partition("-bos-r")
         return setting, int(r)
+
+    def pass_observers(self, label: str | None) -> dict[str, str]:
+        """The r > 1 passes read only the loss: no attention record is built on them (issue 28)."""
+        if label is not None and self._parse(label)[1] != 1:
+            return {t: m for t, m in self.observers.items() if t != hooks.ATTN}
+        return self.observers
 
     def content(self, ids: Tensor) -> Tensor:
         """K = window[1 : T - r_max + 1] (B, L)."""
