@@ -8,6 +8,8 @@ The reference side is independent of the probes: quiet sets and medians from ``n
 
 from __future__ import annotations
 
+import math
+
 import json
 
 import numpy as np
@@ -331,10 +333,9 @@ def test_loss_increase_grows_with_dose_on_a_trained_checkpoint(trained_ckpt, tmp
                                out=str(tmp_path / "run"), figures=False)
     table = result.table
     deltas = table[table.metric == "inject_loss_delta"]
-    errors = table[table.metric == "inject_loss_delta_se"]
     for (junk, cutoff), part in deltas.groupby(["junk", "cutoff"]):
         values = part.sort_values("dose")["value"].to_numpy()
-        se = errors[(errors.junk == junk) & (errors.cutoff == cutoff)].sort_values("dose")["value"].to_numpy()
+        se = part.sort_values("dose")["se"].to_numpy()
         # every dose scales the same junk on the same windows, so the curve rises; at eps 0.2 Gaussian junk
         # in the q25 reads moves this toy's loss by ~1e-5 +- 1e-3: its sign is noise, not a property
         assert (np.diff(values) > 0).all() and values[-1] > 0 and values[0] > -2 * se[0], (junk, cutoff, values, se)
@@ -652,12 +653,11 @@ def test_several_draws_give_the_mean_and_its_standard_error_over_windows():
         return rows.iloc[0]
 
     assert value("inject_loss_clean")["value"] == pytest.approx(clean.mean(), abs=1e-5)
-    assert value("inject_loss_clean_se")["value"] == pytest.approx(clean.std(ddof=1) / 2, abs=1e-5)
+    assert value("inject_loss_clean")["se"] == pytest.approx(clean.std(ddof=1) / 2, abs=1e-5)
     row = value("inject_loss_delta", junk="gaussian")
     assert row["value"] == pytest.approx(delta.mean(), abs=1e-5)
-    se = value("inject_loss_delta_se", junk="gaussian")
-    assert se["value"] == pytest.approx(delta.std(ddof=1) / np.sqrt(4), abs=1e-5) and se["n"] == 4
-    assert value("inject_loss_se", junk="gaussian")["value"] == pytest.approx(
+    assert row["se"] == pytest.approx(delta.std(ddof=1) / np.sqrt(4), abs=1e-5)
+    assert value("inject_loss", junk="gaussian")["se"] == pytest.approx(
         under.mean(axis=0).std(ddof=1) / 2, abs=1e-5)
     for d in range(K):
         assert value("inject_loss_delta_draw", draw=d)["value"] == pytest.approx(under[d].mean() - clean.mean(),
@@ -675,6 +675,7 @@ def test_one_window_gives_no_standard_error_and_one_draw_no_draw_rows():
     run_probes(model, ids_for(n=1), [probe], batch_size=1, progress=False)
     metrics = {r.metric for r in probe.rows()}
     assert metrics == {"inject_loss_clean", "inject_loss", "inject_loss_delta"}
+    assert all(math.isnan(r.se) for r in probe.rows())  # one window: no standard error
     with pytest.raises(sinkscope.SinkscopeError, match="draws must be at least 1"):
         get_probe("injection")(spec, draws=0)
 
@@ -687,8 +688,8 @@ def test_draws_appear_in_the_table_the_figures_and_the_report(tiny_llama_dir, te
                                  "--out", str(out)])
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "results.csv")
-    se = table[table.metric == "inject_loss_delta_se"]
-    assert len(se) == 2 and (se["n"] == 4).all() and (se["value"] > 0).all()
+    se = table[table.metric == "inject_loss_delta"][["dose", "se"]].rename(columns={"se": "value"})
+    assert len(se) == 2 and (se["value"] > 0).all()
     assert set(table[table.metric == "inject_loss_delta_draw"]["draw"]) == {0, 1}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["options"]["draws"] == 2 and manifest["options"]["junk_source"] == "clean"

@@ -19,7 +19,7 @@ batches are those of a one-process run.
 ``--draws K`` repeats every condition with K seeded draws of the junk (draw d's generator is
 seeded by (seed, batch, layer, d); ``probes/injection.draw_seed``): K corrupted passes per
 condition and batch, one shared clean pass. The table gives the mean over draws and windows and
-its standard error over windows (``*_se`` rows, n = windows), and each draw's increase
+its standard error over windows (the ``se`` column, n = windows), and each draw's increase
 (``inject_loss_delta_draw``) when K > 1.
 
 ``own-direction`` junk needs a projection-gate trainer checkpoint (``projgate``, ``sink+proj``);

@@ -34,14 +34,16 @@ Uncertainty (``draws`` = K seeded draws of the junk). With ``x_w`` a window's me
 over its T - 1 predictions, and ``x_w`` under a condition the mean over the K draws of that::
 
     value = mean_w x_w                               (= the pooled mean: every window has T - 1 predictions)
-    se    = sd_w(x_w) / sqrt(N)                      sd with N - 1; N = windows (``n`` of the ``*_se`` rows)
+    se    = sd_w(x_w) / sqrt(N)                      sd with N - 1; N = windows (the rows' ``se`` column)
 
 so the standard error covers both the sample of windows and the junk draws (each window's value
 averages its draws; the draws of one window are not independent of each other, so windows, not
 window x draw pairs, are the units). When K > 1, rows ``inject_loss_delta_draw`` (condition ``draw``)
 keep each draw's loss increase over every window, and ``inject_loss_delta_se_draws`` is their
 standard error over the K draws alone (``paired.mean_se``; n = K): the junk's share of the
-uncertainty with the windows held fixed. Fewer than two windows give no ``*_se`` rows.
+uncertainty with the windows held fixed. ``inject_loss_clean``, ``inject_loss`` and
+``inject_loss_delta`` carry ``se`` in the results table's ``se`` column (SPEC.md "Averages"), NaN
+with fewer than two windows; the window count N is the manifest's ``windows.n_seqs``.
 
 Decisions:
 
@@ -229,17 +231,6 @@ def load_gate_directions(checkpoint: str | Path) -> dict[int, Tensor]:
             "Loss increase under injection", "nats / token", "inject_loss - inject_loss_clean on the same windows "
             "(mean over the draws)", "SPEC.md 'Value-read injection'; seed 000 §5.1, Tables 3, 9, 10, 13",
             "higher = the model is hurt more by junk in its quiet reads", per="model"),
-        "inject_loss_clean_se": MetricInfo(
-            "Loss, clean: standard error", "nats / token", "sd over windows (N - 1) / sqrt(N) of each window's mean "
-            "clean cross-entropy; n = N windows", "SPEC.md 'Resolved (2026-12)' (standard errors)", "", per="model"),
-        "inject_loss_se": MetricInfo(
-            "Loss under injection: standard error", "nats / token", "sd over windows (N - 1) / sqrt(N) of each "
-            "window's loss under injection (its mean over the draws); n = N windows",
-            "SPEC.md 'Resolved (2026-12)' (standard errors)", "", per="model"),
-        "inject_loss_delta_se": MetricInfo(
-            "Loss increase under injection: standard error", "nats / token", "sd over windows (N - 1) / sqrt(N) of "
-            "each window's loss increase (its mean over the draws minus its clean loss); n = N windows, so the "
-            "draws' spread is inside", "SPEC.md 'Value-read injection', 'Resolved (2026-12)'", "", per="model"),
         "inject_loss_delta_se_draws": MetricInfo(
             "Loss increase: standard error over draws", "nats / token", "sd over the K draws (K - 1) / sqrt(K) of "
             "each draw's inject_loss_delta_draw (the junk's share of the uncertainty, windows held fixed); n = K; "
@@ -399,19 +390,18 @@ class Injection(Probe):
         clean = float(sums[0] / counts[0]) if n else float("nan")
         se, windows = self.standard_errors()
         C, K = len(self.conditions), self.draws
-        out = [Row(self.name, "inject_loss_clean", None, None, clean, n)]
-        if se:
-            out.append(Row(self.name, "inject_loss_clean_se", None, None, se[0], windows))
+        def error(i: int) -> float:
+            return se[i] if se else float("nan")
+
+        out = [Row(self.name, "inject_loss_clean", None, None, clean, n, se=error(0))]
         for i, (junk, cutoff, dose) in enumerate(self.conditions):
             conditions = (("junk", junk), ("cutoff", cutoff), ("dose", dose))
             index = slice(1 + i * K, 1 + (i + 1) * K)  # this condition's draws
             total, count = float(sums[index].sum()), int(counts[index].sum())
             loss = total / count if count else float("nan")
-            out.append(Row(self.name, "inject_loss", None, None, loss, count, conditions))
-            out.append(Row(self.name, "inject_loss_delta", None, None, loss - clean, count, conditions))
-            if se:
-                out.append(Row(self.name, "inject_loss_se", None, None, se[1 + i], windows, conditions))
-                out.append(Row(self.name, "inject_loss_delta_se", None, None, se[1 + C + i], windows, conditions))
+            out.append(Row(self.name, "inject_loss", None, None, loss, count, conditions, se=error(1 + i)))
+            out.append(Row(self.name, "inject_loss_delta", None, None, loss - clean, count, conditions,
+                           se=error(1 + C + i)))
             if K > 1:
                 per_draw = [float(sums[j] / counts[j]) - clean if counts[j] else float("nan")
                             for j in range(1 + i * K, 1 + (i + 1) * K)]

@@ -545,27 +545,36 @@ INJECTION_NOTE = ("Each condition adds junk of norm eps x the head's median read
 
 
 def _injection_points(run: RunData, metric: str = "inject_loss_delta") -> pd.DataFrame:
-    """The run's rows of one injection metric: columns junk, cutoff, dose, value, se (its ``_se`` row; NaN
-    where the run has none: one window, or a run made before standard errors)."""
+    """The run's rows of one injection metric: columns junk, cutoff, dose, value, se (the row's ``se``; the
+    ``_se`` row of a run made in 2026-12 before the column; NaN where the run has none: one window, or a
+    run made before standard errors)."""
     table = run.table
     if "junk" not in table.columns:
         return pd.DataFrame(columns=["junk", "cutoff", "dose", "value", "se"])
 
-    def rows_of(name: str) -> pd.DataFrame:
+    def rows_of(name: str, column: str = "value") -> pd.DataFrame:
         rows = table[(table.metric == name) & table["junk"].notna()]
+        values = rows[column].astype(float) if column in rows.columns else float("nan")
         return pd.DataFrame({"junk": rows["junk"].astype(str), "cutoff": rows["cutoff"].astype(str),
-                             "dose": rows["dose"].astype(float), "value": rows["value"].astype(float)})
+                             "dose": rows["dose"].astype(float), column: values})
 
-    se = rows_of(f"{metric}_se").rename(columns={"value": "se"})
-    return rows_of(metric).merge(se, on=["junk", "cutoff", "dose"], how="left")
+    points = rows_of(metric).merge(rows_of(metric, "se"), on=["junk", "cutoff", "dose"], how="left")
+    if (table.metric == f"{metric}_se").any() and points["se"].isna().all():  # the separate rows of early 2026-12
+        legacy = rows_of(f"{metric}_se").rename(columns={"value": "se"})
+        points = points.drop(columns="se").merge(legacy, on=["junk", "cutoff", "dose"], how="left")
+    return points
 
 
 def _injection_caption(runs: list[RunData]) -> str:
-    """The table's caption: what the ± is, with the windows (n of the se rows) and draws of the runs."""
+    """The table's caption: what the ± is, with the windows (the manifest's n_seqs) and draws of the runs."""
     windows, draws, sources = set(), set(), set()
     for run in runs:
-        se = run.table[run.table.metric == "inject_loss_delta_se"]
-        windows |= set(se["n"].astype(int))
+        if _injection_points(run)["se"].notna().any():
+            n = (run.manifest.get("windows") or {}).get("n_seqs")
+            if n is None:
+                n = (run.manifest.get("options") or {}).get("n_seqs")
+            if n is not None:
+                windows.add(int(n))
         options = ((run.manifest.get("probes") or {}).get("injection") or {}).get("options") or {}
         draws.add(int(options.get("draws", 1)))
         sources.add(str(options.get("junk_source", "clean")))
