@@ -464,6 +464,60 @@ def circuit(
 
 @app.command()
 @_friendly_errors
+def stream(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    length: Annotated[int, typer.Option("--length", help="Tokens per document (window), BOS included; may exceed the model's context.")] = 2048,
+    n_seqs: Annotated[int, typer.Option("--n-seqs", help="Documents (windows of --length tokens).")] = 1,
+    cache: Annotated[str, typer.Option("--cache", help="Cache sizes, comma-separated: the past keys kept between chunks.")] = "256",
+    sink_tokens: Annotated[str, typer.Option("--sink-tokens", help="The sinks policy's first tokens, comma-separated (0 = window).")] = "4",
+    policy: Annotated[str, typer.Option("--policy", help="Policies, comma-separated: full (dense reference), window, sinks (StreamingLLM), h2o (heavy hitters + recent).")] = "full,window,sinks,h2o",
+    positions: Annotated[str, typer.Option("--positions", help="cache (positions within the cache, keys re-rotated; RoPE models), original (kvpress's), or both.")] = "cache",
+    chunk: Annotated[int, typer.Option("--chunk", help="Tokens read per forward pass; the cache is cut back after each.")] = 64,
+    mode: Annotated[str, typer.Option("--mode", help="stream (through the cache: memory bounded by it) | mask (one dense pass with the cache's mask: the exact reference, short texts).")] = "stream",
+    h2o_recent: Annotated[float, typer.Option("--h2o-recent", help="h2o: the share of the cache kept for the most recent keys.")] = 0.5,
+    bucket: Annotated[int, typer.Option("--bucket", help="Tokens per position bucket of the table and figures.")] = 256,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Read a long text through a bounded KV cache: per-token NLL per policy, cache size and position convention.
+
+    Every document is read once per condition: full (dense), window (recent keys only), sinks
+    (StreamingLLM: the first tokens plus the recent ones), h2o (heavy hitters plus recent). p0
+    mass is measured beside it on the same text. Several models give one comparison page.
+
+    Examples:
+
+    \b
+        sinkscope stream                                  # SmolLM2: 2,048 tokens, cache 256, 4 sink tokens
+
+    \b
+        sinkscope stream --cache 128,256,512 --sink-tokens 0,1,4 --policy window,sinks,h2o --length 8192
+
+    \b
+        sinkscope stream --positions cache,original --n-seqs 4 --chunk 32
+
+    \b
+        sinkscope stream openai/gpt-oss-20b --sink-tokens 0 --policy full,window --device-map auto
+    """
+    _run("stream", dict(locals()))
+
+
+@app.command()
+@_friendly_errors
 def measure(
     model: ModelArg = None,
     probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006

@@ -86,6 +86,9 @@ class Command:
         check_model: checks needing the model's sizes, right after it loads.
         check_sources: checks across the models of one comparison (``MODEL [MODEL ...]``, see
             ``pipeline.execute_several``), before any of them loads.
+        read_windows: a function that replaces ``runner.run_probes`` (same signature) and reads
+            each window its own way (``stream``: through a bounded cache); None: ``run_probes``.
+        reads_past_context: the windows may be longer than the model's context (``stream``).
         followup: ``(options, spec, probes) -> [(probe name, parameters), ...]``: probes of a
             second stage over the same windows, chosen from the first stage's finished probes
             (merged over processes), e.g. zeroing the heads the first stage found dormant
@@ -101,6 +104,8 @@ class Command:
     check_model: Callable[[Any, "ModelSpec"], None] = lambda options, spec: None
     check_sources: Callable[[Any, list["Source"]], None] = lambda options, sources: None
     followup: Callable[[Any, "ModelSpec", list], list[tuple[str, dict]]] | None = None
+    read_windows: Callable[..., int] | None = None
+    reads_past_context: bool = False
 
 
 def check_options(options: RunOptions) -> None:
@@ -125,6 +130,13 @@ def check_options(options: RunOptions) -> None:
     check_seed(options.seed)
 
 
+
+
+def split_values(values) -> tuple:
+    """CLI values as a tuple of strings: repeated options and comma-separated lists both work."""
+    if isinstance(values, (str, int, float)):
+        values = (values,)
+    return tuple(v.strip() for item in values for v in str(item).split(",") if v.strip())
 
 
 def parse_seq_len(text: str | int | None) -> int | tuple[int, ...] | None:

@@ -87,6 +87,8 @@ class Result:
     manifest: dict
     tokens: np.ndarray
     path: Path | None = None
+    #: further arrays of the run, written as ``<name>.npy`` (``stream_nll``: every token's NLL).
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
     def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
         """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report).
@@ -99,7 +101,7 @@ class Result:
             if not _holds_lock(out_dir):
                 stack.enter_context(lock_run_dir(out_dir))
             with staged_run_dir(out_dir, overwrite) as stage:
-                write_tables(stage, self.table, self.manifest, self.tokens)
+                write_tables(stage, self.table, self.manifest, self.tokens, self.arrays)
                 if figures:
                     from sinkscope.report import build_report
 
@@ -268,7 +270,8 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
         result.options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
     elif inputs.windows is not None:
         result.options = replace(options, seq_len=int(inputs.windows.shape[1]), n_seqs=int(inputs.windows.shape[0]))
-    _require_context(result.options.seq_len, limit)
+    if not command.reads_past_context:
+        _require_context(result.options.seq_len, limit)
     return result
 
 
@@ -420,7 +423,8 @@ def load(plan_: Plan, log) -> Loaded:
                             trust_remote_code=options.trust_remote_code, tokenizer=tokenizer, log=log)
     load_s = time.perf_counter() - started
     spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
-    _require_context(options.seq_len, _model_context(loaded.model))
+    if not plan_.command.reads_past_context:
+        _require_context(options.seq_len, _model_context(loaded.model))
     plan_.command.check_model(options, spec)
     if windows is None:
         windows = _windows(plan_, loaded.tokenizer, log)
@@ -577,7 +581,8 @@ def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
             start = state["next"]
             log(f"Resuming at window {start} of {stop}" + (f" (stage {stage + 1})." if stage else "."))
         try:
-            run_probes(model.model, windows.tokens[:stop], probes, batch_size=options.batch_size,
+            reader = plan_.command.read_windows or run_probes
+            reader(model.model, windows.tokens[:stop], probes, batch_size=options.batch_size,
                        device=None if options.device_map else model.device, progress=options.progress and rank == 0,
                        attention=options.attention, start=start, on_batch_done=checkpointer(probes, stage, done),
                        log=log)
@@ -686,7 +691,8 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, row
         timing={"load_s": round(loaded.load_s, 3), "run_s": round(run_s, 3),
                 "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
     )
-    return Result(frame, manifest, windows.tokens)
+    arrays = {name: array for probe in probes for name, array in probe.arrays().items()}
+    return Result(frame, manifest, windows.tokens, arrays=arrays)
 
 
 # ---- several lengths, one run ------------------------------------------------------------------------

@@ -326,7 +326,9 @@ def _check_not_cwd(out_dir: Path) -> None:
 
 
 #: the files a run folder holds (``figures/`` holds PNG and SVG files only).
-RUN_FILES = ("results.csv", "results.parquet", "manifest.json", "tokens.npy", "report.html")
+#: arrays some commands add beside the table (``Result.arrays``): ``stream``'s every-token NLL.
+ARRAY_FILES = ("stream_nll.npy",)
+RUN_FILES = ("results.csv", "results.parquet", "manifest.json", "tokens.npy", "report.html", *ARRAY_FILES)
 
 
 def is_legacy_run_file(rel: str) -> bool:
@@ -387,9 +389,15 @@ def staged_run_dir(out_dir: Path, overwrite: bool) -> Iterator[Path]:
         raise
 
 
-def write_tables(stage: Path, frame: pd.DataFrame, manifest: dict, tokens: np.ndarray) -> None:
-    """Write results.csv, results.parquet, manifest.json and tokens.npy into ``stage``."""
+def write_tables(stage: Path, frame: pd.DataFrame, manifest: dict, tokens: np.ndarray,
+                 arrays: dict | None = None) -> None:
+    """Write results.csv, results.parquet, manifest.json, tokens.npy and any ``arrays`` (``NAME.npy``) into ``stage``."""
     import numpy as np
+
+    for name in arrays or {}:
+        if f"{name}.npy" not in ARRAY_FILES:
+            raise ValueError(f"a run's arrays are {', '.join(ARRAY_FILES)}; {name!r} is not one of them")
+        np.save(stage / f"{name}.npy", np.ascontiguousarray(arrays[name]))
 
     validate(frame)
     frame.to_csv(stage / "results.csv", index=False, float_format="%.9g")

@@ -195,6 +195,10 @@ def run_probes(
     Returns:
         The batch size finally used.
     """
+    own_readers = [p.name for p in probes if p.reads_windows]
+    if own_readers:
+        raise SinkscopeError(f"the probe {own_readers[0]} reads each window its own way; run it with `sinkscope "
+                             f"{own_readers[0]}`.")
     device = torch.device(device) if device is not None else _input_device(model)
     log = log or (lambda message: print(message, file=sys.stderr))
     native = is_native(model)

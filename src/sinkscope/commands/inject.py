@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import Command, RunOptions
+from sinkscope.options import Command, RunOptions, split_values
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
@@ -105,15 +105,8 @@ def batch_problem(junk: tuple, eval_batch: int, n_windows: int) -> str | None:
     return None
 
 
-def _split(values) -> tuple:
-    """CLI values as a tuple: repeated options and comma-separated lists both work."""
-    if isinstance(values, str):
-        values = (values,)
-    return tuple(v.strip() for item in values for v in str(item).split(",") if v.strip())
-
-
 def _check(options: InjectOptions) -> None:
-    options.junk, options.cutoffs = _split(options.junk), _split(options.cutoffs)
+    options.junk, options.cutoffs = split_values(options.junk), split_values(options.cutoffs)
     bad = [j for j in options.junk if j not in JUNK_TYPES]
     if bad or not options.junk:
         raise SinkscopeError(f"unknown --junk {bad[0] if bad else ''!r}; use one or more of {', '.join(JUNK_TYPES)}.")
@@ -122,7 +115,7 @@ def _check(options: InjectOptions) -> None:
         raise SinkscopeError(f"unknown --cutoff {bad[0] if bad else ''!r}; use median, q25 or both.")
     raw = options.doses
     try:
-        doses = tuple(float(d) for d in (_split(raw) if isinstance(raw, str) or any(isinstance(d, str) for d in raw)
+        doses = tuple(float(d) for d in (split_values(raw) if isinstance(raw, str) or any(isinstance(d, str) for d in raw)
                                          else raw))
     except ValueError:
         raise SinkscopeError(f"--doses takes numbers such as 0.2,0.4,0.8,1.6 (got {raw!r}).") from None

@@ -175,7 +175,7 @@ def register_probe(name: str, *, metrics: dict[str, MetricInfo], params: tuple[P
                 observers[template] = attr
             if getattr(member, "_intervenes", None):
                 interventions[member._intervenes] = attr
-        if not observers and not interventions:
+        if not observers and not interventions and not getattr(cls, "reads_windows", False):
             raise TypeError(f"probe {name!r} reads no hook point; mark a method with @observes(...)")
         cls.name = name
         cls.metrics = dict(metrics)
@@ -430,6 +430,9 @@ class Probe:
     #: attributes that hold tensors but are configuration, not accumulated (never checkpointed,
     #: merged or rolled back), e.g. injection's gate directions.
     not_state: ClassVar[tuple[str, ...]] = ()
+    #: the probe reads no hook point: a command's own window reader (``Command.read_windows``) hands it
+    #: what it measures (``stream``: each window read through a bounded cache); ``run_probes`` refuses it.
+    reads_windows: ClassVar[bool] = False
 
     def __init__(self, spec: ModelSpec, **params):
         self.spec = spec
@@ -498,6 +501,10 @@ class Probe:
     def rows(self) -> list[Row]:
         """Finalise the accumulators into rows."""
         raise NotImplementedError
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Arrays beside the table, written into the run folder as ``NAME.npy`` (none by default)."""
+        return {}
 
     def options(self) -> dict:
         """The probe's parameters, recorded in the manifest."""

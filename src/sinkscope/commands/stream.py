@@ -1,0 +1,143 @@
+"""``sinkscope stream``: a long text read through a bounded KV cache, per policy (SPEC.md "Streaming"; seed 002).
+
+Each window is a document of ``--length`` tokens (the corpus's windowing rule at that length; it
+may exceed the model's context, which is the point: a rotary model read with ``--positions
+original`` past its context is what StreamingLLM shows breaking). Every document is read once per
+reading condition (``probes/stream_nll.reading_conditions``): ``full`` (the dense reference),
+``window`` (the ``--cache`` most recent keys), ``sinks`` (the first ``--sink-tokens`` tokens plus
+the most recent), ``h2o`` (heavy hitters by accumulated attention plus the most recent), for each
+cache size and position convention (``--positions cache``: positions within the cache, keys
+re-rotated, rotary models only; ``original``: kvpress's). On a learned-sink model (gpt-oss)
+``window`` is the phantom alone. ``--mode stream`` (default) reads ``--chunk`` tokens per forward
+pass through transformers' cache, so memory is bounded by the cache; ``--mode mask`` is the exact
+mask-based reference for short texts (static policies, original positions).
+
+Beside the NLL, ``p0_mass`` (and ``phantom_mass`` on a learned-sink model) is measured on the
+first ``max(--cache)`` tokens of the same documents, read densely, so a reader can see whether the
+sink metrics predict which models need sink tokens. The run folder adds ``stream_nll.npy``
+(conditions x windows x (L - 1) float32; the conditions in the manifest's ``probes.stream``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sinkscope.commands import register_command
+from sinkscope.errors import SinkscopeError
+from sinkscope.options import Command, RunOptions, split_values
+
+POLICIES = ("full", "window", "sinks", "h2o")  # stream.policies.POLICIES, without importing torch
+POSITIONS = ("cache", "original")
+MODES = ("stream", "mask")
+#: the mask-based mode materialises an L x L mask: longer documents are refused.
+MASK_MODE_MAX_LENGTH = 4096
+
+
+@dataclass
+class StreamOptions(RunOptions):
+    """``RunOptions`` plus the reading conditions (``--seq-len`` is ``--length``; one document per batch).
+
+    Attributes:
+        length: tokens per document (window), BOS included; may exceed the model's context.
+        cache: cache sizes (past keys kept between chunks).
+        sink_tokens: the ``sinks`` policy's first tokens (0 = ``window``).
+        policy: policies among full, window, sinks, h2o.
+        positions: ``cache`` and/or ``original``.
+        chunk: tokens per forward pass; the cache is cut back after each.
+        mode: ``stream`` or ``mask`` (the exact reference).
+        h2o_recent: h2o's share of the budget for recent keys.
+        bucket: tokens per position bucket of the table and figures.
+    """
+
+    n_seqs: int = 1
+    length: int = 2048
+    cache: tuple = (256,)
+    sink_tokens: tuple = (4,)
+    policy: tuple = POLICIES
+    positions: tuple = ("cache",)
+    chunk: int = 64
+    mode: str = "stream"
+    h2o_recent: float = 0.5
+    bucket: int = 256
+
+    def __post_init__(self):
+        self.batch_size = 1
+
+
+def _whole(name: str, values, minimum: int) -> tuple:
+    try:
+        numbers = tuple(int(v) for v in split_values(values))
+    except ValueError:
+        raise SinkscopeError(f"{name} takes whole numbers such as 128,256,512 (got {values!r}).") from None
+    if not numbers or min(numbers) < minimum:
+        raise SinkscopeError(f"{name} takes whole numbers >= {minimum} (got {values!r}).")
+    if len(set(numbers)) != len(numbers):
+        raise SinkscopeError(f"{name} lists a value twice ({', '.join(map(str, numbers))}).")
+    return numbers
+
+
+def _check(options: StreamOptions) -> None:
+    if not isinstance(options.length, int) or options.length < 2:
+        raise SinkscopeError(f"--length must be at least 2 tokens (got {options.length}).")
+    if options.seq_len not in (None, options.length):
+        raise SinkscopeError("stream's documents are --length tokens long; it takes no --seq-len.")
+    options.seq_len = options.length
+    options.batch_size = 1
+    options.cache = _whole("--cache", options.cache, 1)
+    options.sink_tokens = _whole("--sink-tokens", options.sink_tokens, 0)
+    for name, values, known in (("--policy", options.policy, POLICIES), ("--positions", options.positions, POSITIONS)):
+        parsed = split_values(values)
+        bad = [v for v in parsed if v not in known]
+        if bad or not parsed:
+            raise SinkscopeError(f"unknown {name} {bad[0] if bad else ''!r}; use one or more of {', '.join(known)}.")
+        if len(set(parsed)) != len(parsed):
+            raise SinkscopeError(f"{name} lists a value twice ({', '.join(parsed)}).")
+    options.policy, options.positions = split_values(options.policy), split_values(options.positions)
+    if not isinstance(options.chunk, int) or options.chunk < 1:
+        raise SinkscopeError(f"--chunk must be at least 1 token (got {options.chunk}).")
+    if not isinstance(options.bucket, int) or options.bucket < 1:
+        raise SinkscopeError(f"--bucket must be at least 1 token (got {options.bucket}).")
+    if not 0 < options.h2o_recent < 1:
+        raise SinkscopeError(f"--h2o-recent is a share of the cache and must lie in (0, 1) (got {options.h2o_recent:g}).")
+    if options.mode not in MODES:
+        raise SinkscopeError(f"unknown --mode {options.mode!r}; use stream or mask.")
+    if options.mode == "mask":
+        if "h2o" in options.policy:
+            raise SinkscopeError("h2o's cache depends on the attention it reads, so --mode mask cannot show it; "
+                                 "drop h2o from --policy or use --mode stream.")
+        if "cache" in options.positions:
+            raise SinkscopeError("--mode mask keeps original positions; use --positions original or --mode stream.")
+        if options.length > MASK_MODE_MAX_LENGTH:
+            raise SinkscopeError(f"--mode mask materialises a --length x --length mask; use --length "
+                                 f"{MASK_MODE_MAX_LENGTH} or less, or --mode stream.")
+    if "sinks" in options.policy and not any(0 < n < c for n in options.sink_tokens for c in options.cache) \
+            and 0 not in options.sink_tokens:
+        raise SinkscopeError(f"--sink-tokens {','.join(map(str, options.sink_tokens))} leaves no recent key in a "
+                             f"cache of {max(options.cache)}; use fewer sink tokens or a larger --cache.")
+
+
+def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:
+    params = {"policies": tuple(options.policy), "caches": tuple(options.cache),
+              "sink_tokens": tuple(options.sink_tokens), "positions": tuple(options.positions),
+              "chunk": options.chunk, "mode": options.mode, "h2o_recent": float(options.h2o_recent),
+              "bucket": options.bucket, "length": options.length, "n_windows": options.n_seqs}
+    beside = [("p0_mass", {})] + ([("phantom_mass", {})] if spec.has_phantom else [])
+    return [("stream", params), *beside]
+
+
+def _read_windows(*args, **kwargs):
+    from sinkscope.stream.windows import read_windows
+
+    return read_windows(*args, **kwargs)
+
+
+STREAM = register_command(Command(
+    name="stream",
+    summary="a long text through a bounded KV cache: per-token NLL per policy (full, window, sinks, h2o), "
+            "cache size and position convention",
+    options=StreamOptions,
+    probes=_probes,
+    check=_check,
+    read_windows=_read_windows,
+    reads_past_context=True,
+))

@@ -1,0 +1,146 @@
+"""Probe ``stream``: the per-token NLL of a document read through a bounded KV cache (SPEC.md "Streaming").
+
+Unlike every other probe it reads no hook point of one forward pass: ``sinkscope stream``'s
+window reader (``commands/stream.py``) reads each window, a document of ``--length`` tokens,
+once per reading condition (``stream.policies.Policy``: policy x cache x sink tokens x
+positions) through ``stream.reader`` and hands the probe the per-token NLL. The probe keeps every
+token's NLL, ``nll`` (conditions, windows, L - 1) float32 on the CPU, so the table, the figures and
+``stream_nll.npy`` come from the same numbers; a run's share of the windows fills its rows, so
+shares merge by addition (torchrun) and a checkpoint resumes at the next window.
+
+Rows, per condition (columns ``policy``, ``cache``, ``sink_tokens``, ``positions``): the mean NLL
+over every predicted token of every window (``stream_nll``, nats; ``se`` the standard error over
+windows of the per-window means) and ``stream_ppl = exp(stream_nll)``; the same per position
+bucket (``position_bucket`` = the first position of a bucket of ``bucket`` tokens, the position of
+a value being that of the token it predicts, 1 .. L - 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from sinkscope.probes.base import MetricInfo, Param, Probe, Row, register_probe
+from sinkscope.stream.policies import POLICIES, POSITIONS, Policy
+
+SOURCE = "SPEC.md Streaming; Xiao et al. 2023 (StreamingLLM) Fig. 3; Zhang et al. 2023 (H2O)"
+
+
+def _positive(values) -> str | None:
+    def whole(v) -> bool:
+        return (isinstance(v, int) and not isinstance(v, bool) and v >= 1) or (isinstance(v, str) and v.isdigit()
+                                                                              and int(v) >= 1)
+    return None if all(whole(v) for v in values) else "must hold whole numbers >= 1"
+
+
+def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tuple,
+                       h2o_recent: float) -> list[Policy]:
+    """Every reading condition of a run, in table order: full once, then per positions and cache.
+
+    ``sinks`` with 0 sink tokens is ``window``; a sink count that leaves no recent key (>= cache)
+    is skipped. ``h2o``'s recent share of the budget is ``h2o_recent`` (at least one key each way).
+    """
+    conditions: list[Policy] = [Policy("full")] if "full" in policies else []
+    for where in positions:
+        for cache in caches:
+            if "window" in policies or ("sinks" in policies and 0 in sink_tokens):
+                conditions.append(Policy("window", cache, 0, where))
+            if "sinks" in policies:
+                conditions += [Policy("sinks", cache, n, where) for n in sink_tokens if 0 < n < cache]
+            if "h2o" in policies and cache >= 2:
+                recent = min(cache - 1, max(1, round(cache * h2o_recent)))
+                conditions.append(Policy("h2o", cache, 0, where, recent))
+    return conditions
+
+
+@register_probe(
+    "stream",
+    metrics={
+        "stream_nll": MetricInfo(
+            "NLL under a bounded cache", "nats",
+            "mean over predicted tokens of -log p(x_{i+1} | the keys the cache holds when x_i is read)", SOURCE,
+            "lower = the model reads the text better through this cache", per="model"),
+        "stream_ppl": MetricInfo(
+            "perplexity under a bounded cache", "", "exp(stream_nll)", SOURCE,
+            "lower = better; window-only far above full = the model needs its sink tokens", per="model"),
+    },
+    params=(
+        Param("policies", tuple, ("full", "window", "sinks", "h2o"), "reading policies", choices=POLICIES),
+        Param("caches", tuple, (256,), "past keys kept between chunks", check=_positive),
+        Param("sink_tokens", tuple, (4,), "first tokens kept by the sinks policy"),
+        Param("positions", tuple, ("cache",), "position convention(s)", choices=POSITIONS),
+        Param("chunk", int, 64, "tokens read per forward pass (evict after each)", check=lambda v: _positive((v,))),
+        Param("mode", str, "stream", "stream (through the cache) | mask (one dense pass, the exact reference)",
+              choices=("stream", "mask")),
+        Param("h2o_recent", float, 0.5, "h2o: share of the budget for the most recent keys",
+              check=lambda v: None if 0 < v < 1 else "must lie in (0, 1)"),
+        Param("bucket", int, 256, "tokens per position bucket", check=lambda v: _positive((v,))),
+        Param("length", int, 2048, "tokens per document (window)", check=lambda v: None if v >= 2 else "must be >= 2"),
+        Param("n_windows", int, 1, "windows (documents) of the run", check=lambda v: _positive((v,))),
+    ),
+    summary="per-token NLL of a long text read through a bounded KV cache, per policy (StreamingLLM, H2O)",
+)
+class StreamNLL(Probe):
+    """Per-token NLL per reading condition and window; rows per condition and position bucket."""
+
+    #: this probe's windows are read by ``commands/stream.py``'s reader, not by ``runner.run_probes``.
+    reads_windows = True
+
+    def setup(self) -> None:
+        self.caches = tuple(int(c) for c in self.caches)
+        self.sink_tokens = tuple(int(n) for n in self.sink_tokens)
+        self.conditions = reading_conditions(self.policies, self.caches, self.sink_tokens, self.positions,
+                                             self.h2o_recent)
+        self.nll = torch.zeros(len(self.conditions), self.n_windows, self.length - 1)  # (C, N, L - 1) float32
+        self.read = torch.zeros(len(self.conditions), self.n_windows)  # 1 where a window was read (merges by +)
+
+    def add(self, condition: int, window: int, nll: Tensor) -> None:
+        """Window ``window``'s per-token NLL (L - 1,) under condition ``condition``."""
+        self.nll[condition, window] = nll.detach().float().cpu()
+        self.read[condition, window] = 1.0
+
+    def per_token(self) -> Tensor:
+        """(C, N, L - 1) float32: every condition's NLL per window and predicted position."""
+        return self.nll
+
+    def rows(self) -> list[Row]:
+        rows: list[Row] = []
+        L1 = self.length - 1
+        positions = torch.arange(1, L1 + 1)  # the predicted token's position
+        buckets = torch.div(positions, self.bucket, rounding_mode="floor") * self.bucket  # (L - 1,)
+        for c, policy in enumerate(self.conditions):
+            done = self.read[c] > 0  # (N,)
+            n_docs = int(done.sum())
+            if not n_docs:
+                continue
+            nll = self.nll[c][done].double()  # (n, L - 1)
+            per_doc = nll.mean(1)  # (n,)
+            mean = float(per_doc.mean())
+            se = float(per_doc.std(unbiased=True) / math.sqrt(n_docs)) if n_docs > 1 else math.nan
+            conditions = (*policy.conditions(), ("position_bucket", None))
+            rows += [Row(self.name, "stream_nll", None, None, mean, n_docs * L1, conditions, se),
+                     Row(self.name, "stream_ppl", None, None, math.exp(mean), n_docs * L1, conditions,
+                         math.exp(mean) * se)]
+            for start in torch.unique(buckets).tolist():
+                inside = buckets == start
+                values = nll[:, inside]  # (n, b)
+                bucket_mean = float(values.mean())
+                bucket_se = float(values.mean(1).std(unbiased=True) / math.sqrt(n_docs)) if n_docs > 1 else math.nan
+                at = (*policy.conditions(), ("position_bucket", int(start)))
+                count = int(values.numel())
+                rows += [Row(self.name, "stream_nll", None, None, bucket_mean, count, at, bucket_se),
+                         Row(self.name, "stream_ppl", None, None, math.exp(bucket_mean), count, at,
+                             math.exp(bucket_mean) * bucket_se)]
+        return rows
+
+    def arrays(self) -> dict:
+        """``stream_nll``: (conditions, windows, L - 1) float32, every token's NLL (the manifest lists the conditions)."""
+        return {"stream_nll": self.nll.numpy()}
+
+    def options(self) -> dict:
+        """The parameters, plus the reading conditions in the order of ``stream_nll.npy``'s first axis."""
+        return {**super().options(), "conditions": [
+            {"policy": p.name, "cache": p.cache, "sink_tokens": p.sink_tokens, "positions": p.positions,
+             "recent": p.recent, "label": p.label} for p in self.conditions]}

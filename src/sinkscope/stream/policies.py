@@ -1,0 +1,136 @@
+"""Which keys a bounded cache keeps (SPEC.md "Streaming"): full, window, sinks (StreamingLLM), h2o (H2O).
+
+A policy acts on one layer's cache after a chunk is read: the cache holds ``S`` slots in the order
+the tokens were read (slot order is reading order), and the policy returns the slots to keep,
+ascending, per key-value head. The budget ``cache`` counts the past keys kept between chunks; a
+query of the next chunk sees those plus the chunk's own keys up to itself (as StreamingLLM's
+evaluation, whose cache of 4 + 508 is pruned after each token is appended).
+
+- ``full``: every key (the dense reference).
+- ``window``: the ``cache`` most recent keys.
+- ``sinks``: the first ``sink_tokens`` tokens of the document plus the ``cache - sink_tokens`` most
+  recent keys (Xiao et al. 2023, "Efficient streaming language models with attention sinks").
+- ``h2o``: the ``recent`` most recent keys plus the ``cache - recent`` others of highest
+  accumulated attention (Zhang et al. 2023, "H2O: heavy-hitter oracle"): a key's score is the sum,
+  over every query that has seen it (its own chunk's included) and over the query heads sharing its
+  key-value head, of its attention weight a_ij (the phantom's share, on a learned-sink model, in the
+  normaliser). Chosen per layer and key-value head; ties go to the earlier key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sinkscope.errors import SinkscopeError
+
+POLICIES = ("full", "window", "sinks", "h2o")
+POSITIONS = ("cache", "original")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One reading condition: the policy, its budget, sink tokens, the position convention.
+
+    Attributes:
+        name: ``full`` | ``window`` | ``sinks`` | ``h2o``.
+        cache: past keys kept between chunks (None for ``full``).
+        sink_tokens: the first tokens ``sinks`` always keeps (0 otherwise).
+        positions: ``cache`` (positions counted within the cache, keys re-rotated: StreamingLLM) or
+            ``original`` (every token keeps its position in the document: kvpress).
+        recent: ``h2o``'s recent keys (the rest of the budget goes to heavy hitters).
+    """
+
+    name: str
+    cache: int | None = None
+    sink_tokens: int = 0
+    positions: str = "original"
+    recent: int = 0
+
+    def __post_init__(self):
+        if self.name not in POLICIES:
+            raise SinkscopeError(f"unknown policy {self.name!r}; use one or more of {', '.join(POLICIES)}.")
+        if self.name != "full" and (self.cache is None or self.cache < 1):
+            raise SinkscopeError(f"the {self.name} policy needs a cache of at least 1 key (got {self.cache}).")
+        if self.name == "sinks" and not 0 < self.sink_tokens < self.cache:
+            raise SinkscopeError(f"sinks keeps 1 to cache - 1 sink tokens; {self.sink_tokens} with a cache of "
+                                 f"{self.cache} leaves no recent keys.")
+        if self.positions not in POSITIONS:
+            raise SinkscopeError(f"unknown --positions {self.positions!r}; use cache, original or both.")
+
+    @property
+    def label(self) -> str:
+        """``full``, ``window 256``, ``sinks 4+252``, ``h2o 128+128`` (heavy + recent); and the positions."""
+        if self.name == "full":
+            return "full"
+        budget = {"window": f"{self.cache}", "sinks": f"{self.sink_tokens}+{self.cache - self.sink_tokens}",
+                  "h2o": f"{self.cache - self.recent}+{self.recent}"}[self.name]
+        return f"{self.name} {budget} ({self.positions} positions)"
+
+    def conditions(self) -> tuple[tuple[str, object], ...]:
+        """The table's condition columns of this policy's rows."""
+        return (("policy", self.name), ("cache", self.cache), ("sink_tokens", self.sink_tokens),
+                ("positions", self.positions))
+
+
+def keep_slots(policy: Policy, n_slots: int, n_kv: int, device, scores: Tensor | None = None) -> Tensor | None:
+    """The slots to keep, ascending, (H_kv, S_keep) int64; None when every slot stays.
+
+    Args:
+        policy: the reading condition (its ``cache`` budget; ``full`` keeps everything).
+        n_slots: S, the keys in the cache now (the chunk just read included).
+        n_kv: key-value heads.
+        scores: ``h2o``'s accumulated attention per slot, (H_kv, S).
+    """
+    if policy.name == "full" or n_slots <= policy.cache:
+        return None
+    C = policy.cache
+    if policy.name == "window":
+        slots = torch.arange(n_slots - C, n_slots, device=device)  # (C,)
+    elif policy.name == "sinks":
+        n = policy.sink_tokens
+        slots = torch.cat([torch.arange(n, device=device), torch.arange(n_slots - (C - n), n_slots, device=device)])
+    else:
+        return heavy_and_recent(scores, C, policy.recent)
+    return slots.unsqueeze(0).expand(n_kv, -1)  # (H_kv, C)
+
+
+def heavy_and_recent(scores: Tensor, budget: int, recent: int) -> Tensor:
+    """H2O's choice: the last ``recent`` slots plus the ``budget - recent`` highest-scoring others, ascending.
+
+    scores: (H_kv, S) accumulated attention, S > budget. Ties go to the earlier slot (a stable sort).
+    """
+    n_kv, S = scores.shape
+    recent = min(recent, budget)
+    heavy = budget - recent
+    older = scores[:, :S - recent]  # (H_kv, S - recent)
+    order = torch.sort(older, dim=-1, descending=True, stable=True).indices[:, :heavy]  # (H_kv, heavy)
+    tail = torch.arange(S - recent, S, device=scores.device).unsqueeze(0).expand(n_kv, -1)  # (H_kv, recent)
+    return torch.sort(torch.cat([order, tail], dim=-1), dim=-1).values  # (H_kv, budget)
+
+
+def last_slots(n_slots: int, keep: int, n_kv: int, device) -> Tensor | None:
+    """A sliding-window layer's rule (the model's own): its last ``keep`` = W - 1 slots; None if all stay."""
+    if n_slots <= keep:
+        return None
+    return torch.arange(n_slots - keep, n_slots, device=device).unsqueeze(0).expand(n_kv, -1)
+
+
+def masked_keep(policy: Policy, chunk_start: int) -> list[int] | range:
+    """The past keys (original positions) the cache holds when the chunk starting at ``chunk_start`` is read.
+
+    For the static policies (full, window, sinks) this is the policy applied once to every earlier
+    token, which is what evicting after every chunk leaves: ``read_masked`` builds its mask from it.
+    """
+    t = chunk_start
+    if policy.name == "full" or t <= policy.cache:
+        return range(t)
+    if policy.name == "window":
+        return range(t - policy.cache, t)
+    if policy.name == "sinks":
+        n = policy.sink_tokens
+        return [*range(n), *range(t - (policy.cache - n), t)]
+    raise SinkscopeError("h2o's cache depends on the attention it reads, so it has no mask-based reading; "
+                         "use the streaming mode.")

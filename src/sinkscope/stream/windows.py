@@ -1,0 +1,121 @@
+"""``sinkscope stream``'s window reader: what ``runner.run_probes`` is for the other commands (SPEC.md "Streaming").
+
+Same signature as ``run_probes``, so the pipeline's progress, checkpoints (one per window),
+``--resume``, Ctrl-C and torchrun (a share of the windows per process) all hold. Per window: the
+hook-reading probes (``p0_mass``, ``phantom_mass``) read its first ``max(cache)`` tokens densely
+through ``run_probes``; then the ``stream`` probe's every reading condition reads the whole window
+(``reader.read_stream``, or ``reader.read_masked`` in ``--mode mask``).
+
+Before the first window two checks stop a run that would measure wrong, each in one sentence:
+the streaming reader with nothing evicted must give the model's own dense NLL on a prefix of the
+first window (:data:`CHECK_TOKENS`, read in chunks of :data:`CHECK_CHUNK`; relative tolerance as
+the capture's check), and with ``--positions cache`` the model's keys must re-rotate
+(``rotary.check_rerotation``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.probes.base import Probe
+from sinkscope.progress import progress_bar
+from sinkscope.runner import CHECK_TOLERANCE, _input_device, is_native, run_probes
+from sinkscope.stream import rotary
+from sinkscope.stream.policies import Policy
+from sinkscope.stream.reader import first_layer_keys, layout_of, plain_nll, read_masked, read_stream
+
+CHECK_TOKENS = 48
+CHECK_CHUNK = 16
+
+
+def _context(model: torch.nn.Module) -> int | None:
+    config = model.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def _check_reader(model: torch.nn.Module, ids: torch.Tensor, layout) -> None:
+    """The streaming reader, nothing evicted, against the model's own dense forward on a prefix."""
+    name = getattr(model.config, "model_type", type(model).__name__)
+    prefix = ids[:, :CHECK_TOKENS]
+    try:
+        streamed = read_stream(model, prefix, Policy("full"), layout, chunk=CHECK_CHUNK)
+    except SinkscopeError:
+        raise
+    except Exception as error:  # an architecture whose cache or masks are not transformers' plain ones
+        raise SinkscopeError(f"stream cannot read the {name!r} model through a key-value cache ({type(error).__name__}: "
+                             f"{str(error).splitlines()[0][:160] if str(error) else 'no message'}); it reads models whose "
+                             "layers keep keys and values in transformers' DynamicCache.") from None
+    dense = plain_nll(model, prefix)
+    dtype = next(model.parameters()).dtype
+    error = float((streamed - dense).abs().max()) / max(1.0, float(dense.abs().max()))
+    if not error <= CHECK_TOLERANCE.get(dtype, 5e-2):
+        raise SinkscopeError(f"reading the {name!r} model through its cache changes its predictions (by {error:.2g} of "
+                             f"their scale on the first {prefix.shape[1]} tokens, nothing evicted), so stream would "
+                             "not measure what the model computes; please report the architecture.")
+
+
+def read_windows(
+    model: torch.nn.Module,
+    tokens: np.ndarray,
+    probes: Sequence[Probe],
+    *,
+    batch_size: int = 1,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    attention: str = "fused",
+    start: int = 0,
+    on_batch_done: Callable[[int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    inference: bool = True,
+) -> int:
+    """Read ``tokens[start:]`` (n_windows, L) one window at a time; returns 1 (the batch size)."""
+    log = log or (lambda message: print(message, file=sys.stderr))
+    stream = next(p for p in probes if p.reads_windows)
+    dense_probes = [p for p in probes if not p.reads_windows]
+    name = getattr(model.config, "model_type", type(model).__name__)
+    if is_native(model):
+        raise SinkscopeError("stream reads through transformers' key-value cache, and a sinkscope trainer checkpoint "
+                             "has none; measure a Hugging Face model.")
+    device = torch.device(device) if device is not None else _input_device(model)
+    n, L = tokens.shape
+    layout = layout_of(model, stream.spec.n_layers, L)
+    if layout.inv_freq is None and not layout.rotary_problem and (_context(model) or L) < L \
+            and "original" in stream.positions:
+        raise SinkscopeError(f"the {name!r} model has learned positions up to {_context(model)}, so it cannot read "
+                             f"--length {L} with original positions; use a --length within its context.")
+    dense_len = min(L, max(stream.caches))
+    with torch.inference_mode():
+        first = torch.from_numpy(np.ascontiguousarray(tokens[:1])).to(device)  # (1, L)
+        _check_reader(model, first, layout)
+        if "cache" in stream.positions:
+            rotary.check_rerotation(model, first_layer_keys(model, layout, first[:, :8]), layout.inv_freq,
+                                    problem=layout.rotary_problem)
+    read = read_masked if stream.mode == "mask" else read_stream
+    conditions = stream.conditions
+    log(f"Reading {n - start} document(s) of {L} tokens under {len(conditions)} condition(s): "
+        + "; ".join(p.label for p in conditions) + f" (chunks of {stream.chunk}) ...")
+    bar = progress_bar(total=(n - start) * len(conditions) * L, desc="tokens", unit="tok", unit_scale=True,
+                       disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    for index in range(start, n):
+        if dense_probes:
+            run_probes(model, tokens[index:index + 1, :dense_len], dense_probes, batch_size=1, device=device,
+                       progress=False, attention=attention, log=log, inference=inference)
+        ids = torch.from_numpy(np.ascontiguousarray(tokens[index:index + 1])).to(device)  # (1, L)
+        for c, policy in enumerate(conditions):
+            try:
+                with torch.inference_mode():
+                    nll = read(model, ids, policy, layout, chunk=stream.chunk)  # (L - 1,)
+            except torch.OutOfMemoryError:
+                raise SinkscopeError(f"out of memory reading {policy.label}; use a smaller --cache or --chunk, or "
+                                     "leave full out of --policy for long texts.") from None
+            stream.add(c, index, nll)
+            bar.update(L)
+        if on_batch_done is not None:
+            on_batch_done(index + 1)
+    bar.close()
+    return 1
