@@ -212,7 +212,24 @@ def test_the_command_writes_the_table_the_per_token_array_and_p0_beside(tiny_lla
     assert np.allclose(nll[0, 0], dense.numpy(), atol=1e-4)
     # p0 mass beside, on the first max(cache) = 16 tokens of the same windows
     assert ((table.probe == "p0_mass") & (table.metric == "p0_mass")).any()
-    assert (out / "report.html").is_file()
+    page = (out / "report.html").read_text()
+    assert "log perplexity against position" in page and "perplexity against cache size" in page
+    for stem in ("stream_log_ppl_position", "stream_ppl_cache"):
+        for where in ("cache", "original"):
+            assert (out / "figures" / f"{stem}_{where}.png").is_file()
+    # the position figure draws the table's numbers: the sinks line of the cache-8 panel, cache positions
+    from sinkscope.report import stream as stream_report
+
+    rows = stream_report.points(table)
+    rows = rows[(rows.positions == "cache") | (rows.policy == "full")]
+    figure = stream_report.log_ppl_by_position(rows, "test")
+    panel = figure.axes[0]
+    drawn = {line.get_label(): line.get_ydata() for line in panel.get_lines()}
+    expected = rows[(rows.policy == "sinks") & (rows.cache == 8) & rows.position_bucket.notna()].sort_values(
+        "position_bucket").value.to_numpy()
+    assert np.allclose(drawn["sinks (2 tokens)"], expected)
+    assert np.allclose(drawn["full (dense)"], rows[(rows.policy == "full") & rows.position_bucket.notna()].sort_values(
+        "position_bucket").value.to_numpy())
 
 
 def test_the_options_are_checked_before_anything_loads(tmp_path):

@@ -1147,6 +1147,11 @@ def _render_page(runs: list[RunData], trainings: list[TrainingLog], several_leng
         if probe == "injection":
             sections.append(_injection_section(runs, metrics, docs, fig_dir, summary))
             continue
+        if probe == "stream":
+            from sinkscope.report import stream as stream_report
+
+            sections.append(stream_report.section(runs, docs, fig_dir, summary, _embed_png))
+            continue
         entries = []
         for metric in metrics:
             info = docs.get(metric, MetricInfo(metric, "", "", ""))
