@@ -337,3 +337,63 @@ def test_sweep_overlays_the_formation_curves_per_variant(tmp_path, monkeypatch):
         np.testing.assert_allclose(drawn_lines[variant].get_ydata(), model["value"])
         mine = table[(table.variant == variant) & (table.metric == "p0_mass")].sort_values("step")
         np.testing.assert_allclose(mine["value"], model["value"])
+
+
+def test_a_revision_without_a_step_has_an_empty_step_and_the_report_orders_by_position(offline_hub, text_file,
+                                                                                        tmp_path, monkeypatch):
+    from sinkscope.report import figures
+
+    repo = offline_hub / f"models--{REPO.replace('/', '--')}"
+    (repo / "refs" / "main").write_text((repo / "refs" / "step10").read_text())  # main = the step10 weights
+    drawn = {}
+    original = figures.metric_vs_step
+
+    def spy(lines, metric, **kwargs):
+        drawn[metric] = (original(lines, metric, **kwargs), kwargs)
+        return drawn[metric][0]
+
+    monkeypatch.setattr(figures, "metric_vs_step", spy)
+    try:
+        result = _sinks(REPO, "--revision", "step0,main", "--text-file", str(text_file), "--out", str(tmp_path / "s"))
+    finally:
+        (repo / "refs" / "main").unlink()
+    assert result.exit_code == 0, result.output
+    table = pd.read_parquet(tmp_path / "s" / "steps.parquet")
+    steps = table.groupby("revision", sort=False)["step"].first()
+    assert steps["step0"] == 0 and pd.isna(steps["main"])
+    fig, kwargs = drawn["p0_mass"]
+    assert kwargs["x_labels"] == {0.0: "step0", 1.0: "main"}
+    np.testing.assert_array_equal(fig.axes[0].lines[0].get_xdata(), [0.0, 1.0])
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["step0", "main"]
+
+
+def test_measure_takes_one_revision():
+    import sinkscope
+    from sinkscope.errors import SinkscopeError
+
+    with pytest.raises(SinkscopeError, match="one run measures one revision"):
+        sinkscope.measure(["p0_mass"], REPO, revision="step0,step10")
+
+
+def test_report_on_several_checkpoints_overlays_their_formation_curves(trained, tmp_path, monkeypatch):
+    from sinkscope.report import figures
+
+    _, series = trained
+    drawn = {}
+    original = figures.metric_vs_step
+
+    def spy(lines, metric, **kwargs):
+        drawn[metric] = original(lines, metric, **kwargs)
+        return drawn[metric]
+
+    monkeypatch.setattr(figures, "metric_vs_step", spy)
+    result = runner.invoke(app, ["report", str(series / "step-5"), str(series / "step-10"), "--out",
+                                 str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    lines = {line.get_label(): line for line in drawn["value_norm_ratio"].axes[0].lines}
+    for name in ("step-5", "step-10"):
+        monitor = pd.read_csv(series / name / "monitor.csv")
+        model = monitor[(monitor.metric == "value_norm_ratio") & monitor.layer.isna() & monitor["head"].isna()]
+        np.testing.assert_array_equal(lines[name].get_xdata(), model.sort_values("step")["step"])
+        np.testing.assert_allclose(lines[name].get_ydata(), model.sort_values("step")["value"])
+    assert (tmp_path / "rep" / "figures" / "formation_value_norm_ratio.png").is_file()

@@ -195,14 +195,13 @@ def _run(name: str, values: dict) -> None:
 
     from sinkscope.commands import get_command
     from sinkscope.options import check_options
-
     from sinkscope.resolve import checkpoint_series, parse_revisions
 
     command = get_command(name)
     models = values.get("model")
     given = list(models) if isinstance(models, list) else [models] if models else []
     revisions = parse_revisions(values.get("revision"))
-    series = None  # (models, revisions) of one model's checkpoints: docs/steps.md
+    series = None  # (models, revisions) of one model's checkpoints: docs/monitor.md
     if len(revisions) > 1:
         if len(given) > 1:
             raise SinkscopeError("several revisions are the checkpoints of one model; give one MODEL with "
@@ -218,6 +217,9 @@ def _run(name: str, values: dict) -> None:
         values = {**values, "revision": None}
     if values.get("group_by") and not several:
         raise SinkscopeError("--group-by averages runs of several models; give more than one MODEL.")
+    if values.get("group_by") and series is not None:
+        raise SinkscopeError("--group-by averages runs of several models; a model's checkpoints are drawn against the "
+                             "step, not grouped.")
     from sinkscope.options import parse_seq_len
 
     if "seq_len" in values:

@@ -893,7 +893,7 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     rest. Under torchrun every process takes part in each run; process 0 writes.
 
     A **series** (``series``: the checkpoints of one model through training) is the same with
-    three more rules (``docs/steps.md``): ``revisions`` pairs a hub revision with each model
+    three more rules (``docs/monitor.md``): ``revisions`` pairs a hub revision with each model
     (``--revision step0,step1000``; each run folder is named after its revision) and every
     revision is checked to exist before the first loads; every run measures the first run's
     token windows (a tokenizer that makes other windows stops the series in one sentence before
@@ -973,7 +973,7 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
             except Interrupted:
                 raise
             except SinkscopeError as error:
-                done = [c.name for c, p in zip(children[:k], plans[:k]) if p is not None or is_run_folder(c)]
+                done = [child.name for child in children[:k]]  # each measured now or kept
                 if not done:
                     raise
                 raise SinkscopeError(f"{str(error).rstrip('.')}; the runs finished before it ({', '.join(done)}) are "

@@ -855,6 +855,7 @@ def metric_vs_step(lines: Mapping[str, pd.DataFrame], metric: str, *, floor: flo
             ax.set_xlabel("revision")
         else:
             ax.set_xlabel("training step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(metric_axis_label(metric))
         ax.set_title(title or f"{metric} against the training step", fontsize=9)
         ax.grid(True, linewidth=0.4, alpha=0.4)
