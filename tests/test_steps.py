@@ -397,3 +397,40 @@ def test_report_on_several_checkpoints_overlays_their_formation_curves(trained, 
         np.testing.assert_array_equal(lines[name].get_xdata(), model.sort_values("step")["step"])
         np.testing.assert_allclose(lines[name].get_ydata(), model.sort_values("step")["value"])
     assert (tmp_path / "rep" / "figures" / "formation_value_norm_ratio.png").is_file()
+
+
+def test_a_folder_of_several_trainings_checkpoints_is_compared_not_a_series(trained, tmp_path):
+    _, series = trained
+    folder = tmp_path / "ckpt"
+    for seed in (0, 1):  # two trainings' checkpoints at the same step (their seeds differ)
+        shutil.copytree(series / "step-10", folder / f"s{seed}")
+        config = folder / f"s{seed}" / "config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "seed": seed}))
+    out = tmp_path / "cmp"
+    result = runner.invoke(app, ["sinks", str(folder), "--n-seqs", "2", "--device", "cpu", "--no-progress",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert (out / "s0" / "results.csv").is_file() and (out / "s1" / "results.csv").is_file()
+    assert not (out / "steps.csv").exists() and not list((out / "figures").glob("steps_*"))
+    assert "sinkscope comparison of 2 runs" in (out / "report.html").read_text()
+
+
+def test_ctrl_c_in_a_series_names_the_runs_kept(offline_hub, text_file, tmp_path, monkeypatch):
+    from sinkscope import pipeline
+
+    calls = []
+    original = pipeline._carry_out
+
+    def carry_out(plan_, *args, **kwargs):
+        calls.append(plan_.source.revision)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(plan_, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "_carry_out", carry_out)
+    out = tmp_path / "s"
+    result = _sinks(REPO, "--revision", "step0,step10", "--text-file", str(text_file), "--out", str(out),
+                    "--no-figures")
+    assert result.exit_code == 130 and calls == ["step0", "step10"]
+    assert "the runs finished before it (step0) are kept" in result.output and "--resume" in result.output
+    assert (out / "step0" / "results.csv").is_file() and not (out / "step10").exists()

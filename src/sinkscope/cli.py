@@ -195,7 +195,7 @@ def _run(name: str, values: dict) -> None:
 
     from sinkscope.commands import get_command
     from sinkscope.options import check_options
-    from sinkscope.resolve import checkpoint_series, parse_revisions
+    from sinkscope.resolve import checkpoint_series, one_training, parse_revisions
 
     command = get_command(name)
     models = values.get("model")
@@ -207,11 +207,14 @@ def _run(name: str, values: dict) -> None:
             raise SinkscopeError("several revisions are the checkpoints of one model; give one MODEL with "
                                  "--revision A,B,... (or several MODELs without it).")
         series = ([given[0] if given else None] * len(revisions), revisions)
-    elif len(given) == 1 and checkpoint_series(given[0]):
+    elif len(given) == 1 and checkpoint_series(given[0]):  # a folder of trainer checkpoints
         found = checkpoint_series(given[0])
-        series = (found, [revisions[0]] * len(found))
+        if one_training(found):
+            series = (found, [revisions[0]] * len(found))
+        else:  # several trainings' checkpoints: compared as several models
+            given = found
     several = series is not None or len(given) > 1
-    if isinstance(models, list) or series is not None:
+    if isinstance(models, list) or several:
         values = {**values, "model": None if several or not given else given[0]}
     if series is not None:
         values = {**values, "revision": None}

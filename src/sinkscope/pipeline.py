@@ -968,16 +968,21 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
             if plan_ is None:
                 continue
             plan_.expect_tokens = expected
+            done = [child.name for child in children[:k]]  # each measured now or kept
+            kept = f"the runs finished before it ({', '.join(done)}) are kept in {parent}"
             try:
                 result = _carry_out(plan_, True, log, finish=False)
             except Interrupted:
                 raise
-            except SinkscopeError as error:
-                done = [child.name for child in children[:k]]  # each measured now or kept
+            except KeyboardInterrupt:
                 if not done:
                     raise
-                raise SinkscopeError(f"{str(error).rstrip('.')}; the runs finished before it ({', '.join(done)}) are "
-                                     f"kept in {parent}: rerun the same command with --resume to continue.") from error
+                raise Interrupted(f"interrupted; {kept}: rerun the same command with --resume to continue.") from None
+            except SinkscopeError as error:
+                if not done:
+                    raise
+                raise SinkscopeError(f"{str(error).rstrip('.')}; {kept}: rerun the same command with --resume to "
+                                     "continue.") from error
             if series and expected is None and result is not None:
                 expected = result.manifest["windows"]["tokens_sha256"]
     if world_size > 1:

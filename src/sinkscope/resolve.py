@@ -129,7 +129,9 @@ def checkpoint_series(model: str | None) -> list[str] | None:
     """The trainer checkpoints inside a folder that is not itself a model, in step order, or None.
 
     ``ckpt/`` holding ``ckpt/step-100/``, ``ckpt/step-200/``, ... (each a trainer checkpoint) is a
-    series: each is measured as one step of it. The step is each checkpoint's own (its config.json),
+    series when they are of one training (:func:`one_training`): each is measured as one step of
+    it; checkpoints of several trainings (``ckpt/baseline/``, ``ckpt/sinklogit/``) are compared as
+    several models. The step is each checkpoint's own (its config.json),
     ties broken by the folder name. A folder with a ``config.json`` or a ``.gguf`` is a model, not a
     series (None).
     """
@@ -147,6 +149,21 @@ def checkpoint_series(model: str | None) -> list[str] | None:
     if not found:
         return None
     return [location for _, _, location in sorted(found, key=lambda item: (item[0] is None, item[0] or 0, item[1]))]
+
+
+def one_training(locations: list[str]) -> bool:
+    """Whether trainer checkpoints are of one training (the same variant, seed, tier and task in config.json)."""
+    import json
+
+    def key(location: str):
+        try:
+            meta = json.loads((Path(location).expanduser() / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return tuple(str(meta.get(k)) for k in ("variant", "seed", "tier", "task")) if isinstance(meta, dict) else None
+
+    keys = {key(location) for location in locations}
+    return len(keys) == 1 and None not in keys
 
 
 def _checkpoint_step(folder: Path) -> int | None:
