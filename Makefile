@@ -26,12 +26,12 @@ $(VENV)/.installed: pyproject.toml
 corpus: $(VENV)/.installed
 	$(BIN)/python -m sinkscope.corpus_fetch
 
-# MkDocs Material + mkdocstrings (pyproject's `docs` extra), installed once into .venv.
+# MkDocs Material + mkdocstrings + mkdocs-jupyter (pyproject's `docs` extra), installed once into .venv.
 docs-deps: $(VENV)/.docs-installed
 
 # (If the install fails, `make test` goes on and tests/test_docs.py's build test is skipped.)
 $(VENV)/.docs-installed: $(VENV)/.installed
-	@if $(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null \
+	@if $(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python, mkdocs_jupyter" 2>/dev/null \
 	  || $(BIN)/python -m pip install -q -e ".[docs]"; then touch $@; \
 	  else echo "note: could not install the docs extras; the site build test will be skipped"; fi
 

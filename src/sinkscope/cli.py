@@ -78,7 +78,7 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the window draw.")
 BosOpt = Annotated[str, typer.Option("--bos", help="auto | add | none: prepend the BOS token to each window.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 | float16.")]
-RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit).")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit); several, comma-separated (step0,step1000,...), measure each on the same windows into one folder with a step column.")]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code from the model repository to run.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty run folder.")]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
@@ -195,14 +195,34 @@ def _run(name: str, values: dict) -> None:
 
     from sinkscope.commands import get_command
     from sinkscope.options import check_options
+    from sinkscope.resolve import checkpoint_series, one_training, parse_revisions
 
     command = get_command(name)
     models = values.get("model")
-    several = isinstance(models, list) and len(models) > 1
-    if isinstance(models, list):
-        values = {**values, "model": None if several or not models else models[0]}
+    given = list(models) if isinstance(models, list) else [models] if models else []
+    revisions = parse_revisions(values.get("revision"))
+    series = None  # (models, revisions) of one model's checkpoints: docs/monitor.md
+    if len(revisions) > 1:
+        if len(given) > 1:
+            raise SinkscopeError("several revisions are the checkpoints of one model; give one MODEL with "
+                                 "--revision A,B,... (or several MODELs without it).")
+        series = ([given[0] if given else None] * len(revisions), revisions)
+    elif len(given) == 1 and checkpoint_series(given[0]):  # a folder of trainer checkpoints
+        found = checkpoint_series(given[0])
+        if one_training(found):
+            series = (found, [revisions[0]] * len(found))
+        else:  # several trainings' checkpoints: compared as several models
+            given = found
+    several = series is not None or len(given) > 1
+    if isinstance(models, list) or several:
+        values = {**values, "model": None if several or not given else given[0]}
+    if series is not None:
+        values = {**values, "revision": None}
     if values.get("group_by") and not several:
         raise SinkscopeError("--group-by averages runs of several models; give more than one MODEL.")
+    if values.get("group_by") and series is not None:
+        raise SinkscopeError("--group-by averages runs of several models; a model's checkpoints are drawn against the "
+                             "step, not grouped.")
     from sinkscope.options import parse_seq_len
 
     if "seq_len" in values:
@@ -211,11 +231,19 @@ def _run(name: str, values: dict) -> None:
     options = command.options(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names})
     check_options(options)
     command.check(options)
-    _check_inputs(options, models if several else [options.model])
+    if series is not None:
+        _check_inputs(options, series[0], series[1])
+    else:
+        _check_inputs(options, given if several else [options.model])
     from sinkscope.pipeline import execute, execute_several
 
+    if series is not None:
+        page = execute_several(command, options, series[0], revisions=series[1], series=True)
+        if page is not None:
+            typer.echo(str(page))
+        return
     if several:
-        page = execute_several(command, options, models, group_by=values.get("group_by"))
+        page = execute_several(command, options, given, group_by=values.get("group_by"))
         if page is not None:
             typer.echo(str(page))
         return
@@ -224,16 +252,16 @@ def _run(name: str, values: dict) -> None:
         typer.echo(str(result.path))
 
 
-def _check_inputs(options, models: list) -> None:
+def _check_inputs(options, models: list, revisions: list | None = None) -> None:
     """The mistakes a user makes most (a missing model or text file, ``--out .``), refused before torch is
     imported, in the pipeline's order (``pipeline.plan`` checks them all again, with the rest)."""
     from sinkscope.resolve import resolve_source
 
-    for model in models:
-        resolve_source(model, options.revision)
+    for model, revision in zip(models, revisions or [options.revision] * len(models)):
+        resolve_source(model, revision)
     if options.text_file and not options.dataset and not os.path.isfile(os.path.expanduser(options.text_file)):
         raise SinkscopeError(f"no text file at {options.text_file}.")  # corpus.text_file_corpus's sentence
-    if options.out and len(models) == 1:  # several models: --out holds one run folder per model
+    if options.out and len(models) == 1 and revisions is None:  # several models: --out holds one run folder per model
         from sinkscope.results import _check_not_cwd, check_run_dir
 
         if options.resume:  # the pipeline then looks for the interrupted run's progress file
@@ -679,6 +707,7 @@ def sweep(
     windows: Annotated[Optional[str], typer.Option("--windows", help="--task text: doc-start (default) | random.")] = None,
     n_seqs: Annotated[int, typer.Option("--n-seqs", help="Validation windows the sinks/selectivity probes measure.")] = 64,
     probe: Annotated[bool, typer.Option("--probe/--no-probe", help="Run sinks (and selectivity on gated variants) on every checkpoint.")] = True,
+    monitor_every: Annotated[Optional[int], typer.Option("--monitor-every", help="The trainer's sink monitor every N steps in every run; the sweep draws p0 mass, phantom mass and value-norm ratio against the step, one line per variant (formation_*.png).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", help="Runs at once, as local processes.")] = 1,
     launcher: Annotated[str, typer.Option("--launcher", help="local | submitit (SLURM job array; needs submitit).")] = "local",
     slurm: Annotated[Optional[list[str]], typer.Option("--slurm", help="A submitit parameter key=value (repeatable), e.g. slurm_partition=gpu.")] = None,
@@ -706,7 +735,7 @@ def sweep(
         variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int), task=task, tier=tier,
         out=out, steps=steps, batch_size=batch_size, eval_windows=eval_windows, task_options=list(task_set or []),
         overrides=list(set_ or []), text_file=text_file, tokenizer=tokenizer, windows=windows,
-        n_seqs=n_seqs, probe=probe, jobs=jobs, launcher=launcher,
+        n_seqs=n_seqs, probe=probe, monitor_every=monitor_every, jobs=jobs, launcher=launcher,
         slurm=list(slurm or []), device=device,
     )
     try:

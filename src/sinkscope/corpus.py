@@ -5,7 +5,7 @@ Sources: the bundled default (six Jane Austen novels, fetched at set-up from the
 (``--text-file``), or a ``datasets`` dataset (``--dataset NAME[:CONFIG][:SPLIT]``, when the
 ``datasets`` package and the data are available locally).
 
-Windowing (documented in the README and recorded in the manifest):
+Windowing (documented in docs/getting-started.md, "Corpus and windows", and recorded in the manifest):
 
 1. Each document (a novel, the text file, one dataset row) is tokenised on its own with no
    special tokens.

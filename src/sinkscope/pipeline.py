@@ -177,6 +177,10 @@ class Plan:
     cleanup: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     #: a trainer checkpoint with no text given: windows come from its own validation split.
     checkpoint_split: bool = False
+    #: columns that hold for every row beyond the source's own (a series' ``step`` and ``revision``).
+    conditions: dict = field(default_factory=dict)
+    #: the sha256 of the token windows this run must measure (a series: the first revision's), or None.
+    expect_tokens: str | None = None
 
     @property
     def progress_file(self) -> Path | None:
@@ -220,6 +224,10 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     until the folder is written: a second writer fails now, and the place is proven writable.
     """
     inputs = inputs or Inputs()
+    if options.revision is not None and "," in str(options.revision):
+        raise SinkscopeError(f"revision {options.revision!r} names several; one run measures one revision (the command "
+                             "line's --revision A,B,... measures each into one folder: pipeline.execute_several with "
+                             "revisions= and series=True).")
     if inputs.windows is not None:  # checked and converted first: its shape decides seq_len below
         inputs = replace(inputs, windows=_given_windows(inputs.windows).tokens)
         options = replace(options, n_seqs=int(inputs.windows.shape[0]))  # the checks see the windows' count
@@ -417,6 +425,7 @@ def load(plan_: Plan, log) -> Loaded:
         if windows is None and tokenizer is not None:
             windows = _windows(plan_, tokenizer, log)
             corpus_mod.check_token_range(windows.tokens, vocab_size(plan_.source))
+        _check_same_windows(plan_, windows)  # before the model loads, when the tokenizer came first
         log(f"Loading {plan_.source.label or plan_.source.location} ...")
         _warn_if_unfinished(plan_.source, log)
         loaded = load_model(plan_.source, device=plan_.device, dtype=options.dtype, device_map=options.device_map,
@@ -428,12 +437,22 @@ def load(plan_: Plan, log) -> Loaded:
     plan_.command.check_model(options, spec)
     if windows is None:
         windows = _windows(plan_, loaded.tokenizer, log)
+    _check_same_windows(plan_, windows)
     corpus_mod.check_token_range(windows.tokens, embedding_rows(loaded.model))
     _fill_bos_token_id(plan_, loaded.tokenizer, windows)
     _check_measurable(plan_, loaded.model, spec, int(windows.tokens.shape[1]))
     check = check_capture(loaded.model, windows.tokens, attention=options.attention,
                           device=None if options.device_map else loaded.device)
     return Loaded(loaded, windows, spec, load_s, check)
+
+
+def _check_same_windows(plan_: Plan, windows: corpus_mod.Windows | None) -> None:
+    """A run of a series measures the first one's token windows, or stops in one sentence (before its model loads)."""
+    if windows is None or plan_.expect_tokens is None or windows.sha256 == plan_.expect_tokens:
+        return
+    what = plan_.source.location + (f" at revision {plan_.source.revision}" if plan_.source.revision else "")
+    raise SinkscopeError(f"{what} turns the corpus into other token windows than the first of the series (its "
+                         "tokenizer differs), so its numbers would not be comparable; measure it on its own.")
 
 
 def _check_measurable(plan_: Plan, model, spec: ModelSpec, seq_len: int) -> None:
@@ -650,7 +669,7 @@ def run_conditions(source: Source) -> dict:
 def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, rows: list | None = None) -> Result:
     """The table and the manifest of a finished run (``rows``: the table's rows, if not the probes')."""
     options, windows, source = plan_.options, loaded.windows, plan_.source
-    conditions = run_conditions(source)
+    conditions = {**run_conditions(source), **plan_.conditions}
     rows = list(rows) if rows is not None else [row for probe in probes for row in probe.rows()]
     model = loaded.model
     windows_per_layer = layer_windows(model.model, loaded.spec.n_layers)
@@ -865,7 +884,8 @@ def run_folder_names(sources: list[Source]) -> list[str]:
 
 
 def execute_several(command: Command, options: RunOptions, models: list[str], *, group_by: str | None = None,
-                    labels: list[str] | None = None, log: Callable[[str], None] | None = None) -> Path | None:
+                    labels: list[str] | None = None, log: Callable[[str], None] | None = None,
+                    revisions: list[str | None] | None = None, series: bool = False) -> Path | None:
     """Run ``command`` on each of ``models`` and compare them on one page (``MODEL [MODEL ...]``).
 
     ``options.out`` (default ``reports/<time>-<command>-s<seed>-<hex>``) becomes a folder holding
@@ -878,15 +898,28 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     loads. ``resume`` keeps the runs already written, continues an interrupted one and runs the
     rest. Under torchrun every process takes part in each run; process 0 writes.
 
+    A **series** (``series``: the checkpoints of one model through training) is the same with
+    three more rules (``docs/monitor.md``): ``revisions`` pairs a hub revision with each model
+    (``--revision step0,step1000``; each run folder is named after its revision) and every
+    revision is checked to exist before the first loads; every run measures the first run's
+    token windows (a tokenizer that makes other windows stops the series in one sentence before
+    its model loads); and every row gets the columns ``step`` (the checkpoint's own step, or the
+    one the revision's name gives, :func:`~sinkscope.resolve.revision_step`, else empty) and
+    ``revision`` (the revision, or the checkpoint's folder name). ``<out>/steps.csv`` and
+    ``steps.parquet`` are the runs' tables as one, and the page draws every metric against the
+    step. A run that fails keeps the runs finished before it; ``resume`` continues from there.
+
     The folder follows every writer's rules (:func:`check_comparison_dir`): absent or empty, it is
     written; one written by an earlier comparison needs ``overwrite`` (each run folder in it is
     then replaced under the run folder's own rules) or ``resume``; a folder holding anything
     sinkscope did not write, or a model being measured, is refused. Its own files (the page,
-    ``figures/``) are recorded in its inventory (writer ``comparison``), at the start and at the end.
+    ``figures/``, a series' ``steps.*``) are recorded in its inventory (writer ``comparison``), at
+    the start and at the end.
 
     Returns:
         The comparison page (the folder with ``figures`` off), or None on processes other than 0.
     """
+    from sinkscope.resolve import revision_step
     from sinkscope.results import is_run_folder
 
     log = log or (lambda message: print(message, file=sys.stderr))
@@ -894,7 +927,8 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     command.check(options)
     if labels is not None and len(labels) != len(models):
         raise SinkscopeError(f"give one label per model ({len(models)}), not {len(labels)}.")
-    sources = [resolve_source(model, options.revision) for model in models]
+    revisions = list(revisions) if revisions is not None else [options.revision] * len(models)
+    sources = [resolve_source(model, revision) for model, revision in zip(models, revisions)]
     command.check_sources(options, sources)
     parent = Path(options.out) if options.out else default_run_dir(command.name, options.seed)
     if is_run_folder(parent):
@@ -903,13 +937,22 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     for source in sources:  # a run folder replaced in the parent could be the model, or hold it
         check_inputs_outside(parent, {"the model": source.path})
     check_comparison_dir(parent, options.overwrite, options.resume)
+    by_revision = series and any(source.revision is not None for source in sources)
+    if by_revision:
+        from sinkscope.sources import check_revisions
+
+        check_revisions(sources)  # a missing revision: one sentence before anything loads
+    names = run_folder_names([replace(source, label=source.revision) if by_revision else source
+                              for source in sources])
+    if series and labels is None:
+        labels = [source.revision if by_revision else name for source, name in zip(sources, names)]
     rank, world_size = distributed.world()
-    children = [parent / name for name in run_folder_names(sources)]
+    children = [parent / name for name in names]
     with contextlib.ExitStack() as cleanup:
         plans: list[Plan | None] = []
-        for source, child in zip(sources, children):
+        for source, child, name in zip(sources, children, names):
             # the figures are drawn once, on the comparison page (`sinkscope report <out>/<model>` draws a run's own)
-            each = replace(options, model=source.location, out=str(child), figures=False)
+            each = replace(options, model=source.location, revision=source.revision, out=str(child), figures=False)
             if options.resume:
                 progress = progress_path(child)
                 if is_run_folder(child) and not progress.is_file():
@@ -917,18 +960,44 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
                     plans.append(None)
                     continue
                 each = replace(each, resume=progress.is_file())
-            plans.append(plan(command, each, write=True, cleanup=cleanup))
+            plan_ = plan(command, each, write=True, cleanup=cleanup)
+            if series:
+                plan_.conditions = ({"step": revision_step(source.revision), "revision": source.revision}
+                                    if by_revision else {"revision": name})
+            plans.append(plan_)
         if world_size > 1:
             distributed.init()  # every process has checked its folders: the parent is recorded after
         if rank == 0:
             _record_comparison(parent)
-        for plan_ in plans:
-            if plan_ is not None:
-                _carry_out(plan_, True, log, finish=False)
+        expected = _kept_tokens(children, plans) if series else None
+        for k, plan_ in enumerate(plans):
+            if plan_ is None:
+                continue
+            plan_.expect_tokens = expected
+            done = [child.name for child in children[:k]]  # each measured now or kept
+            kept = f"the runs finished before it ({', '.join(done)}) are kept in {parent}"
+            try:
+                result = _carry_out(plan_, True, log, finish=False)
+            except Interrupted:
+                raise
+            except KeyboardInterrupt:
+                if not done:
+                    raise
+                raise Interrupted(f"interrupted; {kept}: rerun the same command with --resume to continue.") from None
+            except SinkscopeError as error:
+                if not done:
+                    raise
+                raise SinkscopeError(f"{str(error).rstrip('.')}; {kept}: rerun the same command with --resume to "
+                                     "continue.") from error
+            if series and expected is None and result is not None:
+                expected = result.manifest["windows"]["tokens_sha256"]
     if world_size > 1:
         distributed.finish()
     if rank != 0:
         return None
+    if series:
+        write_series_table(parent, children)
+        _record_comparison(parent)  # the table is the comparison's own (checked free of others' files above)
     if not options.figures:
         _record_comparison(parent)
         return parent
@@ -938,6 +1007,38 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
     page = build_report(children, out=parent, labels=labels, group_by=group_by, overwrite=True)
     log(f"Wrote the comparison {page}")
     return page
+
+
+def _kept_tokens(children: list[Path], plans: list[Plan | None]) -> str | None:
+    """The token windows' sha256 of the first run a resumed series kept (its manifest), or None."""
+    for child, plan_ in zip(children, plans):
+        if plan_ is None:
+            try:
+                return json.loads((child / "manifest.json").read_text(encoding="utf-8"))["windows"]["tokens_sha256"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+#: the one table of a series: every run's rows, with their ``step`` and ``revision`` columns.
+SERIES_TABLE = "steps"
+
+
+def write_series_table(parent: Path, children: list[Path]) -> pd.DataFrame:
+    """``<parent>/steps.csv`` and ``steps.parquet``: the series' run tables as one (atomically)."""
+    import io
+
+    from sinkscope.fileio import atomic_write_bytes, atomic_write_text
+    from sinkscope.results import read_results
+
+    frame = pd.concat([read_results(child) for child in children], ignore_index=True)
+    if "step" in frame.columns:
+        frame["step"] = pd.array(frame["step"], dtype="Int64")
+    atomic_write_text(parent / f"{SERIES_TABLE}.csv", frame.to_csv(index=False, float_format="%.9g"))
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    atomic_write_bytes(parent / f"{SERIES_TABLE}.parquet", buffer.getvalue())
+    return frame
 
 
 #: the writer of a folder holding one run folder per model and their comparison page.

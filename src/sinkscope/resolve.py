@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -92,3 +93,84 @@ def _resolve_source(model: str | None) -> Source:
         raise SinkscopeError(f"no model file or folder at {model} (and {model.split('/', 1)[0]}/ is a local folder, "
                              "so this is not read as a hub id).")
     return Source("hub", model, None, label=model)
+
+
+# ---- a series of checkpoints: several revisions, or a folder of trainer checkpoints ------------------
+
+
+def parse_revisions(text: str | None) -> list[str | None]:
+    """``--revision step0,step1000`` -> ["step0", "step1000"]; None -> [None]; a name given twice is one sentence."""
+    if text is None:
+        return [None]
+    names = [name.strip() for name in str(text).split(",")]
+    if not all(names):
+        raise SinkscopeError(f"--revision {text!r} has an empty name; give revisions separated by commas, e.g. "
+                             "step0,step1000.")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise SinkscopeError(f"--revision lists {', '.join(twice)} more than once.")
+    return names
+
+
+_STEP = re.compile(r"step[-_]?(\d+)(?:[-_].*)?", re.IGNORECASE)
+
+
+def revision_step(revision: str | None) -> int | None:
+    """The training step a revision's name gives, or None.
+
+    ``step1000`` (Pythia) -> 1000; ``step1000-tokens4B`` (OLMo's ``stepN-tokensM``) -> 1000;
+    ``step-100`` / ``step_100`` -> 100; anything else (``main``, a commit hash) -> None.
+    """
+    match = _STEP.fullmatch(str(revision or ""))
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_series(model: str | None) -> list[str] | None:
+    """The trainer checkpoints inside a folder that is not itself a model, in step order, or None.
+
+    ``ckpt/`` holding ``ckpt/step-100/``, ``ckpt/step-200/``, ... (each a trainer checkpoint) is a
+    series when they are of one training (:func:`one_training`): each is measured as one step of
+    it; checkpoints of several trainings (``ckpt/baseline/``, ``ckpt/sinklogit/``) are compared as
+    several models. The step is each checkpoint's own (its config.json),
+    ties broken by the folder name. A folder with a ``config.json`` or a ``.gguf`` is a model, not a
+    series (None).
+    """
+    if not model:
+        return None
+    path = Path(model).expanduser()
+    if not path.is_dir() or (path / "config.json").exists() or any(path.glob("*.gguf")):
+        return None
+    from sinkscope.train.checkpoint import is_checkpoint
+
+    found = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and not child.name.startswith(".") and is_checkpoint(child):
+            found.append((_checkpoint_step(child), child.name, str(Path(model) / child.name)))
+    if not found:
+        return None
+    return [location for _, _, location in sorted(found, key=lambda item: (item[0] is None, item[0] or 0, item[1]))]
+
+
+def one_training(locations: list[str]) -> bool:
+    """Whether trainer checkpoints are of one training (the same variant, seed, tier and task in config.json)."""
+    import json
+
+    def key(location: str):
+        try:
+            meta = json.loads((Path(location).expanduser() / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return tuple(str(meta.get(k)) for k in ("variant", "seed", "tier", "task")) if isinstance(meta, dict) else None
+
+    keys = {key(location) for location in locations}
+    return len(keys) == 1 and None not in keys
+
+
+def _checkpoint_step(folder: Path) -> int | None:
+    import json
+
+    try:
+        step = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return revision_step(folder.name)
+    return step if isinstance(step, int) and not isinstance(step, bool) else revision_step(folder.name)

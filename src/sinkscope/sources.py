@@ -252,6 +252,35 @@ def _check_hub(repo_id: str, revision: str | None) -> None:
         ) from error
 
 
+def _cached_revision(repo_id: str, revision: str) -> bool:
+    """Whether the local Hugging Face cache holds ``revision`` of ``repo_id`` (its config.json; no request)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
+    except Exception:  # noqa: BLE001 - an id the cache cannot name is checked by the load
+        return False
+
+
+def check_revisions(sources: list[Source]) -> None:
+    """Every hub revision of a series exists, checked before the first loads (one sentence for the first missing).
+
+    A revision in the local cache is there; offline (``HF_HUB_OFFLINE``) any other is missing; online,
+    one short request per uncached revision asks the hub (:func:`_check_hub`).
+    """
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    for source in sources:
+        if source.kind != "hub" or source.revision is None or _cached_revision(source.location, source.revision):
+            continue
+        if offline:
+            cached = [s.revision for s in sources if s.kind == "hub" and s.revision is not None
+                      and _cached_revision(s.location, s.revision)]
+            held = f" (it holds {', '.join(cached)})" if cached else ""
+            raise SinkscopeError(f"the revision {source.revision!r} of {source.location!r} is not in the local Hugging "
+                                 f"Face cache{held} and HF_HUB_OFFLINE is set; drop it from --revision or go online.")
+        _check_hub(source.location, source.revision)
+
+
 def _load_hub(source: Source, trust_remote_code: bool, **load):
     try:
         return _load_pretrained(source.location, revision=source.revision, trust_remote_code=trust_remote_code,
@@ -264,10 +293,12 @@ def _load_hub(source: Source, trust_remote_code: bool, **load):
                 return _load_pretrained(source.location, revision=source.revision,
                                         trust_remote_code=trust_remote_code, local_only=False, **load)
             except OSError as download_error:
-                raise SinkscopeError(f"could not download the model {source.location!r} from the hub "
+                raise SinkscopeError(f"could not download the model {source.location!r}"
+                                     f"{f' at revision {source.revision!r}' if source.revision else ''} from the hub "
                                      f"({_short(download_error)}).") from download_error
+        at = f" at revision {source.revision!r}" if source.revision else ""
         raise SinkscopeError(
-            f"the model {source.location!r} is not available offline (not in the local Hugging Face cache); "
+            f"the model {source.location!r}{at} is not available offline (not in the local Hugging Face cache); "
             "pass a local folder saved with save_pretrained or a .gguf file instead."
         ) from error
 

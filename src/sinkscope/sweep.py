@@ -15,6 +15,8 @@ The folder it fills:
     OUT/sweep.md, OUT/table1.png             the tables as one page, the improvements as a figure
     OUT/table1_by_step.png                   the improvements over the baseline against the training step
     OUT/sinks.png                            the sink measurements per variant as a figure
+    OUT/formation.csv, OUT/formation_*.png   with ``monitor_every``: the monitor's p0 mass, phantom mass
+                                             and value-norm ratio against the step, one line per variant
     OUT/compare/report.html                  the probe runs compared on one page, by variant
 
 Evaluation: the loss of a run is the trainer's own final ``val_loss`` (positions i >= 1 of its
@@ -86,6 +88,7 @@ class SweepOptions:
     slurm: list[str] = field(default_factory=list)  # submitit parameters key=value (e.g. slurm_partition=gpu)
     device: str = "auto"
     report: bool = True  # the comparison page and the figure
+    monitor_every: int | None = None  # the trainer's sink monitor every N steps (formation curves per variant)
 
 
 def parse_list(text: str | None, what: str, cast=str) -> tuple:
@@ -138,7 +141,7 @@ def train_options(options: SweepOptions, variant: str, seed: int):
                         batch_size=options.batch_size, eval_windows=options.eval_windows,
                         task_options=list(options.task_options), overrides=list(options.overrides),
                         text_file=options.text_file, tokenizer=options.tokenizer, windows=options.windows,
-                        device=options.device, progress=False)
+                        monitor_every=options.monitor_every, device=options.device, progress=False)
 
 
 def is_gated(variant: str) -> bool:
@@ -264,7 +267,8 @@ def sweep(options: SweepOptions, log=None) -> Path:
 
 #: the files a sweep writes at its top level (``runs/``, ``compare/`` and ``submitit/`` hold the rest).
 SWEEP_FILES = ("sweep.json", "losses.csv", "table1.csv", "table2.csv", "table1_by_step.csv", "sinks.csv", "sweep.md",
-               "table1.png", "table1_by_step.png", "sinks.png")
+               "table1.png", "table1_by_step.png", "sinks.png", "formation.csv",
+               *(f"formation_{metric}.png" for metric in ("p0_mass", "phantom_mass", "value_norm_ratio")))
 #: the probe run folders beside each checkpoint.
 PROBE_FOLDERS = ("sinks", "selectivity")
 SWEEP_WRITER = "sweep"
@@ -438,6 +442,23 @@ def collect_sinks(options: SweepOptions) -> pd.DataFrame:
     return pd.DataFrame(rows).reindex(columns=columns)
 
 
+def collect_formation(options: SweepOptions) -> pd.DataFrame:
+    """variant, seed, step, metric, value: the model values of every run's monitor.csv (``--monitor-every``)."""
+    from sinkscope.report.steps import FORMATION_METRICS, read_monitor
+
+    frames = []
+    for variant in options.variants:
+        for seed in options.seeds:
+            held = read_monitor(run_dir(options, variant, seed) / "ckpt")
+            if held is None:
+                continue
+            table = held[0]
+            model = table[table["layer"].isna() & table["head"].isna() & table["metric"].isin(FORMATION_METRICS)]
+            frames.append(model[["step", "metric", "value"]].assign(variant=variant, seed=seed))
+    columns = ["variant", "seed", "step", "metric", "value"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+
 def write_tables(options: SweepOptions, log=None) -> Path:
     """losses.csv, table1.csv, table2.csv, table1_by_step.csv, sinks.csv, sweep.md (+ table1.png,
     table1_by_step.png, sinks.png, compare/) from the runs."""
@@ -451,8 +472,9 @@ def write_tables(options: SweepOptions, log=None) -> Path:
     t1, t2 = table1(losses, options.variants), table2(losses)
     by_step = table1_by_step(collect_curves(options), options.variants)
     sinks = collect_sinks(options)
+    formation = collect_formation(options)
     for name, frame in (("losses", losses), ("table1", t1), ("table2", t2), ("table1_by_step", by_step),
-                        ("sinks", sinks)):
+                        ("sinks", sinks), *((("formation", formation),) if len(formation) else ())):
         atomic_write_text(out / f"{name}.csv", frame.to_csv(index=False))
 
     lines = [f"# Sweep: {', '.join(options.variants)} x seeds {', '.join(map(str, options.seeds))}", "",
@@ -490,12 +512,21 @@ def write_tables(options: SweepOptions, log=None) -> Path:
             values = group[column].dropna()
             cells.append(fmt_pm(*mean_se(values), digits=3) if len(values) else "–")
         lines.append(f"| {variant} | {' | '.join(cells)} |")
+    if len(formation):
+        steps = sorted(formation["step"].unique())
+        lines += ["", "## Sink formation (the trainer's monitor, model values against the step)", "",
+                  f"Measured at steps {', '.join(map(str, steps[:12]))}{', ...' if len(steps) > 12 else ''} on the "
+                  "same validation windows (monitor.csv of each checkpoint; all numbers in formation.csv)."]
+        if options.report:
+            lines += [""] + [f"![{metric} through training](formation_{metric}.png)"
+                             for metric in dict.fromkeys(formation["metric"])]
     page = out / "sweep.md"
     atomic_write_text(page, "\n".join(lines) + "\n")
     if options.report:
         _figure(t1, out / "table1.png")
         _curve_figure(over_base, out / "table1_by_step.png")
         _sinks_figure(sinks, out / "sinks.png")
+        _formation_figures(formation, out)
         _compare(options, out / "compare", log)
     _record(out)
     log(f"wrote {page}")
@@ -586,6 +617,26 @@ def _sinks_figure(sinks: pd.DataFrame, path: Path) -> None:
     fig.tight_layout()
     _save(fig, path)
     plt.close(fig)
+
+
+def _formation_figures(formation: pd.DataFrame, out: Path) -> None:
+    """``formation_<metric>.png``: the monitor's model value against the step, one line per variant (mean over
+    seeds at the steps every seed measured); a metric that is 0 for a variant (phantom mass without a phantom
+    key) is not drawn for it."""
+    from sinkscope.report.figures import metric_vs_step
+
+    for metric, rows in formation.groupby("metric", sort=False):
+        lines = {}
+        for variant, part in rows.groupby("variant", sort=False):
+            seeds = part["seed"].nunique()
+            mean = part.groupby("step").agg(value=("value", "mean"), k=("seed", "nunique")).reset_index()
+            mean = mean[mean["k"] == seeds][["step", "value"]]
+            if (mean["value"].fillna(0) != 0).any():
+                lines[variant] = mean
+        if lines:
+            what = "mean over seeds" if formation["seed"].nunique() > 1 else "model value"
+            _save(metric_vs_step(lines, metric, title=f"{metric} through training, one line per variant ({what})"),
+                  out / f"formation_{metric}.png")
 
 
 def _compare(options: SweepOptions, out: Path, log) -> None:

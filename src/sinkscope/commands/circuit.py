@@ -18,7 +18,7 @@ supports and every trainer checkpoint runs them the same way:
 5. ``bos_experiment``: Sink_0^eps per layer with and without BOS, and the loss change when the
    first token is repeated r times (``--repeats``; ``--no-bos-experiments`` skips them).
 
-Decisions where SPEC.md leaves things open (also in the README's "Decisions"):
+Decisions where SPEC.md leaves things open (also under "Decisions" in docs/commands/circuit.md):
 
 - The windows are the run's (``--bos`` as everywhere). Norms, cosines, PCA and outliers are
   measured on them as drawn; seed 003 Fig. 2(c) reads cosines without BOS, so pass ``--bos

@@ -14,7 +14,13 @@ records them (``build_report``).
 
 A trainer checkpoint folder (``sinkscope train --out ckpt``) may be given too: its ``log.csv``
 becomes a "Training" section with the loss curves of every checkpoint on one plot and a table
-of the final losses.
+of the final losses; its ``monitor.csv`` (``--monitor-every``) the sink-formation curves
+(``report/steps.py``: p0 mass, phantom mass and value-norm ratio against the step, per layer, or
+one line per checkpoint for several).
+
+Runs of one model's checkpoints (a series: every run has a ``step`` or ``revision`` condition,
+all distinct; ``sinkscope sinks MODEL --revision A,B,...``) get a first section drawing every
+per-layer metric against the step (``report/steps.py``).
 
 With several runs every shared metric gets an overlay of its per-layer line (one line per run),
 heatmaps on one shared colour scale, and a side-by-side per-layer table; metrics that not every
@@ -102,7 +108,11 @@ def _training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
         rows.append([t.label, str(t.config.get("variant", "—")), str(t.config.get("tier", "—")),
                      str(t.config.get("seed", "—")), str(int(t.log["step"].max())),
                      fmt(val["val_loss"].iloc[0]) if len(val) else "—", fmt(val["val_loss"].iloc[-1]) if len(val) else "—"])
-    return {"figures": drawn,
+    from sinkscope.report import steps
+
+    monitors = {t.label: m for t in logs if (m := steps.read_monitor(t.path)) is not None}
+    formation = steps.formation_figures(monitors, _keeper(fig_dir)) if monitors else []
+    return {"figures": drawn, "formation": formation, "formation_note": steps.FORMATION_NOTE,
             "table": {"columns": ["checkpoint", "variant", "tier", "seed", "steps", "first val loss", "last val loss"],
                       "rows": rows}}
 
@@ -1187,6 +1197,16 @@ def _render_page(runs: list[RunData], trainings: list[TrainingLog], several_leng
         if probe == "exposure":
             note = EXPOSURE_NOTE
         sections.append({"probe": probe, "entries": entries, "note": note, "tables": tables})
+    if len(runs) > 1:  # a series of checkpoints (--revision A,B,...): every metric against the step
+        from sinkscope.report import steps
+
+        drawable = [metric for probe, metrics in probes if probe != "injection" for metric in metrics
+                    if not circuit_report.handles(metric) and not _is_token_metric(runs, metric)
+                    and all(_has_layers(r.table, metric) for r in runs)
+                    and (metric not in PHANTOM_METRICS or all(_has_phantom(r) for r in runs))]
+        series = steps.series_section(runs, drawable, fig_dir, _keeper(fig_dir))
+        if series:
+            sections.insert(0, series)
     if several_lengths:
         sections.append(_lengths_section(several_lengths, fig_dir))
     layer_types = _layer_type_section(runs)

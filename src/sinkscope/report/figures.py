@@ -50,6 +50,7 @@ __all__ = [
     "layer_head_heatmap",
     "metric_axis_label",
     "metric_vs_length",
+    "metric_vs_step",
     "model_value_plot",
     "per_layer_bars",
     "per_layer_line",
@@ -799,6 +800,68 @@ def metric_vs_length(points: pd.DataFrame, metric: str, *, predicted: pd.DataFra
         ax.grid(True, linewidth=0.4, alpha=0.4)
         if len(layers) > 12:
             norm = colors.Normalize(vmin=layers[0], vmax=layers[-1])
+            fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=7)
+    return fig
+
+
+#: the label of the model-level line of :func:`metric_vs_step` (drawn black, on top of the layers').
+MODEL_LINE = "mean over layers"
+
+
+def metric_vs_step(lines: Mapping[str, pd.DataFrame], metric: str, *, floor: float | None = None,
+                   x_labels: Mapping[int, str] | None = None, title: str | None = None) -> Figure:
+    """A metric against the training step, one line per series (sink formation, issue 29).
+
+    Args:
+        lines: ``label -> rows with columns step, value``, drawn in order: labels ``layer k`` get
+            viridis colours through the layers, :data:`MODEL_LINE` is drawn black and thicker, any
+            other label (a checkpoint, a variant) the default colour cycle.
+        metric: the metric drawn (axis label).
+        floor: a value drawn as a grey dotted line (p0's uniform floor at the windows' length).
+        x_labels: ``x -> text`` tick labels, for a series whose x is the revisions' position
+            because their names give no step (then x is 0, 1, 2, ...).
+        title: the title (default ``<metric> against the training step``).
+
+    Returns:
+        The figure; x is the step (or the position), linear.
+    """
+    from matplotlib import cm, colors
+
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
+        ax = fig.add_subplot()
+        layers = [label for label in lines if re.fullmatch(r"layer \d+", label)]
+        cmap = matplotlib.colormaps["viridis"]
+        others = 0
+        for label, rows in lines.items():
+            rows = rows.sort_values("step")
+            style: dict = {"marker": "o", "markersize": 2.5, "linewidth": 1.1}
+            if label in layers:
+                k = layers.index(label)
+                style["color"] = cmap(k / max(len(layers) - 1, 1))
+                style["label"] = label if len(layers) <= 12 else None
+            elif label == MODEL_LINE:
+                style.update(color="black", linewidth=1.8, label=label, zorder=3)
+            else:
+                style.update(color=f"C{others % 10}", label=label)
+                others += 1
+            ax.plot(rows["step"].to_numpy(dtype=float), rows["value"].to_numpy(dtype=float), **style)
+        if floor is not None and np.isfinite(floor):
+            ax.axhline(floor, linestyle=":", color="0.4", linewidth=1.0, label=f"uniform attention ({floor:.3g})")
+        if x_labels:
+            ax.set_xticks(sorted(x_labels), [x_labels[x] for x in sorted(x_labels)], rotation=30, ha="right")
+            ax.set_xlabel("revision")
+        else:
+            ax.set_xlabel("training step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(metric_axis_label(metric))
+        ax.set_title(title or f"{metric} against the training step", fontsize=9)
+        ax.grid(True, linewidth=0.4, alpha=0.4)
+        if len(layers) > 12:
+            numbers = [int(label.split()[1]) for label in layers]
+            norm = colors.Normalize(vmin=min(numbers), vmax=max(numbers))
             fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=7)

@@ -1,0 +1,216 @@
+"""Metrics against the training step: sink formation (issue 29), read from tables only.
+
+Two sources of the same curves:
+
+- a **series of runs**, one per checkpoint of one model (``sinkscope sinks MODEL --revision
+  step0,step1000,...``, or a folder of trainer checkpoints as the MODEL): every run carries the
+  conditions ``step`` and ``revision`` (``pipeline.execute_several``), and every metric with
+  per-layer rows is drawn against the step, one line per layer plus the model value (the mean
+  over layers of per-layer means over heads, SPEC.md "Averages"). A revision whose name gives no
+  step puts the series on the revisions' order instead (x = 0, 1, 2, ... labelled by name);
+- a trainer checkpoint's **monitor** (``sinkscope train --monitor-every N``): ``monitor.csv``
+  holds the same rows at every N-th step on fixed windows (``monitor.py``); the formation curves
+  of p0 mass, phantom mass and value-norm ratio are drawn per layer for one checkpoint, and the
+  model values of several checkpoints (a sweep's variants) overlaid, one line per checkpoint.
+
+p0 mass carries the uniform floor of its windows' length as a dotted line
+(``build.uniform_p0``: what p0 would be if every query spread its attention evenly): a sink forms
+where the curve leaves it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from sinkscope.results import NOT_CONDITIONS
+
+#: the monitor's table and manifest in a checkpoint folder (``monitor.py``'s TABLE and MANIFEST).
+MONITOR_TABLE, MONITOR_MANIFEST = "monitor.csv", "monitor.json"
+#: the monitor's metrics, in the order the report draws them.
+FORMATION_METRICS = ("p0_mass", "phantom_mass", "value_norm_ratio")
+#: run conditions a series' runs differ or agree in (never a probe's own condition column).
+RUN_KEYS = ("step", "revision", "variant", "seed", "tier")
+
+
+# ---- the rows drawn -----------------------------------------------------------------------------------
+
+
+def plain_rows(table: pd.DataFrame, metric: str, keep: tuple[str, ...] = RUN_KEYS) -> pd.DataFrame:
+    """The metric's per-layer and model rows (no head), without probe conditions or layer-type means."""
+    rows = table[(table["metric"] == metric) & table["head"].isna()]
+    for column in rows.columns:
+        if column not in NOT_CONDITIONS and column not in keep:
+            rows = rows[rows[column].isna()]
+    return rows
+
+
+def curves(table: pd.DataFrame, metric: str, x: pd.Series | None = None) -> dict[str, pd.DataFrame]:
+    """``{"layer 0": rows(step, value), ..., MODEL_LINE: ...}`` of one metric from a table with a step column.
+
+    ``x`` maps each row's step to the position drawn (a series without steps); default the step.
+    """
+    from sinkscope.report.figures import MODEL_LINE
+
+    rows = plain_rows(table, metric)
+    step = rows["step"] if x is None else x.loc[rows.index]
+    frame = pd.DataFrame({"layer": rows["layer"], "step": pd.to_numeric(step), "value": rows["value"].astype(float)})
+    out = {f"layer {int(layer)}": part[["step", "value"]].reset_index(drop=True)
+           for layer, part in frame.dropna(subset=["layer"]).groupby("layer", sort=True)}
+    model = frame[frame["layer"].isna()]
+    if len(model):
+        out[MODEL_LINE] = model[["step", "value"]].reset_index(drop=True)
+    return out
+
+
+def _steps_table(lines: dict[str, pd.DataFrame], names: dict[float, str] | None) -> dict:
+    """The figure's numbers as the page's table: one row per step, one column per line."""
+    from sinkscope.report.build import COLLAPSE_ROWS, fmt
+
+    steps = sorted(set().union(*[set(rows["step"]) for rows in lines.values()])) if lines else []
+    by_line = {label: dict(zip(rows["step"], rows["value"])) for label, rows in lines.items()}
+    first = "revision" if names else "step"
+    body = [[names[s] if names else str(int(s))] + [fmt(by_line[label].get(s)) for label in lines] for s in steps]
+    return {"columns": [first, *lines], "rows": body, "collapsed": len(body) > COLLAPSE_ROWS}
+
+
+# ---- a series of runs ---------------------------------------------------------------------------------
+
+
+def series_positions(runs: list) -> tuple[list[float], dict[float, str] | None] | None:
+    """Where each run of a series sits on the x axis, and tick labels when that is not the step; else None.
+
+    A series: two runs or more, each with a ``step`` or ``revision`` condition (manifest), all
+    distinct; runs without a ``revision`` (trainer checkpoints measured one by one) must also share
+    their variant, seed and tier (one training's checkpoints, not several trainings compared). x is the step when every run has one and no two share it, else the run's position
+    (0, 1, ...), labelled by revision.
+    """
+    if len(runs) < 2:
+        return None
+    keys, trainings = [], set()
+    for run in runs:
+        conditions = run.manifest.get("conditions") or {}
+        if "step" not in conditions and "revision" not in conditions:
+            return None
+        keys.append((conditions.get("step"), conditions.get("revision")))
+        trainings.add(tuple(str(conditions.get(k)) for k in ("variant", "seed", "tier")))
+    if len(set(keys)) < len(keys):
+        return None
+    if any(revision is None for _, revision in keys) and len(trainings) > 1:
+        return None  # checkpoints of different trainings (variants, seeds) compared, not one model's steps
+    steps = [step for step, _ in keys]
+    if all(isinstance(step, int) for step in steps) and len(set(steps)) == len(steps):
+        return [float(step) for step in steps], None
+    return [float(k) for k in range(len(runs))], {float(k): str(rev if rev is not None else run.label)
+                                                 for k, ((_, rev), run) in enumerate(zip(keys, runs))}
+
+
+STEPS_NOTE = ("Every checkpoint is measured on the same token windows (the first checkpoint's; a tokenizer that "
+              "makes others stops the series), so the curves show the model changing, not the sample. Thin "
+              "lines: each layer's mean over heads; black: the model value (the mean over layers). p0 mass "
+              "carries the uniform floor (dotted).")
+
+
+def series_section(runs: list, metrics: list[str], fig_dir: Path, keep) -> dict | None:
+    """The page's "against the step" section of a series: one figure and one table per metric."""
+    from sinkscope.report import figures
+    from sinkscope.report.build import MetricInfo, _metric_docs, _seq_len, uniform_p0
+
+    placed = series_positions(runs)
+    if placed is None:
+        return None
+    xs, names = placed
+    docs = _metric_docs(runs)
+    entries = []
+    for metric in metrics:
+        frames = []
+        for run, x in zip(runs, xs):
+            rows = plain_rows(run.table, metric)
+            frames.append(rows.assign(step=x))
+        table = pd.concat(frames, ignore_index=True)
+        lines = curves(table, metric)
+        if not lines:
+            continue
+        seq_len = _seq_len(runs[0])
+        floor = uniform_p0(seq_len) if metric == "p0_mass" and seq_len else None
+        fig = figures.metric_vs_step(lines, metric, floor=floor, x_labels=names,
+                                     title=f"{metric} against the {'revision' if names else 'training step'}")
+        info = docs.get(metric, MetricInfo(metric, "", "", ""))
+        entries.append({"metric": f"{metric}_vs_step",
+                        "info": MetricInfo(f"{info.label or metric} against the step", info.unit, info.formula,
+                                           info.source, info.direction),
+                        "note": None,
+                        "figures": [keep(fig, f"steps_{figures._file_stem(metric)}",
+                                         "per layer and the model value against the step")],
+                        "table": _steps_table(lines, names)})
+    if not entries:
+        return None
+    return {"probe": "steps", "entries": entries, "note": STEPS_NOTE, "tables": []}
+
+
+# ---- a trainer checkpoint's monitor ---------------------------------------------------------------------
+
+
+def read_monitor(folder: str | Path) -> tuple[pd.DataFrame, int | None] | None:
+    """A checkpoint's ``monitor.csv`` and its windows' length (``monitor.json``), or None without one."""
+    from sinkscope.errors import SinkscopeError
+
+    folder = Path(folder)
+    if not (folder / MONITOR_TABLE).is_file():
+        return None
+    try:
+        table = pd.read_csv(folder / MONITOR_TABLE)
+    except (OSError, ValueError, pd.errors.ParserError) as error:
+        raise SinkscopeError(f"could not read the monitor table {folder / MONITOR_TABLE} ({error}).") from error
+    missing = {"step", "metric", "layer", "head", "value"} - set(table.columns)
+    if missing:
+        raise SinkscopeError(f"the monitor table {folder / MONITOR_TABLE} lacks the columns {sorted(missing)}.")
+    table = table.astype({"layer": "Int64", "head": "Int64"})
+    seq_len = None
+    try:
+        shape = json.loads((folder / MONITOR_MANIFEST).read_text(encoding="utf-8")).get("windows")
+        seq_len = int(shape[1]) if isinstance(shape, list) and len(shape) == 2 else None
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    return table, seq_len
+
+
+FORMATION_NOTE = ("The trainer's monitor (--monitor-every) measured these on the same validation windows at every "
+                  "N-th step (monitor.csv in the checkpoint folder). Thin lines: each layer's mean over heads; "
+                  "black: the model value. p0 mass carries the uniform floor (dotted); a model without a learned "
+                  "phantom key has no phantom-mass curve (it is 0 by construction).")
+
+
+def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep) -> list[dict]:
+    """The training section's formation figures: per layer for one checkpoint, overlaid for several."""
+    from sinkscope.report import figures
+    from sinkscope.report.build import uniform_p0
+
+    drawn = []
+    present = [m for m in FORMATION_METRICS if any((t["metric"] == m).any() for t, _ in monitors.values())]
+    present += sorted({str(m) for t, _ in monitors.values() for m in t["metric"].unique()} - set(present))
+    lengths = {seq_len for _, seq_len in monitors.values() if seq_len}
+    for metric in present:
+        if metric == "phantom_mass":  # zero everywhere: no phantom key, nothing to draw
+            if not any((t.loc[t["metric"] == metric, "value"].fillna(0) != 0).any() for t, _ in monitors.values()):
+                continue
+        floor = uniform_p0(next(iter(lengths))) if metric == "p0_mass" and len(lengths) == 1 else None
+        stem = figures._file_stem(metric)
+        if len(monitors) == 1:
+            (label, (table, _)), = monitors.items()
+            lines = curves(table, metric)
+            if lines:
+                fig = figures.metric_vs_step(lines, metric, floor=floor, title=f"{metric} through training ({label})")
+                drawn.append(keep(fig, f"formation_{stem}", f"{metric} against the step, per layer (monitor.csv)"))
+            continue
+        from sinkscope.report.figures import MODEL_LINE
+
+        lines = {label: curves(table, metric).get(MODEL_LINE) for label, (table, _) in monitors.items()}
+        lines = {label: rows for label, rows in lines.items() if rows is not None}
+        if lines:
+            fig = figures.metric_vs_step(lines, metric, floor=floor, title=f"{metric} through training")
+            drawn.append(keep(fig, f"formation_{stem}",
+                              f"{metric} against the step, model value, one line per checkpoint (monitor.csv)"))
+    return drawn
