@@ -245,3 +245,62 @@ def test_the_options_are_checked_before_anything_loads(tmp_path):
         result = _cli([*args, "--out", str(tmp_path / "x")])
         assert result.exit_code != 0 and words in result.output, (args, result.output)
         assert "Traceback" not in result.output
+
+
+STREAM_ARGS = ["--length", "40", "--n-seqs", "3", "--cache", "8", "--sink-tokens", "2", "--positions",
+               "cache,original", "--chunk", "8", "--bucket", "16", "--no-figures", "--no-progress", "--device", "cpu"]
+
+
+def _same_run(a, b) -> None:
+    ta, tb = pd.read_csv(a / "results.csv"), pd.read_csv(b / "results.csv")
+    pd.testing.assert_frame_equal(ta.drop(columns=["value", "se"]), tb.drop(columns=["value", "se"]))
+    np.testing.assert_allclose(ta["value"], tb["value"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.load(a / "stream_nll.npy"), np.load(b / "stream_nll.npy"), rtol=1e-6, atol=1e-6)
+
+
+def test_an_interrupted_stream_resumes_to_the_uninterrupted_table(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    args = [str(tiny_llama_dir), "--text-file", str(text_file), *STREAM_ARGS, "--checkpoint-seconds", "0"]
+    whole = tmp_path / "whole"
+    assert _cli([*args, "--out", str(whole)]).exit_code == 0
+    import sinkscope.stream.windows as windows_mod
+
+    calls = {"n": 0}
+    real = windows_mod.read_stream
+    n_conditions = len(json.loads((whole / "manifest.json").read_text())["probes"]["stream"]["options"]["conditions"])
+
+    def interrupted(*a, **k):  # Ctrl-C in the second document
+        calls["n"] += 1
+        if calls["n"] == n_conditions + 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(windows_mod, "read_stream", interrupted)
+    killed = tmp_path / "killed"
+    result = _cli([*args, "--out", str(killed)])
+    assert result.exit_code != 0 and "--resume" in result.output and not killed.exists()
+    monkeypatch.setattr(windows_mod, "read_stream", real)
+    resumed = _cli([*args, "--out", str(killed), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "Resuming at window 1 of 3" in resumed.output
+    _same_run(whole, killed)
+
+
+def test_two_processes_share_the_documents(tiny_llama_dir, text_file, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import free_port
+
+    args = [str(tiny_llama_dir), "--text-file", str(text_file), *STREAM_ARGS]
+    one = tmp_path / "one"
+    assert _cli([*args, "--out", str(one)]).exit_code == 0
+    two = tmp_path / "two"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(free_port()), "-m", "sinkscope", "stream", *args, "--out", str(two)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _same_run(one, two)
+    assert json.loads((two / "manifest.json").read_text())["processes"] == 2
