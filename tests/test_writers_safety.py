@@ -110,13 +110,14 @@ def command_args(name: str, tiny_llama_dir: Path, gated: Path, text_file: Path) 
     """The fastest run of each measuring command: one window of 16 tokens, no figures."""
     model = {"selectivity": gated}.get(name, tiny_llama_dir)
     extra = {"measure": ["--probe", "p0_mass"], "inject": ["--doses", "0.4", "--eval-batch", "1", "--junk", "gaussian"],
-             "circuit": ["--repeats", "1"]}.get(name, [])
-    return [name, model, *extra, "--text-file", text_file, "--seq-len", "16", "--n-seqs", "1", "--no-progress",
+             "circuit": ["--repeats", "1"], "stream": ["--cache", "4", "--policy", "window"]}.get(name, [])
+    length = "--length" if name == "stream" else "--seq-len"
+    return [name, model, *extra, "--text-file", text_file, length, "16", "--n-seqs", "1", "--no-progress",
             "--no-figures"]
 
 
 #: the measuring commands whose fastest settings ``command_args`` knows (a new one must be added there).
-COMMANDS = ("circuit", "heads", "inject", "measure", "selectivity", "sinks")
+COMMANDS = ("circuit", "heads", "inject", "measure", "selectivity", "sinks", "stream")
 
 
 @pytest.mark.parametrize("name", sorted(discover()))
