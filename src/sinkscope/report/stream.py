@@ -136,8 +136,9 @@ def _pm(value: float, se: float) -> str:
     return f"{value:.4g} ± {se:.2g}"
 
 
-def _p0(table: pd.DataFrame) -> float | None:
-    rows = table[(table["metric"] == "p0_mass") & table["layer"].isna() & table["head"].isna()]
+def _model_row(table: pd.DataFrame, metric: str) -> float | None:
+    """The model value of ``metric`` (empty layer and head, no layer-type split), or None."""
+    rows = table[(table["metric"] == metric) & table["layer"].isna() & table["head"].isna()]
     if "layer_type" in rows.columns:
         rows = rows[rows["layer_type"].isna()]
     return float(rows["value"].iloc[0]) if len(rows) else None
@@ -157,7 +158,7 @@ def section(runs: list, docs: dict, fig_dir: Path, summary: list, embed) -> dict
             continue
         suffix = f"_{k}" if len(runs) > 1 else ""
         name = f"{run.label}: " if len(runs) > 1 else ""
-        for where in dict.fromkeys(nll["positions"]):
+        for where in dict.fromkeys(nll.loc[nll["policy"] != "full", "positions"]):
             mine = nll[(nll["positions"] == where) | (nll["policy"] == "full")]
             for stem, draw, what in (("stream_log_ppl_position", log_ppl_by_position, "log perplexity against position"),
                                      ("stream_ppl_cache", ppl_by_cache, "perplexity against cache size")):
@@ -185,9 +186,10 @@ def section(runs: list, docs: dict, fig_dir: Path, summary: list, embed) -> dict
                 overall = overall[(overall["cache"] == c) & (overall["positions"] == w)]
             cells.append(_pm(float(overall["value"].iloc[0]), float(overall["se"].iloc[0])) if len(overall) else "—")
         rows.append([_label(p, c, n) if p != "sinks" else f"sinks ({n} tokens)", "" if c is None else str(c), w, *cells])
-    p0 = [_p0(run.table) for run in runs]
-    if any(v is not None for v in p0):
-        rows.append(["p0 mass (first max(cache) tokens, dense)", "", "", *[figures_fmt(v) for v in p0]])
+    for metric, what in (("p0_mass", "p0 mass"), ("phantom_mass", "phantom mass")):
+        values = [_model_row(run.table, metric) for run in runs]
+        if any(v is not None for v in values):
+            rows.append([f"{what} (first max(cache) tokens, dense)", "", "", *[figures_fmt(v) for v in values]])
     summary.append({"metric": "stream_ppl", "label": "perplexity, full (dense) reading", "direction": info.direction,
                     "values": [figures_fmt(_full_ppl(per_run[r.label])) for r in runs]})
     entries = [{"metric": "stream_ppl", "info": info, "note": None, "figures": figs,
