@@ -24,6 +24,7 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.record import QUIET_CUTOFFS, quiet_reads
 from sinkscope.cli import app
 from sinkscope.commands import inject as inject_command
+from sinkscope.junk_batches import batch_problem
 from sinkscope.probes import get_probe
 from sinkscope.probes import injection as injection_module
 from sinkscope.probes.base import MetricInfo, Probe, Row, observes, register_probe
@@ -583,12 +584,40 @@ def test_a_short_last_batch_is_refused_for_structured_junk(tiny_llama_dir, text_
         handle.remove()
 
 
-def test_the_command_and_the_probe_refuse_the_same_batches():
-    for junk in (("structured",), ("gaussian", "same-context"), ("gaussian", "structured")):
+def test_batch_problem_refuses_only_batches_structured_junk_cannot_use():
+    # junk that never looks across windows takes any batches, short last batch and single windows included
+    for junk in (("gaussian",), ("gaussian", "same-context"), ("random-direction",)):
         for eval_batch in (1, 2, 3, 8):
-            for n in (1, 2, 3, 4, 7, 8, 16, 17):
-                assert inject_command.batch_problem(junk, eval_batch, n) == \
-                    injection_module.batch_problem(junk, eval_batch, n)
+            for n in (1, 2, 3, 7, 8, 17):
+                assert batch_problem(junk, eval_batch, n) is None
+    for junk in (("structured",), ("gaussian", "structured")):
+        # whole batches of two or more windows
+        for eval_batch, n in ((2, 2), (2, 8), (3, 9), (8, 8), (8, 64)):
+            assert batch_problem(junk, eval_batch, n) is None
+        # one-window batches: structured junk would be same-window junk
+        for n in (1, 4):
+            assert "needs --eval-batch 2 or more (got 1)" in batch_problem(junk, 1, n)
+        # a short last batch: the sentence names both whole-batch counts
+        problem = batch_problem(junk, 2, 3)
+        assert "3 windows leave a last batch of 1" in problem and "use --n-seqs 2 or 4" in problem
+        problem = batch_problem(junk, 8, 17)
+        assert "17 windows leave a last batch of 1" in problem and "use --n-seqs 16 or 24" in problem
+        assert "--eval-batch (8) windows" in problem and "divides 17" in problem
+        # fewer windows than one batch: only the larger count is offered
+        problem = batch_problem(junk, 8, 3)
+        assert "there are only 3 windows" in problem and "use --n-seqs 8," in problem
+
+
+def test_batch_problem_lives_in_a_torch_free_module():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\nfrom sinkscope.junk_batches import batch_problem\n"
+            "import sinkscope.commands.inject\n"
+            "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)\n")
+    src = str(Path(__file__).parent.parent / "src")
+    subprocess.run([sys.executable, "-c", code], check=True, env={"PYTHONPATH": src}, timeout=60)
 
 
 def corrupted_losses(model, ids, *, dose, cutoff_q, seed, draw, batch) -> np.ndarray:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError
+from sinkscope.junk_batches import batch_problem
 from sinkscope.options import Command, RunOptions, split_values
 
 if TYPE_CHECKING:
@@ -83,26 +84,6 @@ class InjectOptions(RunOptions):
         if isinstance(self.eval_batch, int) and self.eval_batch < 1:  # before the shared --batch-size check
             raise SinkscopeError(f"--eval-batch must be at least 1 (got {self.eval_batch}).")
         self.batch_size = self.eval_batch  # the batch is part of the measurement
-
-
-def batch_problem(junk: tuple, eval_batch: int, n_windows: int) -> str | None:
-    """Why batches of ``eval_batch`` over ``n_windows`` windows cannot carry this junk, as a sentence, or None.
-
-    The same as ``probes.injection.batch_problem`` (which imports torch; tests keep them equal).
-    """
-    if "structured" not in junk:
-        return None
-    if eval_batch < 2:
-        return ("structured junk is drawn from the other windows of its evaluation batch, so it needs "
-                f"--eval-batch 2 or more (got {eval_batch}); use a larger --eval-batch, or other --junk.")
-    if n_windows % eval_batch:
-        lower, upper = n_windows // eval_batch * eval_batch, (n_windows // eval_batch + 1) * eval_batch
-        short = (f"{n_windows} windows leave a last batch of {n_windows % eval_batch}" if lower
-                 else f"there are only {n_windows} windows")
-        return (f"structured junk is drawn from the other windows of its evaluation batch, so every batch needs "
-                f"--eval-batch ({eval_batch}) windows, but {short}; use --n-seqs "
-                f"{f'{lower} or {upper}' if lower else upper}, or an --eval-batch that divides {n_windows}.")
-    return None
 
 
 def _check(options: InjectOptions) -> None:

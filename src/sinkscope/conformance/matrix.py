@@ -170,10 +170,8 @@ def check_output_projection(model, ids) -> tuple[bool, str]:
             return False, f"W_O ({parts.out_proj}) does not give the attention module's output at layer {layer}"
         a = outputs[layer][0].float()  # (B, T, H, Dv)
         z = o_args[0].float().reshape(a.shape)  # (B, T, H, Dv)
-        if parts.gate_module is not None and (layer, "g") in seen:
-            g = torch.sigmoid(first(seen[(layer, "g")][1]).float())
-            a = a * (g.reshape(*a.shape[:3], -1) if parts.gate_reader.__name__ == "sigmoid_gate"
-                     else parts.gate_reader(first(seen[(layer, "g")][1]), a.shape[2], a.shape[3]))
+        if parts.gate_module is not None and (layer, "g") in seen:  # the gate as the capture reads it: (B, T, H, Dv)
+            a = a * parts.gate_reader(first(seen[(layer, "g")][1]), a.shape[2], a.shape[3])
         if not torch.allclose(z, a, rtol=1e-4, atol=1e-5) and parts.gate_unread is None:
             return False, f"W_O's input is not the attention output (times its gate) at layer {layer}"
     return True, "W_O ok"

@@ -14,18 +14,21 @@ injection outcome), so it includes the prediction made at position 0. ``heads`` 
 stage found dormant (``commands/heads.py``), and ``sinkscope measure --probe head_ablation
 --param head_ablation.heads=3.1,5.0`` takes any set. With no head listed only the clean pass
 runs and the ablated loss equals it.
+
+The two passes and the three numbers are ``probes/loss_change.py``'s (shared with
+``massive_intervention``).
 """
 
 from __future__ import annotations
 
 import re
 
-import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
+from sinkscope.probes.base import MetricInfo, Param, Row, intervenes, register_probe
+from sinkscope.probes.loss_change import LossChange
 
 _HEAD = re.compile(r"^\d+\.\d+$")
 #: the label of the pass with the heads zeroed (None is the clean pass).
@@ -70,26 +73,16 @@ def parse_heads(heads, n_layers: int, n_heads: int, attention_layers) -> dict[in
             per="model"),
     },
 )
-class HeadAblation(Probe):
+class HeadAblation(LossChange):
     """The loss with and without the listed heads (zeroed at hook_z), on the same windows."""
+
+    changed_pass = ABLATED
 
     def setup(self) -> None:
         spec = self.spec
         self.targets = parse_heads(self.heads, spec.n_layers, spec.n_heads, spec.attention_layers)
         self.n_ablated = sum(len(hs) for hs in self.targets.values())
-        self.loss_sum = torch.zeros(2, dtype=torch.float64)  # clean, ablated: summed cross-entropy
-        self.loss_n = torch.zeros(2, dtype=torch.float64)  # clean, ablated: predictions
-
-    def passes(self) -> tuple[str | None, ...]:
-        return (None, ABLATED) if self.targets else (None,)
-
-    @observes(hooks.LOSS)
-    def loss(self, layer: None, value: Tensor) -> None:  # value: (B, T-1)
-        if self.loss_sum.device != value.device:  # accumulate where the loss lives (no host sync per batch)
-            self.loss_sum, self.loss_n = self.loss_sum.to(value.device), self.loss_n.to(value.device)
-        index = 1 if self.pass_label == ABLATED else 0
-        self.loss_sum[index] += value.double().sum()
-        self.loss_n[index] += value.numel()
+        self.setup_loss(bool(self.targets))
 
     @intervenes(hooks.ATTN_Z)
     def zero(self, layer: int, z: Tensor) -> Tensor | None:  # z: (B, T, H, D)
@@ -100,10 +93,7 @@ class HeadAblation(Probe):
         return z
 
     def rows(self) -> list[Row]:
-        sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
-        n = int(counts[0])
-        clean = float(sums[0] / counts[0]) if n else float("nan")
-        ablated = float(sums[1] / counts[1]) if self.targets and counts[1] else clean
+        clean, ablated, n = self.losses()
         return [Row(self.name, "loss_clean", None, None, clean, n),
                 Row(self.name, "loss_ablated", None, None, ablated, n),
                 Row(self.name, "loss_delta", None, None, ablated - clean, n),

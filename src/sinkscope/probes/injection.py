@@ -77,6 +77,7 @@ from torch import Tensor
 from sinkscope.capture import hooks
 from sinkscope.capture.record import QUIET_CUTOFFS, read_norm_quantiles
 from sinkscope.errors import SinkscopeError
+from sinkscope.junk_batches import batch_problem
 from sinkscope.paired import mean_se
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
 
@@ -136,29 +137,6 @@ def draw_seed(seed: int, batch_start: int, layer: int, draw: int = 0) -> int:
 
 def check_draws(draws: int) -> str | None:
     return None if isinstance(draws, int) and draws >= 1 else "must be at least 1"
-
-
-def batch_problem(junk: tuple, eval_batch: int, n_windows: int) -> str | None:
-    """Why batches of ``eval_batch`` over ``n_windows`` windows cannot carry this junk, as a sentence, or None.
-
-    Structured junk comes from the other windows of the evaluation batch, so every batch must hold
-    ``eval_batch >= 2`` windows; a last batch with fewer (one window: same-window junk under the
-    name structured) would change what is measured. Other junk types never look across windows.
-    ``commands/inject.py`` repeats this for its no-torch option check (tests keep the two equal).
-    """
-    if "structured" not in junk:
-        return None
-    if eval_batch < 2:
-        return ("structured junk is drawn from the other windows of its evaluation batch, so it needs "
-                f"--eval-batch 2 or more (got {eval_batch}); use a larger --eval-batch, or other --junk.")
-    if n_windows % eval_batch:
-        lower, upper = n_windows // eval_batch * eval_batch, (n_windows // eval_batch + 1) * eval_batch
-        short = (f"{n_windows} windows leave a last batch of {n_windows % eval_batch}" if lower
-                 else f"there are only {n_windows} windows")
-        return (f"structured junk is drawn from the other windows of its evaluation batch, so every batch needs "
-                f"--eval-batch ({eval_batch}) windows, but {short}; use --n-seqs "
-                f"{f'{lower} or {upper}' if lower else upper}, or an --eval-batch that divides {n_windows}.")
-    return None
 
 
 def other_positions(n: int, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:

@@ -21,12 +21,12 @@ entry to its mean over the run: memory L T C x 8 bytes (SmolLM2-135M at 512 toke
 
 ``massive_intervention``: the second stage of ``sinkscope sinks --massive-intervention
 zero|mean`` (``commands/sinks.py``). ``entries`` lists ``LAYER:POSITION:CHANNEL=VALUE``; per
-batch two passes, clean and one where h[:, POSITION, CHANNEL] at the output of LAYER is set to
-VALUE (0, or the entry's mean over the run) through the intervention seam
-``blocks.{l}.hook_resid_post``, so every later block reads the replaced stream. Rows:
-``massive_loss_clean``, ``massive_loss_intervened``, ``massive_loss_delta`` (intervened - clean,
-nats per token at every position, as ``head_ablation``), the perplexities exp(loss) and
-``massive_entries`` (how many entries were set).
+batch two passes (``probes/loss_change.py``, shared with ``head_ablation``), clean and one where
+h[:, POSITION, CHANNEL] at the output of LAYER is set to VALUE (0, or the entry's mean over the
+run) through the intervention seam ``blocks.{l}.hook_resid_post``, so every later block reads
+the replaced stream. Rows: ``massive_loss_clean``, ``massive_loss_intervened``,
+``massive_loss_delta`` (intervened - clean, nats per token at every position, as
+``head_ablation``), the perplexities exp(loss) and ``massive_entries`` (how many entries were set).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from torch import Tensor
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
+from sinkscope.probes.loss_change import LossChange
 from sinkscope.probes.stats import median
 
 SOURCE = "SPEC.md 'Massive activations'; Sun et al. 2024 (criterion |a| > 100 and >= 1000 x median)"
@@ -250,8 +251,10 @@ def format_entry(layer: int, position: int, channel: int, value: float) -> str:
                                       "", per="model"),
     },
 )
-class MassiveIntervention(Probe):
+class MassiveIntervention(LossChange):
     """The loss with and without the listed residual entries set to a value, on the same windows."""
+
+    changed_pass = INTERVENED
 
     def setup(self) -> None:
         self.targets: dict[int, list[tuple[int, int, float]]] = {}
@@ -260,19 +263,7 @@ class MassiveIntervention(Probe):
             if not 0 <= int(layer) < self.spec.n_layers:
                 raise SinkscopeError(f"the entry {item} names layer {layer}; the model has {self.spec.n_layers}.")
             self.targets.setdefault(int(layer), []).append((int(position), int(channel), float(value)))
-        self.loss_sum = torch.zeros(2, dtype=torch.float64)  # clean, intervened
-        self.loss_n = torch.zeros(2, dtype=torch.float64)
-
-    def passes(self) -> tuple[str | None, ...]:
-        return (None, INTERVENED) if self.targets else (None,)
-
-    @observes(hooks.LOSS)
-    def loss(self, layer: None, value: Tensor) -> None:  # value: (B, T-1)
-        if self.loss_sum.device != value.device:
-            self.loss_sum, self.loss_n = self.loss_sum.to(value.device), self.loss_n.to(value.device)
-        index = 1 if self.pass_label == INTERVENED else 0
-        self.loss_sum[index] += value.double().sum()
-        self.loss_n[index] += value.numel()
+        self.setup_loss(bool(self.targets))
 
     @intervenes(hooks.RESID_POST)
     def set_entries(self, layer: int, hidden: Tensor) -> Tensor | None:  # hidden: (B, T, C)
@@ -285,10 +276,7 @@ class MassiveIntervention(Probe):
         return hidden
 
     def rows(self) -> list[Row]:
-        sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
-        n = int(counts[0])
-        clean = float(sums[0] / counts[0]) if n else float("nan")
-        changed = float(sums[1] / counts[1]) if self.targets and counts[1] else clean
+        clean, changed, n = self.losses()
         entries = sum(len(v) for v in self.targets.values())
         return [Row(self.name, "massive_loss_clean", None, None, clean, n),
                 Row(self.name, "massive_loss_intervened", None, None, changed, n),
