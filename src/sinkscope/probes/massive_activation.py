@@ -129,7 +129,7 @@ class MassiveActivation(Probe):
             live = self._live[hidden.device] = _Live(self.spec.n_layers, hidden.device)
         f = live.top.dtype
         # the exact per-window median (the middle pair averaged in float32, as ever), summed
-        live.median_sum[layer] += median(flat, dim=-1, dtype=torch.float32).sum(dtype=f)
+        live.median_sum[layer] += median(flat, dim=-1, dtype=torch.float32, host_select=True).sum(dtype=f)
         live.n_seqs[layer] += B
         live.width[layer] = C
         # first maximal entry in (window, position, channel) order: the earliest window wins ties
