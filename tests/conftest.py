@@ -7,6 +7,7 @@ and tokenizers are trained in-process with the ``tokenizers`` library.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -75,3 +76,14 @@ def text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("text") / "sample.txt"
     path.write_text(SAMPLE_TEXT * 12, encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def chromium():
+    """(Chromium's executable, playwright's sync_api) for the headless-browser tests; skips where either is missing."""
+    path = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome") if shutil.which(name)),
+                None)
+    if path is None:
+        pytest.skip("no chromium on this machine (make test installs Debian's chromium when it can)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    return path, sync_api

@@ -151,27 +151,16 @@ def test_the_hook_turns_the_notebooks_md_links_into_page_urls():
     assert hooks.on_page_content('<a href="missing.md">x</a>', page, None, files) == '<a href="missing.md">x</a>'
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 #: the pages the browser opens, with a word their <h1> holds
 BROWSED = {"index.html": "sinkscope", "commands/sinks.html": "sinks", "api.html": "API",
            "tutorial.html": "Tutorial"}
 
 
 @pytest.mark.slow
-def test_the_site_opens_offline_in_a_headless_browser(built_site, tmp_path):
+def test_the_site_opens_offline_in_a_headless_browser(built_site, tmp_path, chromium):
     """From file://, the index, a command page, the API page and the tutorial render with every asset
     found and no console error, nothing is requested from any host, and the search box answers."""
-    chromium = _chromium()
-    if chromium is None:
-        pytest.skip("no chromium on this machine (make test installs Debian's chromium when it can)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    chromium, sync_api = chromium
     console, requests, failures = [], [], []
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, headless=True, args=[

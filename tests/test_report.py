@@ -192,19 +192,8 @@ def test_report_errors_are_one_sentence(tmp_path, llama_run):
     assert result.exit_code == 1 and "is not a folder" in result.output
 
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-def test_report_opens_in_a_headless_browser(llama_run, tmp_path):
-    chromium = _chromium()
-    if chromium is None:
-        pytest.skip("no chromium on this machine (make test installs Debian's chromium when it can)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+def test_report_opens_in_a_headless_browser(llama_run, tmp_path, chromium):
+    chromium, sync_api = chromium
     page_path = build_report([llama_run])
     console, requests, failures = [], [], []
     with sync_api.sync_playwright() as pw:

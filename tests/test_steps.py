@@ -137,7 +137,23 @@ def test_revision_names_give_steps():
         parse_revisions("step0,step0")
 
 
-def test_the_report_draws_every_metric_against_the_step_with_the_tables_numbers(series_run, monkeypatch):
+@pytest.fixture
+def drawn(monkeypatch) -> dict:
+    """Every figure ``figures.metric_vs_step`` draws while the test runs, by metric."""
+    from sinkscope.report import figures
+
+    figs = {}
+    original = figures.metric_vs_step
+
+    def spy(lines, metric, **kwargs):
+        figs[metric] = original(lines, metric, **kwargs)
+        return figs[metric]
+
+    monkeypatch.setattr(figures, "metric_vs_step", spy)
+    return figs
+
+
+def test_the_report_draws_every_metric_against_the_step_with_the_tables_numbers(series_run, drawn):
     from sinkscope.report import build_report, figures
     from sinkscope.results import read_results
 
@@ -146,15 +162,6 @@ def test_the_report_draws_every_metric_against_the_step_with_the_tables_numbers(
         assert (figs / f"steps_{metric}.png").is_file() and (figs / f"steps_{metric}.svg").is_file()
     assert 'id="probe-steps"' in (series_run / "report.html").read_text()
 
-    drawn = {}
-    original = figures.metric_vs_step
-
-    def spy(lines, metric, **kwargs):
-        fig = original(lines, metric, **kwargs)
-        drawn[metric] = fig
-        return fig
-
-    monkeypatch.setattr(figures, "metric_vs_step", spy)
     build_report([series_run / r for r in REVISIONS], out=series_run, labels=list(REVISIONS), overwrite=True)
     lines = {line.get_label(): line for line in drawn["p0_mass"].axes[0].lines}
     for layer in (0, 1):
@@ -251,19 +258,10 @@ def trained(tmp_path_factory):
     return ckpt, series
 
 
-def test_report_on_a_checkpoint_draws_the_monitors_formation_curves(trained, tmp_path, monkeypatch):
+def test_report_on_a_checkpoint_draws_the_monitors_formation_curves(trained, tmp_path, drawn):
     from sinkscope.report import figures
 
     ckpt, _ = trained
-    drawn = {}
-    original = figures.metric_vs_step
-
-    def spy(lines, metric, **kwargs):
-        fig = original(lines, metric, **kwargs)
-        drawn[metric] = fig
-        return fig
-
-    monkeypatch.setattr(figures, "metric_vs_step", spy)
     result = runner.invoke(app, ["report", str(ckpt), "--out", str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
     figs = tmp_path / "rep" / "figures"

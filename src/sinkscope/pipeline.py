@@ -619,7 +619,7 @@ def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
 
         log(f"note: attention is read through the {EAGER_FALLBACK}.")
     log(f"Running {spec.family} ({spec.n_layers} layers x {spec.n_heads} heads) over "
-        f"{windows.tokens.shape[0]} windows of {windows.tokens.shape[1]} tokens on {model.device} in "
+        f"{windows.tokens.shape[0]} window{'s' if windows.tokens.shape[0] != 1 else ''} of {windows.tokens.shape[1]} tokens on {model.device} in "
         f"{str(model.dtype)[6:]}" + (f", {world_size} processes" if world_size > 1 else "") + " ...")
     started = time.perf_counter()
     first_specs = available_probes(plan_.command, plan_.command.probes(options, spec), spec, log)

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
+from sinkscope.capture.discover import input_device
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import Probe
 from sinkscope.progress import progress_bar
@@ -134,14 +135,6 @@ def _forward_kwargs(model: torch.nn.Module, need_logits: bool) -> dict:
     return kwargs
 
 
-def _input_device(model: torch.nn.Module) -> torch.device:
-    """Where input ids go: the embedding's device (differs from parameters[0] when sharded)."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is not None and hasattr(embeddings, "weight"):
-        return embeddings.weight.device
-    return next(model.parameters()).device
-
-
 def next_token_loss(logits: Tensor, ids: Tensor) -> Tensor:
     """Cross-entropy of predicting ``ids[:, i + 1]`` at position i, float32 (B, T-1)."""
     B, T = ids.shape
@@ -199,7 +192,7 @@ def run_probes(
     if own_readers:
         raise SinkscopeError(f"the probe {own_readers[0]} reads each window its own way; run it with `sinkscope "
                              f"{own_readers[0]}`.")
-    device = torch.device(device) if device is not None else _input_device(model)
+    device = torch.device(device) if device is not None else input_device(model)
     log = log or (lambda message: print(message, file=sys.stderr))
     native = is_native(model)
     passes = [(label, Dispatcher([p for p in probes if label in p.passes()], label)) for label in _passes(probes)]
@@ -325,7 +318,7 @@ def check_capture(model: torch.nn.Module, tokens: np.ndarray, *, attention: str 
     """
     if is_native(model):
         return {}
-    device = torch.device(device) if device is not None else _input_device(model)
+    device = torch.device(device) if device is not None else input_device(model)
     ids = torch.from_numpy(np.ascontiguousarray(tokens[:1, :CHECK_TOKENS])).to(device)  # (1, T')
     dtype = next(model.parameters()).dtype
     observer = _CheckSink()

@@ -310,7 +310,7 @@ def _trace(model: nn.Module, layers: nn.ModuleList, prefix: str):
             interface = False
         vocab = _vocab(model)
         ids = (torch.arange(DISCOVERY_TOKENS) % max(vocab - 1, 1) + 1).view(1, -1)
-        ids = ids.to(_input_device(model))
+        ids = ids.to(input_device(model))
         with torch.no_grad():
             model(input_ids=ids, use_cache=False)
     finally:
@@ -329,7 +329,8 @@ def _vocab(model: nn.Module) -> int:
     return int(getattr(text_config(model.config), "vocab_size", 2) or 2)
 
 
-def _input_device(model: nn.Module) -> torch.device:
+def input_device(model: nn.Module) -> torch.device:
+    """Where input ids go: the embedding's device (differs from parameters[0] when sharded)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if embeddings is not None and hasattr(embeddings, "weight"):
         return embeddings.weight.device
@@ -673,7 +674,7 @@ def _discover_eager(model: nn.Module, model_type: str, layers_path: str, layers:
                     outputs.setdefault(item.data_ptr(), (name, mod))
         handles.append(module.register_forward_hook(keep))
     vocab = _vocab(model)
-    ids = (torch.arange(DISCOVERY_TOKENS) % max(vocab - 1, 1) + 1).view(1, -1).to(_input_device(model))
+    ids = (torch.arange(DISCOVERY_TOKENS) % max(vocab - 1, 1) + 1).view(1, -1).to(input_device(model))
     try:
         with torch.no_grad():
             out = model(input_ids=ids, use_cache=False, output_attentions=True)

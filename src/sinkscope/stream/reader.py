@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import layer_windows
 from sinkscope.errors import SinkscopeError
-from sinkscope.stream import rotary
+from sinkscope.stream import heap, rotary
 from sinkscope.stream.policies import Policy, keep_slots, last_slots, masked_keep
 
 
@@ -233,6 +233,7 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     L = ids.shape[1]
     if policy.positions == "cache" and layout.inv_freq is None:
         raise SinkscopeError(layout.rotary_problem or "--positions cache needs a rotary model; use --positions original.")
+    heap.fix_mmap_threshold()  # else glibc serves each chunk's logits from a fragmenting heap (heap.py)
     device = ids.device
     dtype = next(model.parameters()).dtype
     cache = DynamicCache()

@@ -24,7 +24,8 @@ import torch
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import Probe
 from sinkscope.progress import progress_bar
-from sinkscope.runner import CHECK_TOLERANCE, _input_device, is_native, run_probes
+from sinkscope.capture.discover import input_device
+from sinkscope.runner import CHECK_TOLERANCE, is_native, run_probes
 from sinkscope.stream import rotary
 from sinkscope.stream.policies import Policy
 from sinkscope.stream.reader import first_layer_keys, layout_of, plain_nll, read_masked, read_stream
@@ -44,7 +45,7 @@ def _check_reader(model: torch.nn.Module, ids: torch.Tensor, layout) -> None:
     prefix = ids[:, :CHECK_TOKENS]
     try:
         streamed = read_stream(model, prefix, Policy("full"), layout, chunk=CHECK_CHUNK)
-    except SinkscopeError:
+    except SinkscopeError:  # already one sentence (a refused option, say): not an architecture problem
         raise
     except Exception as error:  # an architecture whose cache or masks are not transformers' plain ones
         raise SinkscopeError(f"stream cannot read the {name!r} model through a key-value cache ({type(error).__name__}: "
@@ -81,7 +82,7 @@ def read_windows(
     if is_native(model):
         raise SinkscopeError("stream reads through transformers' key-value cache, and a sinkscope trainer checkpoint "
                              "has none; measure a Hugging Face model.")
-    device = torch.device(device) if device is not None else _input_device(model)
+    device = torch.device(device) if device is not None else input_device(model)
     n, L = tokens.shape
     layout = layout_of(model, stream.spec.n_layers, L)
     if layout.inv_freq is None and not layout.rotary_problem and (_context(model) or L) < L \
