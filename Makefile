@@ -8,7 +8,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # torch first, pinned: a bare `torch` requirement can pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?=
+# the 25 slowest tests are listed at the end, so the suite's time can be kept in view
+PYTEST_ARGS ?= --durations=25
 
 .PHONY: setup corpus browser docs-deps docs demo test clean
 
