@@ -755,7 +755,8 @@ def toy(
     seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds.")] = "0,1,2",
     steps: Annotated[int, typer.Option("--steps", help="Adam steps per model.")] = 4000,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Sequences per step.")] = 256,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads [default: torch's].")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="torch threads per training process [default: 1].")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Training processes, one (condition, load) group each [default: one per CPU].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder (toy.csv, toy_summary.csv, toy.md, toy.png).")] = "reports/toy",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the toy task's earlier output in --out (never a folder holding files sinkscope did not write).")] = False,
 ) -> None:
@@ -774,7 +775,7 @@ def toy(
 
     options = ToyOptions(loads=parse_list(loads, "loads", int), conditions=parse_list(conditions, "conditions"),
                          variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int),
-                         steps=steps, batch_size=batch_size, threads=threads, out=out, overwrite=overwrite)
+                         steps=steps, batch_size=batch_size, threads=threads, jobs=jobs, out=out, overwrite=overwrite)
     typer.echo(str(run_toy(options, log=lambda message: typer.echo(message, err=True))))
 
 

@@ -21,6 +21,20 @@ variants of one (condition, load, seed) also train on the same batches (paired);
 the fraction of wrong labels at threshold 0, is reported beside it. The share of headroom closed
 is ``(base - var) / (base - oracle)`` of the seed-mean errors per (condition, load); it is
 undefined (NaN) where the oracle is not below the baseline (no headroom).
+
+Training (``train_group``): the 3 seeds x 4 variants of one (condition, load) are one module of
+stacked parameters (``ToyStack``, leading dimensions (S, V)) trained by one Adam on the sum of the
+12 models' losses: each slice gets exactly its own model's gradient and Adam is elementwise, so
+this is 12 separate trainings, on the same batches (each seed's own generators, drawn in the same
+order). Its forward computes ToyModel's function in a cheaper order: ``q . W_K k = (W_K^T q) . k``
+(a table over the keys' rows), ``W_O sum_t a_t W_V x_t = (W_O W_V) sum_t a_t x_t`` with the read a
+weighted bag of dictionary rows (``bag_readout``: n T d per model at every load, where the
+per-feature (n x N) @ (N x d) read of ``ToyModel.forward`` costs n N d forward and 2 n N d
+backward), and the softmax, phantom, gate and mask of every column in one function with its own
+backward (``read_weights``). ``ToyModel.forward`` (fast path) and ``ToyModel.reference`` (explicit
+definition) stay the definitions the stack is tested against. The (condition, load) groups run in
+``jobs`` processes (default: one per CPU) of ``threads`` torch threads (default 1): the ops are
+small, more threads do not pay and stall badly on a shared machine.
 """
 
 from __future__ import annotations
@@ -60,7 +74,8 @@ class ToyOptions:
     beta: float = 8.0  # norm-gate sharpness
     eval_seqs: int = 4096
     out: str = "reports/toy"
-    threads: int | None = None  # torch threads; None = torch's default
+    threads: int | None = None  # torch threads per training process; None = 1 (small ops: more do not pay)
+    jobs: int | None = None  # training processes, one (condition, load) group each; None = one per CPU
     overwrite: bool = False  # replace the toy task's earlier output in `out` (never a folder holding other files)
 
 
@@ -89,22 +104,26 @@ class ToyData:
 
     def sample(self, n: int, items_gen, keys_gen, condition: str) -> "ToyBatch":
         """``n`` sequences: item ids (n, T), relevant mask (n, T), tags (n, T, d) or None, targets (n, R)."""
+        return _batch(*self.draw(n, items_gen, keys_gen, condition), self.p_relevant, self.n_relevant)
+
+    def draw(self, n: int, items_gen, keys_gen, condition: str, out: tuple | None = None) -> tuple:
+        """The random draws behind ``sample``, in its order: uniforms, relevant ids, irrelevant ids (n, T)
+        from ``items_gen``; tags (n, T) from ``keys_gen`` (channel-blind) or None. ``out``: four
+        tensors (or None for the tags) to draw into instead of new ones."""
         import torch
 
-        T, R = self.n_items, self.n_relevant
-        relevant = torch.rand(n, T, generator=items_gen) < self.p_relevant  # (n, T)
-        rel_id = torch.randint(0, R, (n, T), generator=items_gen)  # (n, T)
-        irr_id = torch.randint(R, self.n_features, (n, T), generator=items_gen)  # (n, T)
-        ids = torch.where(relevant, rel_id, irr_id)  # (n, T)
-        if condition == "blind":  # a random tag per item, drawn from its own stream: no content
-            tags = torch.randint(0, self.tag_bank.shape[0], (n, T), generator=keys_gen)  # (n, T) rows of the bank
-        elif condition == "visible":
-            tags = None
-        else:
+        if condition not in CONDITIONS:
             raise SinkscopeError(f"unknown toy condition {condition!r}; use {' or '.join(CONDITIONS)}.")
-        targets = torch.zeros(n, R)  # (n, R)
-        targets.scatter_add_(1, torch.where(relevant, ids, torch.zeros_like(ids)), relevant.float())
-        return ToyBatch(ids, relevant, tags, (targets > 0).float())
+        T, R = self.n_items, self.n_relevant
+        uniform, rel_id, irr_id, tags = out or (None, None, None, None)
+        uniform = torch.rand(n, T, generator=items_gen, out=uniform)  # (n, T): relevant where < p
+        rel_id = torch.randint(0, R, (n, T), generator=items_gen, out=rel_id)  # (n, T)
+        irr_id = torch.randint(R, self.n_features, (n, T), generator=items_gen, out=irr_id)  # (n, T)
+        if condition == "blind":  # a random tag per item, drawn from its own stream: no content
+            tags = torch.randint(0, self.tag_bank.shape[0], (n, T), generator=keys_gen, out=tags)  # (n, T): bank rows
+        else:
+            tags = None
+        return uniform, rel_id, irr_id, tags
 
     def values(self, batch: "ToyBatch"):
         """The items' vectors (n, T, d)."""
@@ -121,6 +140,53 @@ class ToyBatch:
     relevant: object  # (n, T) bool
     tags: object  # (n, T) int64 rows of the tag bank, or None when the keys are the items
     targets: object  # (n, R) float {0, 1}
+
+
+@dataclass
+class ToyStackData:
+    """The S seeds' ToyData of one load, stacked: what ToyStack reads."""
+
+    dictionary: object  # (S, N, d)
+    tag_bank: object  # (S, K, d)
+    dictionary_t: object  # (S, d, N): the same, transposed (contiguous)
+    tag_bank_t: object  # (S, d, K)
+
+    @classmethod
+    def of(cls, datas: list[ToyData]) -> "ToyStackData":
+        import torch
+
+        dictionary = torch.stack([data.dictionary for data in datas])  # (S, N, d)
+        tag_bank = torch.stack([data.tag_bank for data in datas])  # (S, K, d)
+        return cls(dictionary, tag_bank, dictionary.transpose(1, 2).contiguous(), tag_bank.transpose(1, 2).contiguous())
+
+
+def _batch(uniform, rel_id, irr_id, tags, p_relevant: float, n_relevant: int) -> ToyBatch:
+    """A ToyBatch from the draws (any leading dimensions ``L``, items last): relevant = uniform < p,
+    ids = relevant ? rel_id : irr_id, targets[..., r] = [some relevant item is feature r]."""
+    import torch
+
+    relevant = uniform < p_relevant  # (L, T)
+    ids = torch.where(relevant, rel_id, irr_id)  # (L, T)
+    targets = torch.zeros(*ids.shape[:-1], n_relevant)  # (L, R): relevant items counted at their ids
+    targets.scatter_add_(-1, rel_id, relevant.float())
+    return ToyBatch(ids, relevant, tags, (targets > 0).float())
+
+
+def sample_stack(datas: list[ToyData], n: int, gens: list[tuple], condition: str) -> ToyBatch:
+    """``datas[s].sample(n, *gens[s], condition)`` for every seed s, stacked: ids (S, n, T), ..., targets (S, n, R).
+
+    The same draws from the same generators in the same order (into one buffer per draw); the
+    rest is done once for all seeds.
+    """
+    import torch
+
+    S, T = len(datas), datas[0].n_items
+    uniform = torch.empty(S, n, T)  # (S, n, T)
+    rel_id, irr_id = torch.empty(S, n, T, dtype=torch.long), torch.empty(S, n, T, dtype=torch.long)  # (S, n, T)
+    tags = torch.empty(S, n, T, dtype=torch.long) if condition == "blind" else None  # (S, n, T)
+    for s, (data, gen) in enumerate(zip(datas, gens)):
+        data.draw(n, *gen, condition, out=(uniform[s], rel_id[s], irr_id[s], None if tags is None else tags[s]))
+    return _batch(uniform, rel_id, irr_id, tags, datas[0].p_relevant, datas[0].n_relevant)
 
 
 def _module(variant: str, d: int, n_out: int, beta: float):
@@ -174,6 +240,208 @@ def _module(variant: str, d: int, n_out: int, beta: float):
     return ToyModel()
 
 
+def bag_readout(a, ids, dictionary, m):
+    """z[s, v, n] = m[s, v] @ sum_t a[s, v, n, t] x[s, ids[s, n, t]]: each (seed, variant, sequence) a
+    weighted bag of its seed's dictionary rows, mapped by its model's (R x d) ``m``.
+    a (S, V, n, T), ids (S, n, T), dictionary (S, N, d), m (S, V, R, d) -> (S, V, n, R).
+
+    Forward: the bag r = sum_t a_t x_t by ``embedding_bag`` (sum mode, per-sample weights), n T d
+    per model whatever the load, then r m^T. Backward (the dictionary is fixed): dm = g^T r and
+    da[s, v, n, t] = g[s, v, n] . (m x)[s, v, ids[s, n, t]], gathered from g @ (m X^T), n R N per
+    model (``embedding_bag``'s own per-sample-weight backward is a slow scalar loop).
+    """
+    return _functions().BagReadout.apply(a, ids, dictionary, m)
+
+
+def read_weights(s, phantom: tuple[int, ...], gate=None, gate_col=None, mask=None, mask_col=None):
+    """The read weights a (S, V, n, T) of every column v from its logits s (S, V, n, T):
+
+        a_t = e^{s_t} / (sum_j e^{s_j} + [v in phantom] e^0)  x  gate_t (column gate_col)  x  mask_t (column mask_col)
+
+    i.e. a softmax over the items, with a phantom key (logit 0, value 0) in the normaliser of the
+    ``phantom`` columns, times the norm gate (S, n, T) on one column and the oracle's mask on
+    another. Backward, with p the (phantom-)softmax and g' = g x gate x mask:
+    ds_t = p_t (g'_t - sum_j p_j g'_j) (the phantom's logit is fixed), dgate_t = g_t p_t.
+    """
+    return _functions().ReadWeights.apply(s, gate, mask, tuple(phantom), gate_col, mask_col)
+
+
+def _functions():
+    """The toy's autograd functions (built on first use: torch is imported lazily)."""
+    global _FUNCTIONS
+    if _FUNCTIONS is None:
+        _FUNCTIONS = _build_functions()
+    return _FUNCTIONS
+
+
+_FUNCTIONS = None
+_DOTS_CHUNK = 1 << 17  # floats of bag_readout's (n, N) dot products computed at once (512 KB)
+
+
+def _build_functions():
+    import types
+
+    import torch
+    import torch.nn.functional as F
+
+    class BagReadout(torch.autograd.Function):
+        """:func:`bag_readout`."""
+
+        @staticmethod
+        def forward(ctx, a, ids, dictionary, m):
+            S, V, n, T = a.shape
+            N, d = dictionary.shape[1:]
+            rows = (ids + torch.arange(S).view(S, 1, 1) * N).int()  # (S, n, T): rows of the S N stacked dictionary rows
+            rows = rows.unsqueeze(1).expand(S, V, n, T).reshape(S * V * n, T)  # (S V n, T): one bag each
+            r = F.embedding_bag(rows, dictionary.reshape(S * N, d), per_sample_weights=a.reshape(S * V * n, T),
+                                mode="sum").view(S, V, n, d)  # (S, V, n, d): sum_t a_t x_t
+            ctx.save_for_backward(ids, dictionary, m, r)
+            return torch.matmul(r, m.transpose(-1, -2))  # (S, V, n, R)
+
+        @staticmethod
+        def backward(ctx, grad):
+            ids, dictionary, m, r = ctx.saved_tensors
+            S, V, n, _ = grad.shape
+            T = ids.shape[2]
+            N = dictionary.shape[1]
+            grad_m = torch.matmul(grad.transpose(-1, -2), r)  # (S, V, R, d): g^T r
+            mapped = torch.einsum("svrd,snd->svrn", m, dictionary)  # (S, V, R, N): m x per feature
+            grad_a = torch.empty(S, V, n, T, dtype=grad.dtype)  # (S, V, n, T)
+            step = max(1, min(V, _DOTS_CHUNK // (n * N)))  # variants at a time: the (n, N) dots stay in cache
+            for s in range(S):
+                for v in range(0, V, step):
+                    dots = torch.matmul(grad[s, v:v + step], mapped[s, v:v + step])  # (c, n, N): g . m x
+                    torch.gather(dots, 2, ids[s].expand(dots.shape[0], n, T), out=grad_a[s, v:v + step])
+            return grad_a, None, None, grad_m
+
+    class ReadWeights(torch.autograd.Function):
+        """:func:`read_weights`."""
+
+        @staticmethod
+        def forward(ctx, s, gate, mask, phantom, gate_col, mask_col):
+            top = s.amax(dim=-1, keepdim=True)  # (S, V, n, 1): a shift that cancels
+            p = torch.exp(s - top)  # (S, V, n, T)
+            total = p.sum(dim=-1, keepdim=True)  # (S, V, n, 1)
+            for v in phantom:  # the phantom's e^{0 - top}
+                total[:, v] += torch.exp(-top[:, v])
+            p /= total  # (S, V, n, T): the (phantom-)softmax
+            a = p.clone()
+            if gate_col is not None:
+                a[:, gate_col] *= gate
+            if mask_col is not None:
+                a[:, mask_col] *= mask
+            ctx.save_for_backward(p, gate, mask)
+            ctx.cols = (gate_col, mask_col)
+            return a
+
+        @staticmethod
+        def backward(ctx, grad):
+            p, gate, mask = ctx.saved_tensors
+            gate_col, mask_col = ctx.cols
+            g = grad.clone()  # (S, V, n, T): becomes g' = g x gate x mask
+            grad_gate = None
+            if gate_col is not None:
+                grad_gate = grad[:, gate_col] * p[:, gate_col]  # (S, n, T)
+                g[:, gate_col] *= gate
+            if mask_col is not None:
+                g[:, mask_col] *= mask
+            grad_s = p * (g - (p * g).sum(dim=-1, keepdim=True))  # (S, V, n, T)
+            return grad_s, grad_gate, None, None, None, None
+
+    return types.SimpleNamespace(BagReadout=BagReadout, ReadWeights=ReadWeights)
+
+
+def _stack(variants: tuple[str, ...], n_seeds: int, d: int, n_out: int, beta: float):
+    """``n_seeds`` x ``len(variants)`` ToyModels as one module of stacked parameters.
+
+    Slice ``[s, v]`` of every parameter is the model of seed ``s`` and variant ``v``, and slice
+    [s, v] of the forward's logits is that model's ToyModel.forward (the same function, computed
+    in another order: see ``forward``). Summing the S V models' losses gives each slice its own
+    gradient, so one autograd graph and one Adam step serve them all (Adam is elementwise).
+    """
+    import torch
+    from torch import nn
+
+    S, V = n_seeds, len(variants)
+    col = {name: i for i, name in enumerate(variants)}
+    phantom = tuple(v for v, name in enumerate(variants) if name == "offbyone")  # columns with a phantom key
+
+    class ToyStack(nn.Module):
+        """Stacked ToyModels (see :func:`_stack`); parameters (S, V, ...), ToyModel's layout."""
+
+        def __init__(self):
+            super().__init__()
+            self.variants = variants
+            self.q = nn.Parameter(torch.zeros(S, V, d))  # (S, V, d)
+            self.w_k = nn.Parameter(torch.zeros(S, V, d, d))  # (S, V, d, d): W_K, Linear's (out, in)
+            self.w_v = nn.Parameter(torch.zeros(S, V, d, d))  # (S, V, d, d): W_V
+            self.readout_w = nn.Parameter(torch.zeros(S, V, n_out, d))  # (S, V, R, d): W_O
+            self.readout_b = nn.Parameter(torch.zeros(S, V, n_out))  # (S, V, R)
+            self.tau = nn.Parameter(torch.zeros(S)) if "normgate" in col else None  # (S,): the norm gates' tau
+
+        def load_models(self, models) -> None:
+            """Copy ToyModels in: ``models[s][v]`` into slice [s, v] (tau from the normgate models)."""
+            with torch.no_grad():
+                for s, row in enumerate(models):
+                    for v, model in enumerate(row):
+                        self.q[s, v] = model.q
+                        self.w_k[s, v] = model.w_k.weight
+                        self.w_v[s, v] = model.w_v.weight
+                        self.readout_w[s, v] = model.readout.weight
+                        self.readout_b[s, v] = model.readout.bias
+                        if model.tau is not None and variants[v] == "normgate":
+                            self.tau[s] = model.tau
+
+        def model(self, s: int, v: int):
+            """Slice [s, v] as its own ToyModel (a copy with the same weights)."""
+            model = _module(variants[v], d, n_out, beta)
+            with torch.no_grad():
+                model.q.copy_(self.q[s, v])
+                model.w_k.weight.copy_(self.w_k[s, v])
+                model.w_v.weight.copy_(self.w_v[s, v])
+                model.readout.weight.copy_(self.readout_w[s, v])
+                model.readout.bias.copy_(self.readout_b[s, v])
+                if model.tau is not None:
+                    model.tau.copy_(self.tau[s])
+            return model
+
+        def _scores(self, data, batch):
+            """Logits s (S, V, n, T) = q . W_K k_t / sqrt(d) = k_t . u, u = W_K^T q / sqrt(d), read
+            from a table of u . row over the rows the keys come from (the tag bank, or the dictionary)."""
+            u = (self.w_k * self.q.unsqueeze(-1)).sum(dim=-2) / math.sqrt(d)  # (S, V, d): W_K^T q / sqrt(d)
+            rows_t, index = (data.dictionary_t, batch.ids) if batch.tags is None else (data.tag_bank_t, batch.tags)
+            table = torch.matmul(u, rows_t)  # (S, V, K): u . row for every row
+            n, T = index.shape[1:]
+            flat = index.reshape(S, 1, n * T).expand(S, V, n * T)  # (S, V, n T)
+            return torch.gather(table, 2, flat).reshape(S, V, n, T)  # (S, V, n, T)
+
+        def _gate(self, data, batch):
+            """The norm gates g_t = sigmoid(beta (||W_V x_t|| / sqrt(d) - tau)) (S, n, T), tau per seed,
+            from ||W_V x|| over the dictionary's N rows."""
+            w_v = self.w_v[:, col["normgate"]]  # (S, d, d)
+            norms = torch.matmul(data.dictionary, w_v.transpose(1, 2)).norm(dim=-1)  # (S, N)
+            n, T = batch.ids.shape[1:]
+            v_norm = torch.gather(norms, 1, batch.ids.reshape(S, n * T)).reshape(S, n, T)  # (S, n, T)
+            return torch.sigmoid(beta * (v_norm / math.sqrt(d) - self.tau.view(S, 1, 1)))
+
+        def forward(self, data, batch):
+            """Logits (S, V, n, R) = W_O W_V r + b, r = sum_t a_t x_t the read in the input space.
+
+            ToyModel.forward's function (W_O sum_t a_t W_V x_t = (W_O W_V) sum_t a_t x_t, and
+            q . W_K k = (W_K^T q) . k) in the order that costs least: the read is a weighted bag of
+            dictionary rows (:func:`bag_readout`), n T d per model whatever the load, where the
+            per-feature (n x N) @ (N x d) read costs n N d in the forward and twice more backward.
+            """
+            gate = self._gate(data, batch) if "normgate" in col else None  # (S, n, T)
+            mask = batch.relevant.float() if "oracle" in col else None  # (S, n, T)
+            a = read_weights(self._scores(data, batch), phantom, gate, col.get("normgate"), mask,
+                             col.get("oracle"))  # (S, V, n, T)
+            m = torch.matmul(self.readout_w, self.w_v)  # (S, V, R, d): W_O W_V
+            return bag_readout(a, batch.ids, data.dictionary, m) + self.readout_b.unsqueeze(2)  # (S, V, n, R)
+
+    return ToyStack()
+
+
 @contextlib.contextmanager
 def torch_threads(threads: int | None):
     """torch's intra-op threads set to ``threads`` inside the block and restored after it (None: unchanged).
@@ -195,39 +463,70 @@ def torch_threads(threads: int | None):
 
 def train_cell(options: ToyOptions, condition: str, load: int, seed: int) -> list[dict]:
     """Train every variant of one (condition, load, seed) on the same batches; one row per variant."""
+    return train_group(options, condition, load, (seed,))
+
+
+def train_group(options: ToyOptions, condition: str, load: int, seeds: tuple[int, ...]) -> list[dict]:
+    """Train every (seed, variant) of one (condition, load) as one stacked module; rows by seed, then variant.
+
+    Each seed's variants share one initialisation (a ToyModel drawn after ``torch.manual_seed(seed)``)
+    and train on that seed's batches (its own generators, drawn in the same order as alone); the
+    loss is the sum over the S V models of their mean BCE, so every slice gets its own gradient,
+    and one Adam over the stacked parameters is S V separate Adams. Runs in ``options.threads``
+    torch threads (None: 1), restored after.
+    """
+    with torch_threads(options.threads or 1):
+        return _train_group(options, condition, load, tuple(seeds))
+
+
+def _train_group(options: ToyOptions, condition: str, load: int, seeds: tuple[int, ...]) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    data = ToyData(load * D, seed, n_relevant=options.n_relevant, p_relevant=options.p_relevant,
-                   n_items=options.n_items)
-    torch.manual_seed(seed)
-    models = {v: _module(v, D, options.n_relevant, options.beta) for v in options.variants}
-    initial = next(iter(models.values())).state_dict()
-    for model in models.values():  # one initialisation for every variant (the shared tensors)
-        model.load_state_dict(initial, strict=False)
-    optims = {v: torch.optim.Adam(m.parameters(), lr=options.lr) for v, m in models.items()}
-    cell = f"{condition}-{load}-{seed}"
-    items_gen = torch.Generator().manual_seed(hash_seed("items", cell))
-    keys_gen = torch.Generator().manual_seed(hash_seed("keys", cell))
+    datas = [ToyData(load * D, seed, n_relevant=options.n_relevant, p_relevant=options.p_relevant,
+                     n_items=options.n_items) for seed in seeds]
+    stacked = ToyStackData.of(datas)
+    model = _stack(options.variants, len(seeds), D, options.n_relevant, options.beta)
+    model.load_models([[_initial(options, seed)] * len(options.variants) for seed in seeds])
+    optim = torch.optim.Adam(model.parameters(), lr=options.lr, fused=True)  # one kernel per tensor
+    cells = [f"{condition}-{load}-{seed}" for seed in seeds]
+    gens = [(torch.Generator().manual_seed(hash_seed("items", cell)),
+             torch.Generator().manual_seed(hash_seed("keys", cell))) for cell in cells]
     for _ in range(options.steps):
-        batch = data.sample(options.batch_size, items_gen, keys_gen, condition)
-        for variant, model in models.items():
-            loss = F.binary_cross_entropy_with_logits(model(data, batch), batch.targets)
-            optims[variant].zero_grad(set_to_none=True)
-            loss.backward()
-            optims[variant].step()
-    eval_items = torch.Generator().manual_seed(hash_seed("eval-items", cell))
-    eval_keys = torch.Generator().manual_seed(hash_seed("eval-keys", cell))
-    batch = data.sample(options.eval_seqs, eval_items, eval_keys, condition)
-    targets = batch.targets
+        batch = sample_stack(datas, options.batch_size, gens, condition)
+        logits = model(stacked, batch)  # (S, V, n, R)
+        optim.zero_grad(set_to_none=True)
+        logits.backward(bce_grad(logits.detach(), batch.targets.unsqueeze(1)))
+        optim.step()
+    gens = [(torch.Generator().manual_seed(hash_seed("eval-items", cell)),
+             torch.Generator().manual_seed(hash_seed("eval-keys", cell))) for cell in cells]
+    batch = sample_stack(datas, options.eval_seqs, gens, condition)
     rows = []
     with torch.no_grad():
-        for variant, model in models.items():
-            logits = model(data, batch)
-            rows.append({"condition": condition, "load": load, "variant": variant, "seed": seed,
-                         "error": float(F.binary_cross_entropy_with_logits(logits, targets)),
-                         "label_error": float(((logits > 0).float() != targets).float().mean())})
+        logits = model(stacked, batch)  # (S, V, n, R)
+        for s, seed in enumerate(seeds):
+            targets = batch.targets[s]  # (n, R)
+            for v, variant in enumerate(options.variants):
+                rows.append({"condition": condition, "load": load, "variant": variant, "seed": seed,
+                             "error": float(F.binary_cross_entropy_with_logits(logits[s, v], targets)),
+                             "label_error": float(((logits[s, v] > 0).float() != targets).float().mean())})
     return rows
+
+
+def bce_grad(logits, targets):
+    """d/dz of the sum over the models of each one's mean BCE with logits over its n R labels:
+    (sigmoid(z) - y) / (n R). logits (S, V, n, R), targets broadcastable to them."""
+    import torch
+
+    return (torch.sigmoid(logits) - targets) / (logits.shape[-2] * logits.shape[-1])
+
+
+def _initial(options: ToyOptions, seed: int):
+    """The initialisation every variant of a seed shares: a ToyModel drawn after ``torch.manual_seed(seed)``."""
+    import torch
+
+    torch.manual_seed(seed)
+    return _module(options.variants[0], D, options.n_relevant, options.beta)
 
 
 def hash_seed(*parts) -> int:
@@ -311,6 +610,10 @@ def run_toy(options: ToyOptions, log=None) -> Path:
             raise SinkscopeError(f"unknown toy condition {condition!r}; use {' or '.join(CONDITIONS)}.")
     if any(load < 1 for load in options.loads) or options.steps < 1:
         raise SinkscopeError("loads and steps must be positive.")
+    for name in ("jobs", "threads"):
+        value = getattr(options, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise SinkscopeError(f"--{name} must be a positive integer, not {value!r}.")
     out = Path(options.out)
     check_toy_dir(out, options.overwrite)
     from sinkscope.fileio import lock_folder
@@ -322,22 +625,59 @@ def run_toy(options: ToyOptions, log=None) -> Path:
     return out / "toy.md"
 
 
+def toy_jobs(options: ToyOptions) -> int:
+    """Worker processes: ``options.jobs``, or one per CPU this process may use; at most one per group."""
+    groups = len(options.conditions) * len(options.loads)
+    if options.jobs is not None:
+        return max(1, min(options.jobs, groups))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, groups))
+
+
+def train_all(options: ToyOptions, log=lambda message: None) -> list[dict]:
+    """Every (condition, load) group (:func:`train_group`, all seeds at once), each in one torch
+    thread (``options.threads`` if given), in :func:`toy_jobs` processes; rows by condition, load,
+    seed, variant. A group's rows do not depend on the number of processes."""
+    groups = [(condition, load) for condition in options.conditions for load in options.loads]
+    done = {}
+
+    def finished(group, rows):
+        done[group] = rows
+        for seed in options.seeds:
+            log(f"{group[0]} load {group[1]} seed {seed}: "
+                + ", ".join(f"{r['variant']} {r['error']:.4f}" for r in rows if r["seed"] == seed))
+
+    jobs = toy_jobs(options)
+    if jobs == 1:
+        for group in groups:
+            finished(group, _train_group_job(options, *group))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        order = sorted(groups, key=lambda group: -group[1])  # the largest loads first: the slowest
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_train_group_job, options, *group): group for group in order}
+            try:
+                for future in as_completed(futures):
+                    finished(futures[future], future.result())
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    return [row for group in groups for row in done[group]]
+
+
+def _train_group_job(options: ToyOptions, condition: str, load: int) -> list[dict]:
+    return train_group(options, condition, load, options.seeds)
+
+
 def _run_toy(options: ToyOptions, out: Path, log) -> None:
     import shutil
     import tempfile
 
     from sinkscope.fileio import default_folder_mode, replace_folder, write_inventory
 
-    rows = []
-    for condition in options.conditions:
-        for load in options.loads:
-            for seed in options.seeds:
-                with torch_threads(options.threads):
-                    cell = train_cell(options, condition, load, seed)
-                rows += cell
-                log(f"{condition} load {load} seed {seed}: "
-                    + ", ".join(f"{r['variant']} {r['error']:.4f}" for r in cell))
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(train_all(options, log))
     summary = summarise(frame)
     stage = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.partial-",
                                   dir=Path(os.path.abspath(out)).parent))
