@@ -373,18 +373,8 @@ def test_measure_takes_one_revision():
         sinkscope.measure(["p0_mass"], REPO, revision="step0,step10")
 
 
-def test_report_on_several_checkpoints_overlays_their_formation_curves(trained, tmp_path, monkeypatch):
-    from sinkscope.report import figures
-
+def test_report_on_several_checkpoints_overlays_their_formation_curves(trained, tmp_path, drawn):
     _, series = trained
-    drawn = {}
-    original = figures.metric_vs_step
-
-    def spy(lines, metric, **kwargs):
-        drawn[metric] = original(lines, metric, **kwargs)
-        return drawn[metric]
-
-    monkeypatch.setattr(figures, "metric_vs_step", spy)
     result = runner.invoke(app, ["report", str(series / "step-5"), str(series / "step-10"), "--out",
                                  str(tmp_path / "rep")])
     assert result.exit_code == 0, result.output
