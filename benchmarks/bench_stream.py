@@ -25,6 +25,7 @@ Prints a table; `--json PATH` also writes the numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -52,39 +53,37 @@ def load(n_tokens: int):
     return loaded.model, torch.tensor([ids[:n_tokens]])
 
 
-def plain(model, ids):
-    """SDPA forward passes over ids in windows of ids' own length (no probes)."""
+@contextlib.contextmanager
+def sdpa(model):
+    """The model runs transformers' SDPA attention inside the block (no probes), its own implementation after."""
     own = model.config._attn_implementation
     model.set_attn_implementation("sdpa")
     try:
-        return model(input_ids=ids, use_cache=False).logits[0, -1, 0].item()
+        yield
     finally:
         model.set_attn_implementation(own)
+
+
+def plain(model, ids):
+    """SDPA forward passes over ids in windows of ids' own length (no probes)."""
+    with sdpa(model):
+        return model(input_ids=ids, use_cache=False).logits[0, -1, 0].item()
 
 
 def chunked(model, ids, chunk: int, cache_size: int):
     """The model's own reading of ids ``chunk`` tokens at a time, its DynamicCache cut to the last ``cache_size`` keys."""
+    import torch
     from transformers import DynamicCache
 
-    own = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
-    try:
+    with sdpa(model):
         cache = DynamicCache()
         for t0 in range(0, ids.shape[1], chunk):
-            model(input_ids=ids[:, t0:t0 + chunk], position_ids=torch_arange(t0, min(t0 + chunk, ids.shape[1])),
-                  use_cache=True, cache=cache)
+            positions = torch.arange(t0, min(t0 + chunk, ids.shape[1])).unsqueeze(0)  # (1, k)
+            model(input_ids=ids[:, t0:t0 + chunk], position_ids=positions, use_cache=True, cache=cache)
             for layer in cache.layers:  # (1, H_kv, S, D)
                 if layer.keys.shape[2] > cache_size:
                     layer.keys = layer.keys[:, :, -cache_size:].contiguous()
                     layer.values = layer.values[:, :, -cache_size:].contiguous()
-    finally:
-        model.set_attn_implementation(own)
-
-
-def torch_arange(start: int, stop: int):
-    import torch
-
-    return torch.arange(start, stop).unsqueeze(0)
 
 
 def worker(kind: str, args) -> dict:

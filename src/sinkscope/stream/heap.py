@@ -7,8 +7,8 @@ whole when freed, but it raises that threshold to the size of each such block fr
 heap, between the cache's small long-lived tensors, and the heap fragments: measured on SmolLM2,
 about 0.23 MB more resident memory per token read, 3 GB at 16k tokens. Fixing the threshold at
 1 MiB (``mallopt(M_MMAP_THRESHOLD, 1 MiB)``, which also turns the dynamic adjustment off) keeps
-every large block in its own mapping: 8k tokens through a 512-key cache then peak at 0.97x a
-plain 512-token forward (benchmarks/bench_stream.py).
+every large block in its own mapping: 32,768 tokens through a 512-key cache then peak at 0.99x
+a plain 512-token forward (benchmarks/bench_stream.py).
 
 The setting is process-wide and only changes where glibc puts blocks of 1 MiB and more; other C
 libraries (macOS, musl) have no such threshold and are left alone.
