@@ -256,7 +256,7 @@ def test_heads_and_sinks_commands_agree(tiny_llama_dir, text_file, tmp_path):
     np.testing.assert_allclose(gate["value"], 1.0 - p0["value"], atol=1e-6)
     manifest = json.loads((tmp_path / "heads" / "manifest.json").read_text())
     assert manifest["command"] == "heads"
-    assert manifest["probes"]["head_importance"]["options"] == {"sink_set": "first", "dormant_below": 0.1,
+    assert manifest["probes"]["head_importance"]["options"] == {"sink_set": "first", "dormant_below": 0.1, "clean_loss": False,
                                                                 "gate": "implicit"}
 
 
@@ -443,42 +443,6 @@ def test_a_run_killed_in_the_ablation_stage_resumes_there(tiny_llama_dir, text_f
     resumed = execute(command, command.options(**options, out=str(out), resume=True), log=messages.append)
     assert any("Resuming at window 3 of 6 (stage 2)" in m for m in messages)
     pd.testing.assert_frame_equal(resumed.table, whole.table)
-
-
-def test_the_second_stage_pairs_every_changed_pass_with_its_own_clean_pass(monkeypatch):
-    """heads --ablate-dormant and sinks --massive-intervention share probes/loss_change.py: per batch of
-    the second stage one clean and one changed forward, and the clean loss is exactly the model's own
-    (its attention implementation, no capture) summed in float64 over the same batches."""
-    from sinkscope import runner as runner_module
-    import sinkscope
-
-    model = build("llama")
-    ids = random_ids(5, 24, seed=3).numpy()  # (5, 24)
-    forwards: list[tuple[str | None, bool]] = []
-    real = runner_module._forward
-
-    def counted(model_, ids_, dispatcher, **kwargs):
-        forwards.append((dispatcher.label, "loss" in dispatcher.observed))
-        return real(model_, ids_, dispatcher, **kwargs)
-
-    monkeypatch.setattr(runner_module, "_forward", counted)
-    with torch.no_grad():
-        logits = [model(torch.from_numpy(ids[i:i + 2]), use_cache=False).logits for i in range(0, 5, 2)]
-    total = sum(F.cross_entropy(lg[:, :-1].float().reshape(-1, lg.shape[-1]),
-                                torch.from_numpy(ids[i:i + 2, 1:]).reshape(-1), reduction="none").double().sum()
-                for i, lg in zip(range(0, 5, 2), logits))
-    clean = float(total / (5 * 23))
-    runs = {"heads": ({"ablate_dormant": True, "dormant_below": 0.88}, "head_ablation", "ablated", "loss_clean"),
-            "sinks": ({"massive_top_k": 5, "massive_min_abs": 0.0, "massive_min_ratio": 2.0,
-                       "massive_intervention": "zero"}, "massive_intervention", "intervened", "massive_loss_clean")}
-    for command, (options, probe, label, metric) in runs.items():
-        forwards.clear()
-        table = sinkscope.measure(command, model, windows=ids, batch_size=2, progress=False, **options).table
-        second = [f for f in forwards if f[1]]  # the passes that read the loss: the second stage's
-        assert second == [(None, True), (label, True)] * 3, command  # 3 batches of 2, 2, 1 windows
-        rows = table[table.probe == probe]
-        value = dict(zip(rows.metric, rows.value))
-        assert value[metric] == clean, command
 
 
 def test_several_models_give_one_comparison(tiny_llama_dir, text_file, tmp_path, tokenizer):

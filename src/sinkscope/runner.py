@@ -56,6 +56,8 @@ class Dispatcher:
                 self._interveners.setdefault(template, []).append(getattr(probe, method))
         self.observed = frozenset(self._observers)
         self.intervened = frozenset(self._interveners)
+        #: run sinkscope's attention function although no record may be read (``Probe.attention_function``).
+        self.attention_function = any(p.attention_function for p in self.probes)
         self.record_columns = frozenset().union(*(p.record_columns for p in self.probes)) \
             if hp.ATTN in self.observed else frozenset()
         self.finite: list[tuple[int, Tensor]] = []
@@ -104,6 +106,7 @@ class _PassSwitch:
         self.observed = frozenset().union(*(d.observed for d in dispatchers))
         self.intervened = frozenset().union(*(d.intervened for d in dispatchers))
         self.record_columns = frozenset().union(*(d.record_columns for d in dispatchers))
+        self.attention_function = any(d.attention_function for d in dispatchers)
         self.current = dispatchers[0]
 
     @property
@@ -201,6 +204,8 @@ def run_probes(
         problem = probe.check_batches(n - start, batch_size)
         if problem:
             raise SinkscopeError(problem)
+    if not passes:  # every probe has what it needs already (a second stage that changes nothing): no forward
+        return batch_size
     bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
                        dynamic_ncols=True)
     switch = _PassSwitch([d for _, d in passes])

@@ -62,6 +62,8 @@ class HookSink(Protocol):
     through one capture (the runner's pass switch) may also have ``live_observed`` and
     ``live_intervened``, the current pass's subsets: the capture installs hooks for ``observed``
     but computes a point, or builds an attention record, only where the current pass reads it.
+    A sink with ``attention_function`` set runs sinkscope's attention function even when it
+    observes no record (a command's second stage, whose loss is compared with the first stage's).
     """
 
     observed: frozenset[str]
@@ -91,6 +93,8 @@ class _ActiveCapture:
         self.observe_attention = hp.ATTN in sink.observed
         self.replace_values = hp.ATTN_V in sink.intervened
         self.observe_values = hp.ATTN_V in sink.observed
+        #: sinkscope's attention function runs although no record may be read (``HookSink``)
+        self.attention_function = bool(getattr(sink, "attention_function", False))
         #: crafted value columns some probe reads from fused records (``Probe.record_columns``).
         self.record_columns = frozenset(getattr(sink, "record_columns", ()))
         self.pending_gates: dict[int, Tensor] = {}
@@ -449,7 +453,8 @@ def _install_hooks(model: nn.Module, family: Parts, spec: ModelSpec, active: _Ac
     active.attention_modules = {id(m) for m in attention_modules.values() if m is not None}
     # the attention function learns its layer from ``layer_idx``; where that cannot tell it (a module shared
     # by several layers, Zamba2's, or one without its own index, GPT-Neo's), from hooks on the layers
-    track = (active.observe_attention or active.replace_values or active.observe_values) and (
+    track = (active.observe_attention or active.replace_values or active.observe_values
+             or active.attention_function) and (
         len(active.attention_modules) < len([m for m in attention_modules.values() if m is not None])
         or any(getattr(m, "layer_idx", None) != index for index, m in attention_modules.items() if m is not None))
     for index, layer_module in enumerate(layers):
@@ -580,8 +585,9 @@ def capture(model: nn.Module, sink: HookSink, *, mode: str = "fused") -> Iterato
 
     The attention implementation is switched to sinkscope's (``mode``: ``"fused"``, kernel
     LSE and linear memory, or ``"explicit"``, the family's eager weights) only when an
-    attention record is observed or the values are intervened on; otherwise the model keeps
-    its own implementation and only forward hooks are added.
+    attention record is observed, the values are intervened on or the sink asks for it
+    (``attention_function``); otherwise the model keeps its own implementation and only forward
+    hooks are added.
 
     Yields:
         The model's :class:`ModelSpec`.
@@ -592,7 +598,8 @@ def capture(model: nn.Module, sink: HookSink, *, mode: str = "fused") -> Iterato
         raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
     active = _ActiveCapture(sink, spec, family.sink_form)
     active.gate_after_attention = family.gate_module is not None and family.gate_after_attention
-    switch = bool({hp.ATTN, hp.ATTN_V} & (sink.observed | sink.intervened)) and family.interface
+    switch = (bool({hp.ATTN, hp.ATTN_V} & (sink.observed | sink.intervened))
+              or active.attention_function) and family.interface
     previous = model.config._attn_implementation
     handles = _install_hooks(model, family, spec, active)
     if not family.interface and hp.ATTN in sink.observed:

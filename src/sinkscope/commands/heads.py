@@ -5,12 +5,14 @@ the trainer in ``sinkscope.gates``) and, with ``--ablate-dormant``, ``head_ablat
 
 How the dormant heads are chosen before they are ablated: the run has two stages over the same
 windows (the pipeline's ``followup``). Stage one measures the importance of every head on *all*
-the windows (merged over processes under torchrun); the dormant set is then fixed (Imp^{l,h} <
-``--dormant-below``) and recorded in the manifest as the ``head_ablation`` probe's ``heads``;
-stage two runs every window twice, clean and with those heads' outputs zeroed at ``hook_z``, and
-reports the loss change. So the ablated set never depends on batch order or batch size, and the
-clean loss is measured on the same windows as the ablated one. The cost is three forward passes
-per window instead of one, only when ``--ablate-dormant`` is given.
+the windows (merged over processes under torchrun) and, in the same clean pass, the clean loss;
+the dormant set is then fixed (Imp^{l,h} < ``--dormant-below``) and recorded in the manifest as
+the ``head_ablation`` probe's ``heads``, with stage one's clean loss (``clean_sum``, ``clean_n``);
+stage two runs every window once more with those heads' outputs zeroed at ``hook_z`` and reports
+the loss change. So the ablated set never depends on batch order or batch size, and the clean
+loss is measured on the same windows, in the same batches, as the ablated one. The cost is two
+forward passes per window instead of one (the first with every position's logits), only when
+``--ablate-dormant`` is given.
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ def _check_model(options: HeadsOptions, spec: ModelSpec) -> None:
 def _probes(options: HeadsOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
     data = {"sink_attention": options.sink_attention, "sink_value_ratio": options.sink_value_ratio} \
         if options.sink_set == "data" else {}
-    return [("head_importance", {"sink_set": options.sink_set, "dormant_below": options.dormant_below, **data})]
+    loss = {"clean_loss": True} if options.ablate_dormant else {}  # the second stage's clean loss
+    return [("head_importance", {"sink_set": options.sink_set, "dormant_below": options.dormant_below, **data,
+                                 **loss})]
 
 
 def _followup(options: HeadsOptions, spec: ModelSpec, probes: list) -> list[tuple[str, dict]]:
@@ -92,7 +96,7 @@ def _followup(options: HeadsOptions, spec: ModelSpec, probes: list) -> list[tupl
         return []
     (importance,) = [p for p in probes if p.name == "head_importance"]
     heads = tuple(f"{layer}.{head}" for layer, head in importance.dormant_heads())
-    return [("head_ablation", {"heads": heads})]
+    return [("head_ablation", {"heads": heads, **importance.clean_loss_params()})]
 
 
 HEADS = register_command(Command(

@@ -11,7 +11,9 @@ token and whether it meets the criterion ``|h| > --massive-min-abs`` (100) and `
 then runs a second stage over the same windows (the pipeline's ``followup``, as ``heads
 --ablate-dormant``): every top-k entry meeting the criterion, at the first layer where it does,
 is set to 0 or to its mean over the run at that layer's output (``hook_resid_post``), and the
-loss change is reported (``massive_intervention``). Off by default (top-k 0): a plain ``sinks``
+loss change is reported (``massive_intervention``); the clean loss is the first stage's (its
+clean pass sums it, ``massive_topk``'s ``clean_loss``), so the second stage runs only the
+intervened pass. Off by default (top-k 0): a plain ``sinks``
 run gives the rows it always gave.
 """
 
@@ -83,7 +85,9 @@ def _probes(options: SinksOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
     if massive_top_k(options):
         probes.append(("massive_topk", {"top_k": massive_top_k(options), "min_abs": options.massive_min_abs,
                                         "min_ratio": options.massive_min_ratio,
-                                        "means": options.massive_intervention == "mean"}))
+                                        "means": options.massive_intervention == "mean",
+                                        # the second stage's clean loss, from this clean pass
+                                        "clean_loss": options.massive_intervention is not None}))
     return probes
 
 
@@ -97,7 +101,8 @@ def _followup(options: SinksOptions, spec: ModelSpec, probes: list) -> list[tupl
     mean = options.massive_intervention == "mean"
     entries = tuple(format_entry(l, t, c, top.mean_at(l, t, c) if mean else 0.0)
                     for l, t, c in top.intervention_entries())
-    return [("massive_intervention", {"entries": entries, "mode": options.massive_intervention})]
+    return [("massive_intervention", {"entries": entries, "mode": options.massive_intervention,
+                                      **top.clean_loss_params()})]
 
 
 def _check(options: SinksOptions) -> None:

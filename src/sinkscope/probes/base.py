@@ -433,6 +433,10 @@ class Probe:
     #: the probe reads no hook point: a command's own window reader (``Command.read_windows``) hands it
     #: what it measures (``stream``: each window read through a bounded cache); ``run_probes`` refuses it.
     reads_windows: ClassVar[bool] = False
+    #: the probe's passes run sinkscope's attention function (``capture``: the kernel that builds attention
+    #: records) even where no probe reads a record, so that a loss it compares across a command's two stages
+    #: comes from one kernel (``probes/loss_change.py``); otherwise the model's own implementation runs.
+    attention_function: ClassVar[bool] = False
 
     def __init__(self, spec: ModelSpec, **params):
         self.spec = spec

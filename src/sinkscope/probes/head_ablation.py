@@ -15,8 +15,11 @@ stage found dormant (``commands/heads.py``), and ``sinkscope measure --probe hea
 --param head_ablation.heads=3.1,5.0`` takes any set. With no head listed only the clean pass
 runs and the ablated loss equals it.
 
-The two passes and the three numbers are ``probes/loss_change.py``'s (shared with
-``massive_intervention``).
+As ``heads --ablate-dormant``'s second stage the clean loss is the first stage's (``clean_sum``,
+``clean_n``; ``probes/loss_change.py``): the first stage's pass is the clean pass of the same
+windows, so only the ablated pass runs here, and with no dormant head none at all. Both stages
+run sinkscope's attention function, so the change is never two kernels' round-off (SPEC.md "The
+loss change of a second stage").
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from torch import Tensor
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import MetricInfo, Param, Row, intervenes, register_probe
-from sinkscope.probes.loss_change import LossChange
+from sinkscope.probes.loss_change import CLEAN_PARAMS, LossChange
 
 _HEAD = re.compile(r"^\d+\.\d+$")
 #: the label of the pass with the heads zeroed (None is the clean pass).
@@ -56,7 +59,8 @@ def parse_heads(heads, n_layers: int, n_heads: int, attention_layers) -> dict[in
 
 @register_probe(
     "head_ablation",
-    params=(Param("heads", tuple, (), "heads to zero, as LAYER.HEAD pairs (comma-separated)", check=_check_heads),),
+    params=(Param("heads", tuple, (), "heads to zero, as LAYER.HEAD pairs (comma-separated)", check=_check_heads),
+            *CLEAN_PARAMS),
     metrics={
         "loss_clean": MetricInfo(
             "Loss, clean", "nats / token", "mean next-token cross-entropy over windows and positions",

@@ -46,6 +46,7 @@ from sinkscope.capture import hooks
 from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
+from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CleanLossSum
 
 #: seed 004 leaves the dormancy threshold open; 0.1 (a head passing under a tenth of its input).
 DORMANT_BELOW = 0.1
@@ -78,6 +79,7 @@ def _threshold(value: float) -> str | None:
               "sink set data: a key's value norm must be below this times the window's median", check=_positive),
         Param("dormant_below", float, DORMANT_BELOW, "a head is dormant when its importance is below this",
               check=_threshold),
+        CLEAN_LOSS_PARAM,
     ),
     metrics={
         "implicit_gate": MetricInfo(
@@ -112,7 +114,7 @@ def _threshold(value: float) -> str | None:
             "seed 004 §6.2; thresholds chosen here (SPEC.md)", "1 with key 0 alone = the classic first-token sink"),
     },
 )
-class HeadImportance(Probe):
+class HeadImportance(CleanLossSum, Probe):
     """Implicit gate, head importance, per-layer load imbalance (CV) and dormant heads (seed 004)."""
 
     reads_weights_only = True  # the eager fallback's records (weights, no q/k/v) suffice
@@ -129,6 +131,7 @@ class HeadImportance(Probe):
         self.gate = "output" if spec.has_output_gate else "implicit"
         self.implicit = HeadMeans(spec.n_layers, spec.n_heads)  # sums of 1 - A_sink,i
         self.output = HeadMeans(spec.n_layers, spec.n_heads)  # sums of the mean output gate (gated models)
+        self.setup_clean_loss()  # the clean loss for --ablate-dormant's second stage (clean_loss)
 
     def options(self) -> dict:
         """The parameters as used (``sink_set`` resolved) and the gate Imp reads."""

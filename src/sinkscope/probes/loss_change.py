@@ -1,21 +1,30 @@
 """The loss change of one changed pass against the clean one, shared by ``head_ablation`` and ``massive_intervention``.
 
-Both probes measure, on the same windows of every batch::
+Both probes measure, on the same windows::
 
     loss_clean   = mean over windows and positions i = 0 .. T-2 of -log p(x_{i+1} | x_<=i)   (the ``loss`` point)
     loss_changed = the same on the probe's changed pass (heads zeroed, residual entries set)
     loss_delta   = loss_changed - loss_clean                                        (nats per token)
 
 with the sums in float64 on the loss's device (no host read per batch). :class:`LossChange` is
-that block: the two passes, the observer of the ``loss`` point on both, and the three numbers; a
-probe adds what it changes (an ``@intervenes`` method acting on ``changed_pass`` only) and its rows.
+that second-stage block: the observer of the ``loss`` point on both passes and the three numbers.
 
-Both run as a command's second stage (``heads --ablate-dormant``, ``sinks --massive-intervention``)
-and keep their own clean pass there, although the first stage's pass is a clean pass of the same
-windows: the first stage observes attention records, so it runs sinkscope's attention function
-(``capture(mode="fused")``), while the second stage runs the model's own, and the two clean
-losses differ in the last digits (1.7e-8 nats on the tiny Llama of the tests). Pairing the
-changed pass with its own clean pass keeps the kernel round-off out of the loss change.
+The clean loss of a second stage (``heads --ablate-dormant``, ``sinks --massive-intervention``)
+is the loss of the first stage's clean pass, which ran over the same windows in the same batches:
+the first stage's probe sums it (:class:`CleanLossSum`, its ``clean_loss`` parameter, set by the
+command), the command's followup hands the sum and the count to the second stage's probe
+(``clean_sum``, ``clean_n``: :meth:`CleanLossSum.clean_loss_params`), and the second stage runs
+the changed pass alone: 1 + 1 forward passes per batch instead of 1 + 2. Without ``clean_sum``
+(``sinkscope measure --probe head_ablation``) the probe runs its own clean pass.
+
+Both stages run one kernel. The first stage observes attention records, so its passes run
+sinkscope's attention function (``capture``); a second stage reads no record, and would run the
+model's own implementation (eager, as loaded: a different softmax, 1.7e-8 nats apart on the
+tiny Llama of the tests, and quadratic memory). Both classes below set ``attention_function``,
+so the changed pass runs sinkscope's function too, in the run's ``--attention`` mode, and the
+loss change is a difference of two passes of the same kernel (tested against a hand computation
+in ``tests/test_loss_change_stages.py``). Families read through the eager fallback run the
+model's own attention in both stages.
 """
 
 from __future__ import annotations
@@ -27,27 +36,51 @@ import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
-from sinkscope.probes.base import Probe, observes
+from sinkscope.probes.base import Param, Probe, observes
+
+
+def _count(value: int) -> str | None:
+    return None if value >= 0 else "must be 0 or more"
+
+
+#: the second stage's parameters: the clean loss its first stage summed (absent: the probe runs its own clean pass).
+CLEAN_PARAMS = (
+    Param("clean_sum", float, None, "the summed clean next-token loss of the first stage over the same windows "
+          "(set by the command's second stage; absent: the probe runs its own clean pass)", optional=True),
+    Param("clean_n", int, 0, "the predictions behind clean_sum", check=_count),
+)
+
+#: the first stage's parameter: also sum the clean pass's loss, for a second stage's loss change.
+CLEAN_LOSS_PARAM = Param("clean_loss", bool, False,
+                         "also sum the clean pass's next-token loss (for the command's second stage)")
 
 
 class LossChange(Probe):
     """The loss of the clean pass (None) and of ``changed_pass``, on the same windows; see the module docstring.
 
-    A subclass calls :meth:`setup_loss` in ``setup`` (``changes``: whether anything is changed;
-    if not, only the clean pass runs and the changed loss is the clean one) and builds its rows
-    from :meth:`losses`.
+    A subclass calls :meth:`setup_loss` in ``setup`` (``changes``: whether anything is changed at
+    all) and builds its rows from :meth:`losses`; it declares :data:`CLEAN_PARAMS` among its params.
     """
 
-    #: the label of the changed pass (the runner's pass label).
+    #: the label of the changed pass.
     changed_pass: ClassVar[str] = "changed"
+    #: the changed pass runs the first stage's kernel (see the module docstring).
+    attention_function: ClassVar[bool] = True
 
     def setup_loss(self, changes: bool) -> None:
         self.changes = bool(changes)
         self.loss_sum = torch.zeros(2, dtype=torch.float64)  # clean, changed: summed cross-entropy
         self.loss_n = torch.zeros(2, dtype=torch.float64)  # clean, changed: predictions
 
+    @property
+    def clean_given(self) -> bool:
+        """Whether the clean loss came from the first stage (so no clean pass runs here)."""
+        return self.clean_sum is not None
+
     def passes(self) -> tuple[str | None, ...]:
-        return (None, self.changed_pass) if self.changes else (None,)
+        """The clean pass unless the first stage measured it, and the changed pass if anything changes."""
+        clean = () if self.clean_given else (None,)
+        return clean + ((self.changed_pass,) if self.changes else ())
 
     @observes(hooks.LOSS)
     def loss(self, layer: None, value: Tensor) -> None:  # value: (B, T-1)
@@ -58,9 +91,45 @@ class LossChange(Probe):
         self.loss_n[index] += value.numel()
 
     def losses(self) -> tuple[float, float, int]:
-        """(clean loss, changed loss, predictions of the clean pass); NaN losses before any window."""
+        """(clean loss, changed loss, predictions): the changed loss is the clean one when nothing changes."""
         sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
+        if self.clean_given:
+            sums = torch.stack([torch.tensor(float(self.clean_sum), dtype=torch.float64), sums[1]])
+            counts = torch.stack([torch.tensor(float(self.clean_n), dtype=torch.float64), counts[1]])
         n = int(counts[0])
         clean = float(sums[0] / counts[0]) if n else math.nan
         changed = float(sums[1] / counts[1]) if self.changes and counts[1] else clean
         return clean, changed, n
+
+
+class CleanLossSum:
+    """For a first-stage probe (mixed in before ``Probe``): sums the clean pass's loss when ``clean_loss`` is set.
+
+    The probe declares :data:`CLEAN_LOSS_PARAM` and calls :meth:`setup_clean_loss` in ``setup``;
+    without ``clean_loss`` the pass reads no loss (no logits beyond the last position's).
+    """
+
+    @property
+    def attention_function(self) -> bool:
+        """With ``clean_loss``, the clean pass runs sinkscope's attention function (the second stage's kernel)."""
+        return bool(self.clean_loss)
+
+    def setup_clean_loss(self) -> None:
+        self.clean_loss_sum = torch.zeros((), dtype=torch.float64)  # summed cross-entropy of the clean pass
+        self.clean_loss_n = torch.zeros((), dtype=torch.float64)  # its predictions
+
+    def pass_observers(self, label: str | None) -> dict[str, str]:
+        observers = super().pass_observers(label)
+        return observers if self.clean_loss else {t: m for t, m in observers.items() if t != hooks.LOSS}
+
+    @observes(hooks.LOSS)
+    def clean_loss_seen(self, layer: None, value: Tensor) -> None:  # value: (B, T-1)
+        if self.clean_loss_sum.device != value.device:
+            self.clean_loss_sum, self.clean_loss_n = (self.clean_loss_sum.to(value.device),
+                                                      self.clean_loss_n.to(value.device))
+        self.clean_loss_sum += value.double().sum()
+        self.clean_loss_n += value.numel()
+
+    def clean_loss_params(self) -> dict:
+        """The second stage's ``clean_sum`` and ``clean_n`` (one host read)."""
+        return {"clean_sum": float(self.clean_loss_sum.cpu()), "clean_n": int(self.clean_loss_n.cpu())}

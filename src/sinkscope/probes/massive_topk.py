@@ -21,12 +21,13 @@ entry to its mean over the run: memory L T C x 8 bytes (SmolLM2-135M at 512 toke
 
 ``massive_intervention``: the second stage of ``sinkscope sinks --massive-intervention
 zero|mean`` (``commands/sinks.py``). ``entries`` lists ``LAYER:POSITION:CHANNEL=VALUE``; per
-batch two passes (``probes/loss_change.py``, shared with ``head_ablation``), clean and one where
-h[:, POSITION, CHANNEL] at the output of LAYER is set to VALUE (0, or the entry's mean over the
-run) through the intervention seam ``blocks.{l}.hook_resid_post``, so every later block reads
-the replaced stream. Rows: ``massive_loss_clean``, ``massive_loss_intervened``,
-``massive_loss_delta`` (intervened - clean, nats per token at every position, as
-``head_ablation``), the perplexities exp(loss) and ``massive_entries`` (how many entries were set).
+batch two passes (one as that second stage, whose clean loss is the first stage's: ``clean_sum``,
+``clean_n``, summed by ``massive_topk`` with ``clean_loss``; ``probes/loss_change.py``), clean
+and one where h[:, POSITION, CHANNEL] at the output of LAYER is set to VALUE (0, or the entry's mean over the run) through the intervention seam
+``blocks.{l}.hook_resid_post``, so every later block reads the replaced stream. Rows:
+``massive_loss_clean``, ``massive_loss_intervened``, ``massive_loss_delta`` (intervened - clean,
+nats per token at every position, as ``head_ablation``), the perplexities exp(loss) and
+``massive_entries`` (how many entries were set).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from torch import Tensor
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
-from sinkscope.probes.loss_change import LossChange
+from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CLEAN_PARAMS, CleanLossSum, LossChange
 from sinkscope.probes.stats import median
 
 SOURCE = "SPEC.md 'Massive activations'; Sun et al. 2024 (criterion |a| > 100 and >= 1000 x median)"
@@ -88,6 +89,7 @@ def fold_top(buffer: dict[str, Tensor], candidates: dict[str, Tensor], k: int) -
         Param("min_ratio", float, DEFAULT_MIN_RATIO, "criterion: |h| at least this times the window's median |h|",
               check=_non_negative),
         Param("means", bool, False, "also sum h at every (layer, position, channel), for a mean intervention"),
+        CLEAN_LOSS_PARAM,
     ),
     metrics={
         "massive_topk": MetricInfo(
@@ -101,7 +103,7 @@ def fold_top(buffer: dict[str, Tensor], candidates: dict[str, Tensor], k: int) -
             SOURCE, "a few (1 to 4) at fixed channels and positions is Sun et al.'s pattern", per="layer"),
     },
 )
-class MassiveTopK(Probe):
+class MassiveTopK(CleanLossSum, Probe):
     """The top-k residual activations per layer with channel, position and token; Sun et al.'s criterion."""
 
     not_state = ("_batch",)
@@ -118,6 +120,7 @@ class MassiveTopK(Probe):
         self.width = torch.zeros(L, dtype=torch.int64)  # C of each layer (to split the keys)
         self.sums = torch.zeros(0, dtype=torch.float64)  # (L, T, C) with ``means``, allocated on first use
         self._batch: dict[str, Tensor] = {}
+        self.setup_clean_loss()  # the clean loss for --massive-intervention's second stage (clean_loss)
 
     @observes(hooks.TOKENS)
     def tokens(self, layer: None, ids: Tensor) -> None:
@@ -162,6 +165,8 @@ class MassiveTopK(Probe):
         self.counts = self.counts + other.counts.to(self.counts.device)
         self.windows = self.windows + other.windows.to(self.windows.device)
         self.width = torch.maximum(self.width, other.width.to(self.width.device))
+        self.clean_loss_sum = self.clean_loss_sum + other.clean_loss_sum.to(self.clean_loss_sum.device)
+        self.clean_loss_n = self.clean_loss_n + other.clean_loss_n.to(self.clean_loss_n.device)
         if other.sums.numel():
             self.sums = other.sums.to(self.counts.device).clone() if self.sums.numel() == 0 else \
                 self.sums + other.sums.to(self.sums.device)
@@ -230,7 +235,8 @@ def format_entry(layer: int, position: int, channel: int, value: float) -> str:
     params=(Param("entries", tuple, (), "residual entries to set, LAYER:POSITION:CHANNEL=VALUE (comma-separated)",
                   check=_check_entries),
             Param("mode", str, "zero", "zero | mean: what the entries were set to (recorded; VALUE says it)",
-                  choices=("zero", "mean"))),
+                  choices=("zero", "mean")),
+            *CLEAN_PARAMS),
     metrics={
         "massive_loss_clean": MetricInfo("Loss, clean", "nats / token",
                                          "mean next-token cross-entropy over windows and positions", SOURCE, "",
