@@ -18,8 +18,8 @@ capture self-check, both stages, the table; no files written, the model loaded o
 
 The floor is counted, not assumed: every forward the runner makes is recorded (its pass, its
 length and whether a probe of it reads the loss); the floor is one forward per distinct pass (a
-second stage repeating the clean pass is avoidable, so ``heads --ablate-dormant``'s floor is 1 + 1
-while it runs 3; column ``run``), each costed as the plain forward of the same shape: a plain SDPA forward with the last position's logits for a pass that reads no loss
+second stage repeating the clean pass would be avoidable, so ``heads --ablate-dormant``'s floor is
+1 + 1; it ran 3 until issue 28 and runs 2 since; column ``run``: the forwards made), each costed as the plain forward of the same shape: a plain SDPA forward with the last position's logits for a pass that reads no loss
 (``plain``), with every position's logits and the cross-entropy for one that does (``plain+loss``);
 both are timed at the window's length and scaled linearly to a pass's own length (the BOS passes
 are up to 7 tokens shorter). ratio = the command's wall time / its floor.
@@ -33,12 +33,14 @@ Everything of one length runs in one process (``--worker``), interleaved over ``
 the peak resident set during the call minus the resident set at its start (after returning freed
 memory to the system), sampled every 2 ms. ``--quick``: 256 tokens, sinks and circuit, three
 probes, one repeat (a smoke test of the script: 1.5 to 4 minutes on 2 shared cores). Each length's process runs under
-an address-space cap (``--mem-limit-gb``).
+an address-space cap (``--mem-limit-gb``). ``--jobs`` (default: one per free core at ``BENCH_THREADS``
+threads each, at most one per length) runs the lengths' processes side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import ctypes
 import json
 import os
@@ -49,7 +51,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_sinks import PeakSampler, rss_mb  # noqa: E402  (same RSS sampling as bench_sinks.py)
+from bench_sinks import THREADS, PeakSampler, rss_mb  # noqa: E402  (same RSS sampling as bench_sinks.py)
 
 COMMANDS = ["sinks", "inject", "heads", "circuit"]
 #: the options each command runs with here (besides windows and progress)
@@ -86,7 +88,7 @@ def worker(length: int, commands: list[str], repeats: int, probes_too: bool, pro
     from sinkscope.probes.base import Probe
     from sinkscope.sources import load_model, resolve_source
 
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    torch.set_num_threads(THREADS)
     loaded = load_model(resolve_source(None), device="cpu", dtype="float32", log=lambda m: None)
     model, tok = loaded.model, loaded.tokenizer
     text = bundled_corpus().documents[0]
@@ -282,6 +284,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--verbose", action="store_true", help="show each measurement as it finishes")
     parser.add_argument("--table", nargs="+", metavar="JSON", help="only print the table of saved --json results")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="lengths measured side by side (default: CPUs // BENCH_THREADS, at most one per length)")
     parser.add_argument("--worker", type=int, metavar="LENGTH")
     args = parser.parse_args()
     if args.worker:
@@ -296,10 +300,12 @@ def main() -> None:
         return
     if args.quick:
         args.lengths, args.commands, args.repeats, args.probe_limit = [256], ["sinks", "circuit"], 1, 3
-    print(f"SmolLM2-135M float32 on CPU ({os.environ.get('BENCH_THREADS', '2')} threads), one window per length, "
+    print(f"SmolLM2-135M float32 on CPU ({THREADS} thread{'s' if THREADS != 1 else ''}), one window per length, "
           f"median of {args.repeats}; peak +MB = peak RSS during the call over its start; floor = plain SDPA "
           f"forwards of the same shapes (with every logit + loss where the pass reads the loss)", flush=True)
-    results = [run_one(length, args) for length in args.lengths]
+    jobs = args.jobs or max(1, (os.cpu_count() or 1) // THREADS)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(jobs, len(args.lengths)))) as pool:
+        results = list(pool.map(lambda length: run_one(length, args), args.lengths))  # one process per length
     print_table(results)
     if args.json:
         with open(args.json, "w") as handle:

@@ -31,6 +31,11 @@ import sys
 import threading
 import time
 
+#: torch threads per benchmark process (``BENCH_THREADS``, default 1): on this project's 2-core
+#: machines two OpenMP threads per process beside any other job made every pass 4-6x slower, and
+#: 64-row passes worst (issue 25), so one thread is the default and more are asked for.
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+
 METHODS = ["plain", "sinkscope", "explicit", "hf-eager", "tlens"]
 
 
@@ -66,7 +71,7 @@ def load():
     from sinkscope.corpus import bundled_corpus
     from sinkscope.sources import load_model, resolve_source
 
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    torch.set_num_threads(THREADS)
     loaded = load_model(resolve_source(None), device="cpu", dtype="float32", log=lambda m: None)
     text = bundled_corpus().documents[0]
     ids = loaded.tokenizer(text[:400_000], add_special_tokens=False).input_ids
@@ -193,7 +198,7 @@ def main() -> None:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.repeats)))
         return
 
-    print(f"SmolLM2-135M float32 on CPU ({os.environ.get('BENCH_THREADS', '2')} threads), one window per length; "
+    print(f"SmolLM2-135M float32 on CPU ({THREADS} thread{'s' if THREADS != 1 else ''}), one window per length; "
           f"median of {args.repeats}; peak = process peak RSS during the call (increase over the loaded model)")
     print(f"{'tokens':>6} {'method':>10} {'time s':>8} {'x plain':>8} {'peak MB':>9} {'x plain':>8} {'+MB':>8} {'x plain':>8}")
     for length in args.lengths:

@@ -34,7 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench_sinks import PeakSampler, rss_mb  # noqa: E402
+from bench_sinks import THREADS, PeakSampler, rss_mb  # noqa: E402
 
 
 def load(n_tokens: int):
@@ -43,7 +43,7 @@ def load(n_tokens: int):
     from sinkscope.corpus import bundled_corpus
     from sinkscope.sources import load_model, resolve_source
 
-    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    torch.set_num_threads(THREADS)
     torch.set_grad_enabled(False)
     loaded = load_model(resolve_source(None), device="cpu", dtype="float32", log=lambda m: None)
     text = max(bundled_corpus().documents, key=len)
@@ -148,7 +148,7 @@ def main() -> None:
         out = subprocess.run(command, capture_output=True, text=True, check=True)
         results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     plain_mem, stream_mem, speed = results["memory-plain"], results["memory-stream"], results["speed"]
-    print(f"SmolLM2-135M float32, CPU, {os.environ.get('BENCH_THREADS', '2')} threads\n")
+    print(f"SmolLM2-135M float32, CPU, {THREADS} thread{'s' if THREADS != 1 else ''}\n")
     print(f"memory                                   peak MB   over model MB")
     print(f"  (a) plain forward, {args.cache} tokens            {plain_mem['peak_mb']:8.0f}   {plain_mem['over_model_mb']:8.0f}")
     print(f"  (b) stream {args.long} tokens, cache {args.cache}      {stream_mem['peak_mb']:8.0f}   "

@@ -16,7 +16,8 @@ under ``torch.device``: no float32 copy; the build's peak is printed beside the 
 For each model and length (default 1,024 and 8,192 tokens, one window): a plain forward, the
 fused capture with no probe, each sinks probe alone, all five; then, at the longest length,
 ``sinkscope stream``'s reader (sinks, cache = length / 8, chunk 64) against plain forwards of
-the cache's length over the same tokens. Time is the median of
+the cache's length over the same tokens, and (Llama only) the sink monitor's measurement against
+one training step. Time is the median of
 ``--repeats`` runs after a warm-up at that length; peak is ``torch.cuda.max_memory_allocated``
 during them. Printed as ratios to the plain forward; ``all 5`` is marked against the 1.15x
 target of issue 16. Before the models, each fused attention kernel this device offers is run
@@ -245,6 +246,8 @@ def check_model(name: str, cls, config, preferred: str, args, device: torch.devi
                       f"p0_mass {values['p0_mass']:.3f}, massive_activation_ratio "
                       f"{values['massive_activation_ratio']:.1f}")
     results.append(stream_row(name, model, config, implementation, args, device, rng))
+    if name.startswith("llama"):  # gpt-oss-20b's AdamW state (4 x 20.9B x 2 bytes) does not fit beside it
+        results.append(monitor_row(name, model, config, implementation, args, device, rng))
     for choice in kernel_choices():
         masking = "explicit mask" if choice["masked"] else f"window {choice['window']}" if choice["window"] else "causal"
         print(f"  capture kernel: {choice['kernel']:<12} for {choice['dtype']}, head dim {choice['head_dim']}, {masking}")
@@ -290,6 +293,41 @@ def stream_row(name: str, model, config, implementation: str, args, device: torc
     print(f"  {length:>6} {'stream sinks ' + str(cache):<19} {stream_s * 1e3:>9.1f} {stream_s / plain_s:>8.2f} {mem}"
           f"   (x plain forwards of {cache} tokens over the same {length})", flush=True)
     return dict(model=name, tokens=length, run="stream", seconds=stream_s, ratio=stream_s / plain_s, peak=peak)
+
+
+def monitor_row(name: str, model, config, implementation: str, args, device: torch.device, rng) -> dict:
+    """The sink monitor (``SinkMonitor.measure``: its default probes on 8 windows of 128 tokens) against
+    one training step (forward with the loss, backward, AdamW) on 4 windows of the shortest length.
+
+    ``--monitor-every N`` adds ``t_monitor / (N t_step)`` to training's wall time (issue 29: <= 2% at 100).
+    """
+    from sinkscope.monitor import SinkMonitor
+
+    T = min(args.lengths)
+    batch = torch.from_numpy(rng.integers(0, config.vocab_size, (4, T))).to(device)  # (4, T)
+    monitor = SinkMonitor(every=100, windows=rng.integers(0, config.vocab_size, (8, 128)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model.set_attn_implementation(implementation)
+
+    def train_step():
+        model.train()
+        loss = model(input_ids=batch, labels=batch, use_cache=False).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.eval()
+
+    step_s = timed(train_step, device, args.repeats)[0]
+    monitor_s, peak, frame = timed(lambda: monitor.measure(model), device, args.repeats)
+    assert len(frame) > 0
+    overhead = monitor_s / (100 * step_s)
+    mem = f"{peak:>9.2f}" if peak is not None else f"{'-':>9}"
+    print(f"  {T:>6} {'monitor 8 x 128':<19} {monitor_s * 1e3:>9.1f} {monitor_s / step_s:>8.2f} {mem}"
+          f"   (x a training step of 4 x {T}; at --monitor-every 100: {overhead:.2%})", flush=True)
+    del optimizer
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return dict(model=name, tokens=T, run="monitor", seconds=monitor_s, ratio=monitor_s / step_s, peak=peak)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -40,8 +40,10 @@ def test_tiny_dry_run_on_cpu(gpu_check, capsys):
     results = gpu_check.main(["--tiny", "--device", "cpu", "--lengths", "32", "--repeats", "1", "--profile"])
     out = capsys.readouterr().out
     runs = ["plain", "capture", *gpu_check.SINKS_PROBES, "all 5", "stream"]
-    assert [(r["model"], r["run"]) for r in results] == [(m, run) for m in ("llama-1b", "gpt-oss-20b") for run in runs]
+    assert [(r["model"], r["run"]) for r in results] == \
+        [(m, run) for m in ("llama-1b", "gpt-oss-20b") for run in runs + (["monitor"] if m == "llama-1b" else [])]
     assert all(r["seconds"] > 0 and r["tokens"] == 32 for r in results)
+    assert "monitor 8 x 128" in out and "at --monitor-every 100" in out  # the monitor against a training step
     assert "stream sinks 8" in out  # the stream reader ran on both shapes (learned sinks and sliding layers too)
     assert "kernels on cpu" in out and "ran cpu_flash" in out  # the kernel check ran
     assert out.count("exact: True") == 2  # the median check, bfloat16 and float32
