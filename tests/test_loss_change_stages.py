@@ -104,6 +104,20 @@ def entries_set(model, entries: tuple[str, ...]):
             handle.remove()
 
 
+@pytest.fixture
+def forwards(monkeypatch) -> list[tuple[str | None, bool]]:
+    """Every forward the runner makes: (pass label, whether a probe of it reads the loss)."""
+    made: list[tuple[str | None, bool]] = []
+    real = runner_module._forward
+
+    def counted(model_, ids_, dispatcher, **kwargs):
+        made.append((dispatcher.label, "loss" in dispatcher.observed))
+        return real(model_, ids_, dispatcher, **kwargs)
+
+    monkeypatch.setattr(runner_module, "_forward", counted)
+    return made
+
+
 RUNS = {
     # importances of this model and windows: 0.8781 to 0.8796; 0.879 makes 5 of the 16 heads dormant
     "heads": ({"ablate_dormant": True, "dormant_below": 0.879}, "head_ablation", "ablated", "heads", heads_zeroed,
@@ -115,19 +129,10 @@ RUNS = {
 
 
 @pytest.mark.parametrize("command", sorted(RUNS))
-def test_the_loss_change_is_two_passes_of_one_kernel(command, monkeypatch):
+def test_the_loss_change_is_two_passes_of_one_kernel(command, forwards):
     options, probe, label, listed, change, (clean_metric, changed_metric, delta_metric) = RUNS[command]
     model = build("llama")
     ids = random_ids(N_WINDOWS, SEQ_LEN, seed=3).numpy()  # (5, 24)
-
-    forwards: list[tuple[str | None, bool]] = []
-    real = runner_module._forward
-
-    def counted(model_, ids_, dispatcher, **kwargs):
-        forwards.append((dispatcher.label, "loss" in dispatcher.observed))
-        return real(model_, ids_, dispatcher, **kwargs)
-
-    monkeypatch.setattr(runner_module, "_forward", counted)
     result = sinkscope.measure(command, model, windows=ids, batch_size=BATCH, progress=False, **options)
     # per batch: the first stage's clean pass (reading the loss), then the second stage's changed pass alone
     assert forwards == [(None, True)] * 3 + [(label, True)] * 3
@@ -152,21 +157,13 @@ def test_the_loss_change_is_two_passes_of_one_kernel(command, monkeypatch):
     assert value[delta_metric] != 0.0
 
 
-def test_no_second_stage_forward_when_nothing_is_dormant(monkeypatch):
+def test_no_second_stage_forward_when_nothing_is_dormant(forwards):
     """No dormant head: the second stage has nothing to change and runs no forward; the loss change is 0."""
     model = build("llama")
     ids = random_ids(N_WINDOWS, SEQ_LEN, seed=3).numpy()
-    forwards: list[str | None] = []
-    real = runner_module._forward
-
-    def counted(model_, ids_, dispatcher, **kwargs):
-        forwards.append(dispatcher.label)
-        return real(model_, ids_, dispatcher, **kwargs)
-
-    monkeypatch.setattr(runner_module, "_forward", counted)
     result = sinkscope.measure("heads", model, windows=ids, batch_size=BATCH, progress=False,
                                ablate_dormant=True, dormant_below=1e-9)
-    assert forwards == [None] * 3
+    assert forwards == [(None, True)] * 3  # the first stage's clean passes, reading the loss
     rows = result.table[result.table.probe == "head_ablation"]
     value = dict(zip(rows.metric, rows.value))
     assert value["ablated_heads"] == 0.0 and value["loss_delta"] == 0.0

@@ -13,8 +13,8 @@ then runs a second stage over the same windows (the pipeline's ``followup``, as 
 is set to 0 or to its mean over the run at that layer's output (``hook_resid_post``), and the
 loss change is reported (``massive_intervention``); the clean loss is the first stage's (its
 clean pass sums it, ``massive_topk``'s ``clean_loss``), so the second stage runs only the
-intervened pass. Off by default (top-k 0): a plain ``sinks``
-run gives the rows it always gave.
+intervened pass, under the same attention function (SPEC.md "The loss change of a second
+stage"). Off by default (top-k 0): a plain ``sinks`` run gives the rows it always gave.
 """
 
 from __future__ import annotations

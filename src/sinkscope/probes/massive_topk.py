@@ -20,11 +20,12 @@ windows at every (layer, position, channel), (L, T, C) float64, so the second st
 entry to its mean over the run: memory L T C x 8 bytes (SmolLM2-135M at 512 tokens: 71 MB).
 
 ``massive_intervention``: the second stage of ``sinkscope sinks --massive-intervention
-zero|mean`` (``commands/sinks.py``). ``entries`` lists ``LAYER:POSITION:CHANNEL=VALUE``; per
-batch two passes (one as that second stage, whose clean loss is the first stage's: ``clean_sum``,
-``clean_n``, summed by ``massive_topk`` with ``clean_loss``; ``probes/loss_change.py``), clean
-and one where h[:, POSITION, CHANNEL] at the output of LAYER is set to VALUE (0, or the entry's mean over the run) through the intervention seam
-``blocks.{l}.hook_resid_post``, so every later block reads the replaced stream. Rows:
+zero|mean`` (``commands/sinks.py``). ``entries`` lists ``LAYER:POSITION:CHANNEL=VALUE``; the
+changed pass sets h[:, POSITION, CHANNEL] at the output of LAYER to VALUE (0, or the entry's mean
+over the run) through the intervention seam ``blocks.{l}.hook_resid_post``, so every later block
+reads the replaced stream. As that second stage its clean loss is the first stage's (``clean_sum``,
+``clean_n``, summed by ``massive_topk`` with ``clean_loss``), so only the changed pass runs;
+alone (``sinkscope measure``) it runs its own clean pass too (``probes/loss_change.py``). Rows:
 ``massive_loss_clean``, ``massive_loss_intervened``, ``massive_loss_delta`` (intervened - clean,
 nats per token at every position, as ``head_ablation``), the perplexities exp(loss) and
 ``massive_entries`` (how many entries were set).
