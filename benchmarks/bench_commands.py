@@ -1,7 +1,7 @@
 """Every measuring command against the forward passes it cannot avoid (issue 28).
 
     .venv/bin/python benchmarks/bench_commands.py [--lengths 512 2048] [--commands sinks inject heads circuit]
-                                                  [--repeats 1] [--no-probes] [--quick]
+                                                  [--repeats 1] [--no-probes] [--probe-lengths 512] [--quick]
 
 For SmolLM2-135M (the embedded default, float32, CPU) on one window of Austen per length (BOS
 first, as ``--bos auto`` gives), each command runs through ``sinkscope.measure`` (its checks, the
@@ -27,6 +27,8 @@ are up to 7 tokens shorter). ratio = the command's wall time / its floor.
 Every probe of those commands is also timed alone (``run_probes``, batch 1) against the fused
 capture alone (a probe that asks for attention records and reads nothing: sinkscope's attention
 function on every layer, records built), per pass of the probe, so a slow probe shows by name.
+That is done at the shortest length unless ``--probe-lengths`` says otherwise: every probe at
+2,048 tokens adds about 9 minutes on this CPU.
 
 Everything of one length runs in one process (``--worker``), interleaved over ``--repeats``
 (the load of a shared machine then affects every variant alike); time is the median; memory is
@@ -199,10 +201,15 @@ def worker(length: int, commands: list[str], repeats: int, probes_too: bool, pro
             "peak_mb": peaks, "passes": passes, "errors": errors}
 
 
+def probe_lengths(args) -> list[int]:
+    """The lengths at which every probe is also timed alone (``--probe-lengths``; default the shortest)."""
+    return args.probe_lengths if args.probe_lengths else [min(args.lengths)]
+
+
 def run_one(length: int, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", str(length), "--repeats", str(args.repeats),
            "--commands", *args.commands]
-    if args.no_probes:
+    if args.no_probes or length not in probe_lengths(args):
         cmd.append("--no-probes")
     if args.probe_limit is not None:
         cmd += ["--probe-limit", str(args.probe_limit)]
@@ -279,6 +286,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--no-probes", action="store_true", help="skip the probes timed alone")
     parser.add_argument("--probe-limit", type=int, default=None, help="time only the first N probes alone")
+    parser.add_argument("--probe-lengths", type=int, nargs="+", default=None,
+                        help="lengths at which the probes are timed alone (default: the shortest of --lengths)")
     parser.add_argument("--quick", action="store_true", help="256 tokens, sinks and circuit, 3 probes, 1 repeat")
     parser.add_argument("--mem-limit-gb", type=float, default=20.0)
     parser.add_argument("--json", help="also write the raw results here")
