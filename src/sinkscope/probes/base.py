@@ -78,6 +78,11 @@ __all__ = ["Accumulator", "HeadMeans", "MetricInfo", "Param", "Probe", "Row", "i
 # ---- parameters ------------------------------------------------------------------------------------
 
 
+def non_negative(value: float) -> str | None:
+    """A ``Param`` check: the value is 0 or more."""
+    return None if value >= 0 else "must be 0 or more"
+
+
 @dataclass(frozen=True)
 class Param:
     """A probe parameter: name, type, default, help, and optional allowed values or check.

@@ -36,18 +36,14 @@ import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
-from sinkscope.probes.base import Param, Probe, observes
-
-
-def _count(value: int) -> str | None:
-    return None if value >= 0 else "must be 0 or more"
+from sinkscope.probes.base import Param, Probe, non_negative, observes
 
 
 #: the second stage's parameters: the clean loss its first stage summed (absent: the probe runs its own clean pass).
 CLEAN_PARAMS = (
     Param("clean_sum", float, None, "the summed clean next-token loss of the first stage over the same windows "
           "(set by the command's second stage; absent: the probe runs its own clean pass)", optional=True),
-    Param("clean_n", int, 0, "the predictions behind clean_sum", check=_count),
+    Param("clean_n", int, 0, "the predictions behind clean_sum", check=non_negative),
 )
 
 #: the first stage's parameter: also sum the clean pass's loss, for a second stage's loss change.
@@ -92,13 +88,12 @@ class LossChange(Probe):
 
     def losses(self) -> tuple[float, float, int]:
         """(clean loss, changed loss, predictions): the changed loss is the clean one when nothing changes."""
-        sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
+        sums, counts = self.loss_sum.tolist(), self.loss_n.tolist()  # float64 sums -> Python floats
         if self.clean_given:
-            sums = torch.stack([torch.tensor(float(self.clean_sum), dtype=torch.float64), sums[1]])
-            counts = torch.stack([torch.tensor(float(self.clean_n), dtype=torch.float64), counts[1]])
+            sums[0], counts[0] = float(self.clean_sum), float(self.clean_n)
         n = int(counts[0])
-        clean = float(sums[0] / counts[0]) if n else math.nan
-        changed = float(sums[1] / counts[1]) if self.changes and counts[1] else clean
+        clean = sums[0] / counts[0] if n else math.nan
+        changed = sums[1] / counts[1] if self.changes and counts[1] else clean
         return clean, changed, n
 
 

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
+from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, non_negative, observes, register_probe
 from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CLEAN_PARAMS, CleanLossSum, LossChange
 from sinkscope.probes.stats import median
 
@@ -57,8 +57,6 @@ def _positive_int(value: int) -> str | None:
     return None if value >= 1 else "must be at least 1"
 
 
-def _non_negative(value: float) -> str | None:
-    return None if value >= 0 else "must be 0 or more"
 
 
 def fold_top(buffer: dict[str, Tensor], candidates: dict[str, Tensor], k: int) -> dict[str, Tensor]:
@@ -86,9 +84,9 @@ def fold_top(buffer: dict[str, Tensor], candidates: dict[str, Tensor], k: int) -
     "massive_topk",
     params=(
         Param("top_k", int, DEFAULT_TOP_K, "entries per layer (distinct by position and channel)", check=_positive_int),
-        Param("min_abs", float, DEFAULT_MIN_ABS, "criterion: |h| above this", check=_non_negative),
+        Param("min_abs", float, DEFAULT_MIN_ABS, "criterion: |h| above this", check=non_negative),
         Param("min_ratio", float, DEFAULT_MIN_RATIO, "criterion: |h| at least this times the window's median |h|",
-              check=_non_negative),
+              check=non_negative),
         Param("means", bool, False, "also sum h at every (layer, position, channel), for a mean intervention"),
         CLEAN_LOSS_PARAM,
     ),
