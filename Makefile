@@ -1,6 +1,9 @@
 # Two entry points for a fresh machine (see README):
-#   make demo   set up .venv, fetch the bundled corpus, run `sinkscope sinks` on SmolLM2
-#   make test   the same set-up (and the docs extras, for tests/test_docs.py), then the test suite
+#   make demo      set up .venv, fetch the bundled corpus, run `sinkscope sinks` on SmolLM2
+#   make test      the same set-up, then the fast tier (pytest -m "not slow": under 3 minutes on 2 cores)
+# and everything CI runs:
+#   make test-all  the set-up plus chromium and the docs extras, then every test (-m ""): the fast tier
+#                  and the `slow` one (trains, spawns Python, builds docs, sweeps architectures)
 # and the documentation site:
 #   make docs   the docs extras into .venv if missing, then `mkdocs build --strict -d site`
 PYTHON ?= python3
@@ -8,10 +11,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # torch first, pinned: a bare `torch` requirement can pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-# the 25 slowest tests are listed at the end, so the suite's time can be kept in view
-PYTEST_ARGS ?= --durations=25
+# the slowest tests are listed at the end, so the tiers' time can be kept in view
+PYTEST_ARGS ?= --durations=10
 
-.PHONY: setup corpus browser docs-deps docs demo test clean
+.PHONY: setup corpus browser docs-deps docs demo test test-all clean
 
 setup: $(VENV)/.installed corpus
 
@@ -30,7 +33,7 @@ corpus: $(VENV)/.installed
 # MkDocs Material + mkdocstrings + mkdocs-jupyter (pyproject's `docs` extra), installed once into .venv.
 docs-deps: $(VENV)/.docs-installed
 
-# (If the install fails, `make test` goes on and tests/test_docs.py's build test is skipped.)
+# (If the install fails, `make test-all` goes on and tests/e2e/test_docs.py's build test is skipped.)
 $(VENV)/.docs-installed: $(VENV)/.installed
 	@if $(BIN)/python -c "import mkdocs, material, mkdocstrings_handlers.python, mkdocs_jupyter" 2>/dev/null \
 	  || $(BIN)/python -m pip install -q -e ".[docs]"; then touch $@; \
@@ -48,8 +51,14 @@ browser:
 demo: setup
 	$(BIN)/sinkscope sinks
 
-test: setup browser docs-deps
+# The fast tier: pyproject's addopts deselect the `slow` marker.
+test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Every test: -m "" lifts the default deselection; --real-figures draws and encodes every figure
+# (the fast tier writes placeholders outside tests/unit/: tests/conftest.py).
+test-all: setup browser docs-deps
+	$(BIN)/python -m pytest -m "" --real-figures --durations=25
 
 clean:
 	rm -rf $(VENV) build site src/*.egg-info .pytest_cache

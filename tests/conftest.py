@@ -1,14 +1,19 @@
-"""Shared fixtures: offline tokenizers, tiny saved models, a short text file.
+"""Shared fixtures: offline tokenizers, tiny saved models, a short text file, figures laid out
+but not encoded in the fast tier, and the tier rule (tests/tier_rule.py).
 
 Nothing here touches the network: models are built from config classes (tests/tiny_models.py)
-and tokenizers are trained in-process with the ``tokenizers`` library.
+and tokenizers are trained in-process with the ``tokenizers`` library. The helper modules
+(tiny_models, collect, sync_guard, synthetic_attention, repo_paths) sit beside this file, which
+puts this folder on sys.path for every test under unit/, integration/ and e2e/.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import struct
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tiny_models import VOCAB, build  # noqa: E402
+
+pytest_plugins = ["tier_rule"]
 
 SAMPLE_TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
@@ -87,3 +94,55 @@ def chromium():
         pytest.skip("no chromium on this machine (make test installs Debian's chromium when it can)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     return path, sync_api
+
+
+def _one_pixel_png() -> bytes:
+    """A valid 1 x 1 white PNG, built from the format's chunks."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    header = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)  # width, height, 8-bit RGB
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00\xff\xff\xff"))
+            + chunk(b"IEND", b""))
+
+
+#: what a fast test's figure files hold (see ``quick_figures``).
+_PLACEHOLDER = {"png": _one_pixel_png(), "svg": b'<svg xmlns="http://www.w3.org/2000/svg" width="1" height="1"/>'}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--real-figures", action="store_true",
+                     help="encode every figure as PNG and SVG (make test-all); by default fast tests outside "
+                          "tests/unit/ build figures but write placeholder files")
+
+
+def _quick_figures_for(item) -> bool:
+    if item.config.getoption("--real-figures"):
+        return False
+    in_unit = Path(str(item.fspath)).resolve().relative_to(Path(__file__).parent.resolve()).parts[0] == "unit"
+    return not (in_unit or item.get_closest_marker("slow") or item.get_closest_marker("real_figures"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In fast tests outside tests/unit/, a figure is built but not drawn: ``make test`` only.
+
+    Drawing and encoding every figure as a 150-dpi PNG and an SVG is most of a report's time
+    (about 0.3 s a figure, 50 figures a comparison page). Here ``report.figures._atomic_savefig``
+    writes a placeholder file instead, after the figure was built with every plotting call (so bad
+    data still fails). Figures are drawn and encoded for real in tests/unit/ (the figure library's
+    own tests), in every test marked ``slow`` or ``real_figures``, and in every test under
+    ``--real-figures``, which ``make test-all`` (CI) passes. The patch spans the whole test, so a
+    module fixture built for it is covered too.
+    """
+    if not _quick_figures_for(item):
+        yield
+        return
+    from sinkscope.fileio import atomic_write_bytes
+    from sinkscope.report import figures
+
+    def placeholder(_fig, path, fmt, **_kwargs):
+        atomic_write_bytes(path, _PLACEHOLDER[fmt])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(figures, "_atomic_savefig", placeholder)
+        yield

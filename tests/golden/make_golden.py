@@ -1,9 +1,9 @@
-"""Regenerate the golden run folders (tests/test_golden.py compares fresh runs with them).
+"""Regenerate the golden run folders (tests/integration/test_golden.py compares fresh runs with them).
 
     .venv/bin/python tests/golden/make_golden.py
 
 Each is a real `sinkscope sinks` run of a tiny model built from a config (tests/tiny_models.py)
-on tests/golden/sample.txt, without figures (tests/test_report.py draws them). Regenerate only
+on tests/golden/sample.txt, without figures (tests/e2e/test_report.py draws them). Regenerate only
 when a change of the numbers is intended, and say so in the commit message: test_golden.py
 holds every later run to these tables byte for byte.
 """

@@ -19,7 +19,7 @@ capture:
    function (w_i0 = a_i0 / sum_j a_ij over queries i >= 1; phantom = 1 - sum_j a_ij for a sink
    column; for a rescaling sink sigmoid(b - LSE_i) from the explicit scores q.k; alpha_0 = mean over
    t of a_t0 with the phantom in the normaliser);
-4. **hook-point invariants** (``tests/test_hooks.py``'s): ``resid_post[l] == resid_pre[l+1]``,
+4. **hook-point invariants** (``tests/unit/capture/test_hooks.py``'s): ``resid_post[l] == resid_pre[l+1]``,
    ``hook_z`` is W_O's input, the heads' ``hook_result`` plus W_O's bias is W_O's output;
 5. **each command runs** (``sinks``, ``heads``, ``inject``, ``circuit``, and ``selectivity`` on
    gated models) through the API on the tiny model, or refuses a hook point the model lacks (or a

@@ -23,7 +23,7 @@ model's own implementation (eager, as loaded: a different softmax, 1.7e-8 nats a
 tiny Llama of the tests, and quadratic memory). Both classes below set ``attention_function``,
 so the changed pass runs sinkscope's function too, in the run's ``--attention`` mode, and the
 loss change is a difference of two passes of the same kernel (tested against a hand computation
-in ``tests/test_loss_change_stages.py``). Families read through the eager fallback run the
+in ``tests/integration/test_loss_change_stages.py``). Families read through the eager fallback run the
 model's own attention in both stages.
 """
 

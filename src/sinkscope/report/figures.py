@@ -583,7 +583,8 @@ def save_figure(fig: Figure, stem: Path) -> list[Path]:
     destination directory, then :func:`os.replace`), so readers never see a
     half-written figure. The SVG carries no date and uses a fixed hash
     salt, so re-rendering the same figure gives byte-identical output (for a
-    given matplotlib version).
+    given matplotlib version). The layout is computed once, for the PNG, and kept
+    for the SVG: after this call the figure's layout engine is "none".
 
     Args:
         fig: Figure to write.
@@ -599,6 +600,9 @@ def save_figure(fig: Figure, stem: Path) -> list[Path]:
     svg = stem.with_name(stem.name + ".svg")
     with matplotlib.rc_context({"svg.hashsalt": SVG_HASHSALT}):
         _atomic_savefig(fig, png, "png", dpi=PNG_DPI, metadata={"Software": None})
+        # The layout the PNG computed serves the SVG too: a constrained layout costs as much as
+        # the drawing, and the axes' positions (fractions of the figure) do not depend on the dpi.
+        fig.set_layout_engine("none")
         _atomic_savefig(fig, svg, "svg", metadata={"Date": None})
     return [png, svg]
 

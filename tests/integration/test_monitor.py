@@ -1,0 +1,198 @@
+"""Sinks through training (issue 29): the monitor's numbers are sinkscope.measure's on the saved checkpoint.
+
+A tiny Llama trains a few steps under transformers' ``Trainer`` with the monitor's callback; the
+p0 mass and value-norm ratio it logged at step k equal ``sinkscope.measure`` on the checkpoint the
+Trainer saved at step k, on the same windows (the independent reference is a fresh load of that
+checkpoint, measured by the ordinary pipeline). The bundled trainer does the same through
+``sinkscope train --monitor-every``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.monitor import SinkMonitor
+from tiny_models import build
+from repo_paths import REPO
+
+PROBES = ("p0_mass", "value_norm_ratio")
+
+
+def _head_rows(frame: pd.DataFrame, metric: str) -> np.ndarray:
+    rows = frame[(frame["metric"] == metric) & frame["head"].notna()].sort_values(["layer", "head"])
+    return rows["value"].to_numpy(dtype=float)
+
+
+class _Ids(torch.utils.data.Dataset):
+    def __init__(self, ids: torch.Tensor):
+        self.ids = ids
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+@pytest.mark.slow  # trains
+def test_the_trainer_callback_logs_what_measure_gives_on_the_saved_checkpoint(tmp_path):
+    import sinkscope
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = build("llama").train()
+    vocab = model.config.vocab_size
+    train_ids = torch.randint(1, vocab, (16, 24), generator=torch.Generator().manual_seed(1))
+    windows = torch.randint(1, vocab, (3, 16), generator=torch.Generator().manual_seed(2)).numpy()
+    monitor = SinkMonitor(PROBES, every=2, windows=windows, out=tmp_path / "monitor")
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=4, save_steps=2, per_device_train_batch_size=4,
+                             learning_rate=5e-3, report_to=[], use_cpu=True, logging_steps=1,
+                             disable_tqdm=True, seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=_Ids(train_ids))
+    trainer.add_callback(monitor.callback(trainer))
+    attention_before = model.config._attn_implementation
+    trainer.train()
+    assert model.training and model.config._attn_implementation == attention_before  # left as it was
+
+    steps = [int(f["step"].iloc[0]) for f in monitor.frames]
+    assert steps == [0, 2, 4]
+    logged = [h for h in trainer.state.log_history if "sinks/p0_mass" in h]
+    assert [h["step"] for h in logged] == [0, 2, 4]  # through trainer.log: every report_to logger sees them
+    moved = False
+    for frame in monitor.frames[1:]:
+        step = int(frame["step"].iloc[0])
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / "hf" / f"checkpoint-{step}").eval()
+        reference = sinkscope.measure(list(PROBES), saved, windows=windows).table
+        for metric in PROBES:
+            np.testing.assert_allclose(_head_rows(frame, metric), _head_rows(reference, metric), rtol=1e-5, atol=1e-6)
+        moved |= not np.allclose(_head_rows(frame, "p0_mass"), _head_rows(monitor.frames[0], "p0_mass"), atol=1e-6)
+    assert moved, "the weights did not change: the test would compare one model with itself"
+
+    table = pd.read_csv(tmp_path / "monitor" / "monitor.csv")
+    assert sorted(table["step"].unique()) == [0, 2, 4]
+    assert list(table.columns) == ["step", "probe", "metric", "layer", "head", "value", "n"]
+    assert np.array_equal(np.load(tmp_path / "monitor" / "monitor_tokens.npy"), windows)
+
+
+@pytest.mark.slow  # trains
+def test_monitor_step_in_a_hand_written_loop_leaves_the_model_trainable(tmp_path):
+    model = build("gpt2").train()
+    windows = torch.randint(1, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).numpy()
+    monitor = SinkMonitor(every=3, windows=windows)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    measured = []
+    for step in range(1, 7):
+        ids = torch.from_numpy(windows)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()  # a buffer cached under the monitor's pass would fail here under inference mode
+        optimizer.step()
+        optimizer.zero_grad()
+        if monitor.step(model, step) is not None:
+            measured.append(step)
+        assert model.training
+    assert measured == [3, 6]
+    assert SinkMonitor.scalars(monitor.frames[0])["sinks/p0_mass"] > 0
+
+
+def test_a_folder_holding_another_monitors_table_is_refused(tmp_path):
+    windows = np.arange(2, 26).reshape(2, 12)
+    SinkMonitor(every=2, windows=windows, out=tmp_path)
+    SinkMonitor(every=5, windows=windows, out=tmp_path)  # the same probes and windows: continued
+    with pytest.raises(SinkscopeError, match="other probes or windows"):
+        SinkMonitor(every=2, windows=windows + 1, out=tmp_path)
+    with pytest.raises(SinkscopeError, match="either windows="):
+        SinkMonitor(every=2)
+    with pytest.raises(SinkscopeError, match="no_such_probe|unknown"):
+        SinkMonitor(["no_such_probe"], windows=windows)
+
+
+# ---- the bundled trainer: sinkscope train --monitor-every ----------------------------------------------------
+
+SMALL = ["n_layer=2", "n_head=2", "n_embd=32", "block_size=32"]
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory):
+    import os
+    import random
+
+    root = tmp_path_factory.mktemp("monitor-train")
+    old = os.environ.get("SINKSCOPE_CACHE")
+    os.environ["SINKSCOPE_CACHE"] = str(root / "cache")
+    rng = random.Random(0)
+    vocab = "the cat dog bird sat ran flew on under a mat house tree and with red blue small big quietly".split()
+    lines = [" ".join(rng.choice(vocab) for _ in range(10)) + "." for _ in range(3000)]
+    text = root / "words.txt"
+    text.write_text("\n\n".join("\n".join(lines[i:i + 3]) for i in range(0, len(lines), 3)), encoding="utf-8")
+    yield str(text)
+    if old is None:
+        os.environ.pop("SINKSCOPE_CACHE", None)
+    else:
+        os.environ["SINKSCOPE_CACHE"] = old
+
+
+def _train_options(text, out, **kw):
+    from sinkscope.train.loop import TrainOptions
+
+    base = dict(out=str(out), text_file=text, tokenizer="bpe300", steps=10, batch_size=8, warmup_steps=2,
+                eval_every=5, eval_windows=8, checkpoint_every=5, overrides=list(SMALL), progress=False,
+                monitor_every=5, device="cpu")
+    base.update(kw)
+    return TrainOptions(**base)
+
+
+def _last_step_equals_measure_on_the_checkpoint(ckpt, steps):
+    import sinkscope
+
+    table = pd.read_csv(ckpt / "monitor.csv")
+    assert sorted(table["step"].unique()) == steps
+    assert not table.duplicated(["step", "probe", "metric", "layer", "head"]).any()  # each step once, resumed or not
+    windows = np.load(ckpt / "monitor_tokens.npy")
+    reference = sinkscope.measure(["p0_mass", "phantom_mass", "value_norm_ratio"], str(ckpt), windows=windows).table
+    last = table[table["step"] == steps[-1]]
+    for metric in ("p0_mass", "value_norm_ratio"):
+        np.testing.assert_allclose(_head_rows(last, metric), _head_rows(reference, metric), rtol=1e-5, atol=1e-6)
+    first = table[table["step"] == 0]
+    assert not np.allclose(_head_rows(first, "p0_mass"), _head_rows(last, "p0_mass"), atol=1e-6)
+
+
+@pytest.mark.slow  # trains
+def test_train_monitor_every_equals_measure_on_the_checkpoint_and_survives_resume(words, tmp_path):
+    from sinkscope.train.checkpoint import foreign_files
+    from sinkscope.train.loop import train
+
+    straight = train(_train_options(words, tmp_path / "straight"))
+    _last_step_equals_measure_on_the_checkpoint(straight, [0, 5, 10])
+    assert foreign_files(straight) == []  # the monitor's files are the checkpoint's own
+
+    stopped = tmp_path / "stopped"
+    train(_train_options(words, stopped, stop_at=5))
+    train(_train_options(words, stopped, resume=True))
+    _last_step_equals_measure_on_the_checkpoint(stopped, [0, 5, 10])
+    a, b = pd.read_csv(straight / "monitor.csv"), pd.read_csv(stopped / "monitor.csv")
+    np.testing.assert_allclose(a["value"].to_numpy(dtype=float), b["value"].to_numpy(dtype=float), rtol=1e-5,
+                               atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.slow  # spawns Python
+def test_train_monitor_under_torchrun_two_processes(words, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import free_port
+
+    out = tmp_path / "ddp"
+    args = ["--text-file", words, "--tokenizer", "bpe300", "--steps", "10", "--batch-size", "8", "--warmup-steps", "2",
+            "--eval-every", "5", "--checkpoint-every", "5", "--monitor-every", "5",
+            "--device", "cpu", "--no-progress", "--out", str(out)] + [a for s in SMALL for a in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(free_port()), "-m", "sinkscope", "train", *args],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _last_step_equals_measure_on_the_checkpoint(out, [0, 5, 10])  # rank 0 wrote every step once
