@@ -18,6 +18,7 @@ result is saved.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import fields
 from typing import Sequence
 
@@ -117,10 +118,16 @@ def _measure(what, model, tokenizer, *, texts, windows, params, log, **options):
 
 
 def _as_tuples(options_cls: type, options: dict) -> dict:
-    """Options the CLI repeats (tuple fields) take one value or a list too: "0.1" -> ("0.1",)."""
+    """Options the CLI repeats (tuple fields) take one value or a list too: "0.1" -> ("0.1",), 6 -> (6,)."""
     repeated = {f.name for f in fields(options_cls) if str(f.type).startswith("tuple")}
-    out = {key: ((value,) if isinstance(value, str) else tuple(value)) if key in repeated and value is not None
-           else value for key, value in options.items()}
+
+    def as_tuple(value):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            return (value,)
+        return tuple(value)
+
+    out = {key: as_tuple(value) if key in repeated and value is not None else value
+           for key, value in options.items()}
     if isinstance(out.get("seq_len"), (list, tuple)):  # several lengths: seq_len=[128, 512]
         out["seq_len"] = tuple(out["seq_len"])
     elif isinstance(out.get("seq_len"), str):

@@ -163,8 +163,6 @@ def test_malformed_windows_are_one_sentence(llama, windows, words):
     assert_one_sentence(str(caught.value), *words)
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="api._as_tuples calls tuple() on a single int given for a "
-                   "repeated option (cache=6): TypeError instead of the one value the docstring promises")
 def test_a_repeated_option_takes_one_number_too(llama):
     ids = random_ids(1, 12).numpy()
     one = api.measure("stream", llama, windows=ids, length=12, chunk=4, policy="full,window", cache=6)

@@ -641,10 +641,15 @@ class P0Outliers(_LazyTensors):
         n0, no = int(self.count[place, layer, 0]), int(self.count[place, layer, 1])
         if n0 == 0 or no == 0:
             return None
+        eps = torch.finfo(self.s0.dtype).eps * 64  # round-off of the accumulated sums, with room
         m0 = self.s0[place, layer].cpu().double() / n0
         mo = self.so[place, layer].cpu().double() / no
-        var = (self.qo[place, layer].cpu().double() / no - mo.square()).clamp_min(0)
-        z = (m0 - mo) / var.sqrt()  # a channel constant over the others (force-sink's reserved ones): +-inf
+        square = self.qo[place, layer].cpu().double() / no
+        var = square - mo.square()
+        var = torch.where(var <= eps * square, torch.zeros_like(var), var)  # constant over the others
+        diff = m0 - mo
+        diff = torch.where(diff.abs() <= eps * (m0.abs() + mo.abs()), torch.zeros_like(diff), diff)
+        z = diff / var.sqrt()  # a channel constant over the others (force-sink's reserved ones): +-inf
         return torch.where(torch.isnan(z), torch.zeros_like(z), z)  # 0 / 0: the channel does not differ
 
     def rows(self) -> list[Row]:

@@ -216,12 +216,25 @@ class MassiveTopK(CleanLossSum, Probe):
         return rows
 
 
-_ENTRY = re.compile(r"^(\d+):(\d+):(\d+)=(-?[0-9.eE+-]+|nan|inf|-inf)$")
+_ENTRY = re.compile(r"^(\d+):(\d+):(\d+)=(\S+)$")
 INTERVENED = "intervened"
 
 
+def parse_entry(item: object) -> tuple[int, int, int, float] | None:
+    """``"2:0:123=0.5"`` -> (2, 0, 123, 0.5); None unless it is LAYER:POSITION:CHANNEL=VALUE with a number
+    Python's ``float`` reads (``nan`` and ``inf`` in any case included)."""
+    match = _ENTRY.match(str(item).strip())
+    if match is None:
+        return None
+    layer, position, channel, value = match.groups()
+    try:
+        return int(layer), int(position), int(channel), float(value)
+    except ValueError:
+        return None
+
+
 def _check_entries(entries: tuple) -> str | None:
-    bad = [e for e in entries if not _ENTRY.match(str(e))]
+    bad = [e for e in entries if parse_entry(e) is None]
     return f"takes LAYER:POSITION:CHANNEL=VALUE items such as 2:0:123=0, not {bad[0]!r}" if bad else None
 
 
@@ -264,10 +277,10 @@ class MassiveIntervention(LossChange):
     def setup(self) -> None:
         self.targets: dict[int, list[tuple[int, int, float]]] = {}
         for item in self.entries:
-            layer, position, channel, value = _ENTRY.match(str(item)).groups()
-            if not 0 <= int(layer) < self.spec.n_layers:
+            layer, position, channel, value = parse_entry(item)  # checked by the parameter (_check_entries)
+            if not 0 <= layer < self.spec.n_layers:
                 raise SinkscopeError(f"the entry {item} names layer {layer}; the model has {self.spec.n_layers}.")
-            self.targets.setdefault(int(layer), []).append((int(position), int(channel), float(value)))
+            self.targets.setdefault(layer, []).append((position, channel, value))
         self.setup_loss(bool(self.targets))
 
     @intervenes(hooks.RESID_POST)

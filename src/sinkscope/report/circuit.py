@@ -340,12 +340,18 @@ def _pca(runs, keep) -> dict:
     for run in runs:
         x = _rows(run.table, "pca_scatter_pc1")
         y = _rows(run.table, "pca_scatter_pc2")
+        if x.empty:  # no PCA in this run (no pre-activation point): the note below names it
+            continue
+        sep_rows = _rows(run.table, "pca_separation")
+
+        def under(frame, cond):  # the rows of one subtraction condition (all rows where there is none)
+            return frame[frame["subtracted"].astype(str) == cond] if "subtracted" in frame else frame
+
         conditions = list(dict.fromkeys(x["subtracted"].astype(str))) if "subtracted" in x else ["none"]
         for cond in conditions:
-            px = x[x["subtracted"].astype(str) == cond].set_index("point")
-            py = y[y["subtracted"].astype(str) == cond].set_index("point")
-            sep = _rows(run.table, "pca_separation")
-            sep = sep[sep["subtracted"].astype(str) == cond]["value"]
+            px = under(x, cond).set_index("point")
+            py = under(y, cond).set_index("point")
+            sep = under(sep_rows, cond)["value"]
             panels.append((run.label, cond, px, py, float(sep.iloc[0]) if len(sep) else math.nan))
     out = []
     if panels:

@@ -249,9 +249,6 @@ def test_intervention_bad_parameters_are_one_sentence(params, words):
     assert words in one_sentence(error)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="bug: _ENTRY's VALUE pattern [0-9.eE+-]+ admits text float() refuses, so setup raises a bare "
-                          "ValueError ('could not convert string to float') instead of the parameter's one sentence")
 @pytest.mark.parametrize("value", ["1.2.3", "e", "--1"])
 def test_an_entry_value_that_is_not_a_number_is_one_sentence(value):
     with pytest.raises(SinkscopeError) as error:

@@ -364,9 +364,6 @@ def test_p0_outliers_rank_the_direct_z_scores_before_and_after_the_norm():
     assert {r.layer for r in rows} == set(range(L))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a channel equal to the same non-zero constant at every position gets "
-                                       "z = +-inf from round-off (mean of the others != the constant, variance 0), "
-                                       "where the docstring says 0")
 def test_p0_outliers_a_constant_channel_that_does_not_differ_has_z_zero():
     x = np.random.default_rng(10).normal(size=(3, 7, 4))  # (B, T, C)
     x[:, :, 2] = 0.7  # the same value at position 0 and everywhere else

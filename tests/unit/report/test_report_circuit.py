@@ -289,10 +289,6 @@ def test_pca_entry_has_a_panel_per_subtraction_and_a_row_of_scores(tmp_path, one
     assert out["note"] is None
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="bug (latent): _pca reads the 'subtracted' column of a run without PCA rows, which a table "
-                          "without them lacks, so its 'No PCA for ...' note is never reached (KeyError); build.py only "
-                          "asks for metrics every run has, so a report does not hit it today")
 def test_pca_entry_names_a_run_without_a_pca(tmp_path, one):
     table, run = one
     no_pca = make_run(tmp_path / "moe", circuit_rows(2, pca=False), "moe")
