@@ -50,7 +50,9 @@ def test_the_readme_is_a_landing_page():
 def test_the_readme_keeps_the_set_up_commands():
     text = README.read_text(encoding="utf-8")
     assert "    make demo    # set-up, then `sinkscope sinks`" in text
-    assert "    make test    # set-up, then the test suite (pytest)" in text
+    assert "    make test    # set-up, then the fast tests" in text
+    assert "    make test-all\n" in text  # what CI runs (.ci/run)
+    assert "make test-all" in (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert "    make docs    #" in text
 
 
