@@ -18,6 +18,7 @@ result is saved.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import fields
 from typing import Sequence
@@ -108,13 +109,28 @@ def _measure(what, model, tokenizer, *, texts, windows, params, log, **options):
             raise SinkscopeError(f"{command.name} has no option {key!r}{suggest(key, known)}.")
     inputs = Inputs(texts=[texts] if isinstance(texts, str) else (list(texts) if texts is not None else None),
                     windows=windows)
+    if isinstance(model, (list, tuple, set)):
+        raise SinkscopeError(f"model= takes one model, not a {type(model).__name__} of {len(model)}; call measure once "
+                             "per model (the command line's `sinkscope sinks A B C` compares several on one page).")
     if isinstance(model, torch.nn.Module):
+        _check_loaded(model)
         inputs.model, inputs.tokenizer = model, tokenizer
         model = None
+    elif model is not None and not isinstance(model, (str, os.PathLike)):
+        raise SinkscopeError(f"model= takes a hub id, a path or a loaded torch module, not a {type(model).__name__}.")
     elif tokenizer is not None:
         raise SinkscopeError("tokenizer= goes with a loaded model; a model named by path or id brings its own.")
+    model = os.fspath(model) if isinstance(model, os.PathLike) else model
     run_options = command.options(model=model, **{"progress": False, **_as_tuples(command.options, options)})
     return execute(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))
+
+
+def _check_loaded(model) -> None:
+    """A module whose weights are not in memory (the meta device: ``init_empty_weights``, a ``device_map``
+    that offloaded everything) has nothing to measure: one sentence, not torch's ``.item()`` error."""
+    if any(tensor.is_meta for tensor in (*model.parameters(), *model.buffers())):
+        raise SinkscopeError("the model's weights are on the meta device (created without loading them, as "
+                             "init_empty_weights does); load the weights, then measure.")
 
 
 def _as_tuples(options_cls: type, options: dict) -> dict:

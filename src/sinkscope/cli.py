@@ -6,14 +6,17 @@ printed as ``error: ...`` with exit code 1 (never a traceback); Ctrl-C exits 130
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
 from typing import Annotated, Optional
 
 import typer
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import Interrupted, SinkscopeError
 
 app = typer.Typer(
     name="sinkscope",
@@ -89,20 +92,57 @@ DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="Shard
 CheckpointSecondsOpt = Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")]
 
 
+class _Stop:
+    """The signal that stopped the command (None: Ctrl-C or still running)."""
+
+    signal_name: str | None = None
+
+
+def _on_stop_signal(signum, _frame):
+    _Stop.signal_name = signal.Signals(signum).name
+    raise KeyboardInterrupt  # the Ctrl-C paths: progress kept, the sentence that says how to resume
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """SIGTERM (a scheduler's stop, `kill`) ends a command as Ctrl-C does, with its sentence, exit 143."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _Stop.signal_name = None
+    previous = signal.signal(signal.SIGTERM, _on_stop_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted() -> tuple[str, int]:
+    """("interrupted", 130) after Ctrl-C; ("stopped by SIGTERM", 143) after SIGTERM (128 + 15)."""
+    name = _Stop.signal_name
+    return (f"stopped by {name}", 128 + signal.Signals[name].value) if name else ("interrupted", 130)
+
+
 def _friendly_errors(func):
     """Turn anticipated failures into one sentence on stderr and a non-zero exit."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
+            with _stop_signals():
+                return func(*args, **kwargs)
         except SinkscopeError as error:
             _echo_traceback(error)
-            typer.echo(f"error: {error}", err=True)
-            raise typer.Exit(error.exit_code) from None  # 1; 130 for an interrupted run (errors.Interrupted)
+            message, code = str(error), error.exit_code  # 1; 130 for an interrupted run (errors.Interrupted)
+            if isinstance(error, Interrupted) and _Stop.signal_name:
+                word, code = _interrupted()
+                message = message.replace("interrupted", word, 1)
+            typer.echo(f"error: {message}", err=True)
+            raise typer.Exit(code) from None
         except KeyboardInterrupt:
-            typer.echo("error: interrupted; no run folder was written.", err=True)
-            raise typer.Exit(130) from None
+            word, code = _interrupted()
+            typer.echo(f"error: {word}; no run folder was written.", err=True)
+            raise typer.Exit(code) from None
         except BrokenPipeError:  # `sinkscope ls probes | head`: the reader left, nothing is wrong
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(0) from None
@@ -682,9 +722,10 @@ def train(
     try:
         folder = train_model(options)
     except KeyboardInterrupt:
-        typer.echo(f"error: interrupted; {out} keeps its last checkpoint, if one was written (continue with --resume).",
+        word, code = _interrupted()
+        typer.echo(f"error: {word}; {out} keeps its last checkpoint, if one was written (continue with --resume).",
                    err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(code) from None
     if folder is not None:
         typer.echo(str(folder))
 
@@ -741,8 +782,9 @@ def sweep(
     try:
         page = run_sweep(options, log=lambda message: typer.echo(message, err=True))
     except KeyboardInterrupt:
-        typer.echo(f"error: interrupted; rerun the same command to continue the sweep in {out}.", err=True)
-        raise typer.Exit(130) from None
+        word, code = _interrupted()
+        typer.echo(f"error: {word}; rerun the same command to continue the sweep in {out}.", err=True)
+        raise typer.Exit(code) from None
     typer.echo(str(page))
 
 
@@ -785,11 +827,16 @@ def run_recipe_command(
     recipe: Annotated[list[str], typer.Argument(help="One or more recipe TOML files, e.g. probes/sinks-smollm2.toml, run in order.")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable); applies to every recipe given.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="The MODEL of the recipes' measuring steps (the same as --set model=...).")] = None,
+    trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Let the steps' models (and a train step's --tokenizer folder) run their own Python code; a recipe's trust_remote_code = true needs this.")] = False,
+    plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A probe plugin file for the measure steps (repeatable); a recipe's plugins = [...] must be given here too.")] = None,
+    allow_recipe_code: Annotated[bool, typer.Option("--allow-recipe-code", help="Run the code the recipes name (trust_remote_code, plugins) without repeating it here.")] = False,
 ) -> None:
     """Run probe recipes (TOML files naming a command and its options, or steps).
 
     A measuring step without an `out` writes to reports/<time>-<recipe>-<model>-...: the recipe's
-    name is in the run folder's name.
+    name is in the run folder's name. A recipe is a file someone hands you, like a model: code it
+    names (trust_remote_code = true, plugins = [...]) runs only with --trust-remote-code, --plugin
+    or --allow-recipe-code, and the run first says which code it runs.
 
     Examples:
 
@@ -807,7 +854,9 @@ def run_recipe_command(
     from sinkscope.recipes import run_recipes
 
     overrides = list(set_ or []) + ([f"model={json.dumps(model)}"] if model is not None else [])
-    for result in run_recipes(recipe, overrides):
+    for result in run_recipes(recipe, overrides, log=lambda message: typer.echo(message, err=True),
+                              allow_code=allow_recipe_code, trust_remote_code=trust_remote_code,
+                              plugins=tuple(plugin or ())):
         typer.echo(str(result))
 
 
@@ -894,7 +943,11 @@ def _absent_hooks(model: str, trust_remote_code: bool) -> dict[str, str]:
 
     source = resolve_source(model)
     from sinkscope.capture.families import ModelSpec, family_of
-    from sinkscope.sources import load_model
+    from sinkscope.sources import load_model, remote_code_note
+
+    note = remote_code_note(source) if trust_remote_code else None
+    if note:
+        typer.echo(f"trust_remote_code: {note}", err=True)
 
     loaded = load_model(source, device="cpu", dtype="float32", trust_remote_code=trust_remote_code, log=lambda m: None)
     if hasattr(loaded.model, "model_spec"):  # the bundled trainer emits every point itself

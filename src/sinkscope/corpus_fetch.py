@@ -576,7 +576,10 @@ def fetch_austen(dest: Path | None = None, *, force: bool = False,
 
 def corpus_chars(dest: Path) -> int:
     """Return the total character count recorded in ``dest``'s SOURCE.json."""
-    manifest = json.loads((Path(dest) / SOURCE_FILE).read_text(encoding="utf-8"))
+    from sinkscope.fileio import read_json
+
+    manifest = read_json(Path(dest) / SOURCE_FILE, "the corpus record", expect=dict,
+                         hint="fetch the corpus again with --force")
     return sum(int(info["chars"]) for info in manifest["files"].values())
 
 
@@ -606,7 +609,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         total = corpus_chars(path)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except SinkscopeError as exc:  # a record that is not JSON (or nested too deeply): its own sentence
+        print(str(exc), file=sys.stderr)
+        return 1
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         print(_fail(f"{path / SOURCE_FILE} is unreadable: {exc}; rerun with --force"),
               file=sys.stderr)
         return 1

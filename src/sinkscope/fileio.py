@@ -15,6 +15,11 @@ did not write:
   not lie inside the folder it replaces;
 - :func:`exclusive_lock`: one writer per output folder at a time, with a lock file that is
   created exclusively and never followed through a symbolic link or truncated.
+
+And how every JSON file sinkscope did not just write is read: :func:`read_json` (and
+:func:`parse_json` for JSON text inside another file) turns a file that is not UTF-8, not JSON,
+nested too deeply (``[[[[...]]]]``, else a ``RecursionError``) or of the wrong top-level type
+into one sentence naming the file.
 """
 
 from __future__ import annotations
@@ -100,6 +105,105 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+# ---- reading JSON: every failure is one sentence naming the file ---------------------------------------
+
+#: the deepest nesting a JSON file sinkscope reads may have (its own files and models' configs and
+#: tokenizers stay under 20); deeper is refused, so that no reader that recurses into the value
+#: (transformers, ``json.dumps``, a deep copy) can hit Python's recursion limit later.
+JSON_MAX_DEPTH = 100
+#: the default end of the sentence: what to do about a damaged file.
+JSON_HINT = "repair or replace it"
+
+
+def _json_kind(value: object) -> str:
+    """``a list``, ``a string``, ... for a message about a JSON value of the wrong type."""
+    return {dict: "a JSON object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _nested_deeper(value: object, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests lists and objects more than ``limit`` levels deep.
+
+    Level by level, without recursion (a 9 MB tokenizer.json takes a tenth of its parse).
+    """
+    level = [value] if type(value) is dict or type(value) is list else []
+    for _ in range(limit):
+        if not level:
+            return False
+        level = [child for node in level for child in (node.values() if type(node) is dict else node)
+                 if type(child) is dict or type(child) is list]
+    return bool(level)
+
+
+def try_parse_json(text: str) -> tuple[object, str | None]:
+    """``(value, None)`` for JSON text, or ``(None, why it is not valid JSON)`` ("nested too deeply"); never raises.
+
+    For a reader that words its own sentence; :func:`parse_json` and :func:`read_json` raise one.
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return None, "nested too deeply"
+    except json.JSONDecodeError as error:
+        return None, f"{error.msg} at line {error.lineno} column {error.colno}"
+    except (ValueError, TypeError) as error:  # e.g. an integer with more digits than int() converts
+        return None, (str(error).splitlines() or [type(error).__name__])[0].split(";")[0][:120]
+    if isinstance(value, (dict, list)) and text.count("[") + text.count("{") > JSON_MAX_DEPTH \
+            and _nested_deeper(value, JSON_MAX_DEPTH):
+        return None, f"nested too deeply, more than {JSON_MAX_DEPTH} levels"
+    return value, None
+
+
+def _check_type(value: object, expect: type | tuple[type, ...] | None) -> str | None:
+    if expect is None or isinstance(value, expect):
+        return None
+    wanted = " or ".join(_json_kind(t()) for t in (expect if isinstance(expect, tuple) else (expect,)))
+    return f"holds {_json_kind(value)} where {wanted} belongs"
+
+
+def parse_json(text: str, what: str, *, expect: type | tuple[type, ...] | None = None,
+               hint: str = JSON_HINT) -> object:
+    """JSON ``text`` that sinkscope did not just write (a header inside a file), or one sentence.
+
+    ``what`` names the text and where it lies ("the header of the state file X"); ``expect`` is
+    the type the top-level value must have (``dict``); ``hint`` ends the sentence.
+    """
+    value, problem = try_parse_json(text)
+    if problem is not None:
+        raise SinkscopeError(f"{what} is not valid JSON ({problem}); {hint}.")
+    wrong = _check_type(value, expect)
+    if wrong is not None:
+        raise SinkscopeError(f"{what} {wrong}; {hint}.")
+    return value
+
+
+def read_json(path: str | os.PathLike, what: str, *, expect: type | tuple[type, ...] | None = None,
+              missing_ok: bool = False, hint: str = JSON_HINT) -> object:
+    """The JSON file ``path``, read as UTF-8 and parsed; every failure is one :class:`SinkscopeError`.
+
+    The sentence names the file and what it is ("``what`` at PATH is not valid JSON (why); ``hint``."):
+    ``what`` is a noun phrase ("the model's config"), ``hint`` what to do about it. Refused: a file that cannot be read, is not
+    UTF-8, is not valid JSON or nests deeper than :data:`JSON_MAX_DEPTH` (a file of
+    ``[[[[...]]]]`` would otherwise be a ``RecursionError``), or whose top-level value is not of the
+    type ``expect``. A missing file is None with ``missing_ok``, else one sentence too.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise SinkscopeError(f"there is no {what} at {path}; {hint}.") from None
+    except OSError as error:
+        raise SinkscopeError(f"could not read {what} at {path} ({error.strerror or error}); {hint}.") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise SinkscopeError(f"{what} at {path} is not UTF-8 text (byte 0x{data[error.start]:02x} at offset "
+                             f"{error.start}); {hint}.") from None
+    return parse_json(text, f"{what} at {path}", expect=expect, hint=hint)
+
+
 # ---- what sinkscope wrote: the inventory -------------------------------------------------------------
 
 #: the hidden file in which a writer lists what it wrote into a folder (written last).
@@ -157,13 +261,19 @@ def write_inventory(folder: Path, writer: str, *, trees: Iterable[str] = (), kee
 
 
 def read_inventory(folder: Path) -> dict | None:
-    """A folder's inventory (``writer``, ``files``, ``trees``), or None without a valid one."""
-    try:
-        record = json.loads((Path(folder) / INVENTORY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """A folder's inventory (``writer``, ``files``, ``trees``), or None when it has none.
+
+    A damaged one (not UTF-8, not JSON, nested too deeply, no list of files) is one sentence naming
+    it: sinkscope cannot tell which of the folder's files it wrote, so it replaces none of them.
+    """
+    path = Path(folder) / INVENTORY
+    if not path.is_file():
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("files"), list):
-        return None
+    hint = ("sinkscope cannot tell which files of the folder it wrote, so it replaces none of them: remove the "
+            "folder yourself if nothing in it is yours, or write elsewhere")
+    record = read_json(path, "sinkscope's record of its files", expect=dict, hint=hint)
+    if not isinstance(record.get("files"), list):
+        raise SinkscopeError(f"sinkscope's record of its files at {path} holds no list of files; {hint}.")
     return {"writer": str(record.get("writer", "")), "files": [str(f) for f in record["files"]],
             "trees": [str(t) for t in record.get("trees", []) if isinstance(t, str)]}
 

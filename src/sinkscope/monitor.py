@@ -141,15 +141,13 @@ class SinkMonitor:
 
     def _open(self) -> None:
         """Create ``out`` (or check that its table is this monitor's: same probes and windows)."""
-        from sinkscope.fileio import atomic_write_bytes, atomic_write_text
+        from sinkscope.fileio import atomic_write_bytes, atomic_write_text, read_json
 
         self.out.mkdir(parents=True, exist_ok=True)
         table, manifest = self.out / TABLE, self.out / MANIFEST
         if table.exists() or manifest.exists():
-            try:
-                held = json.loads(manifest.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                held = None
+            held = read_json(manifest, "the monitor's manifest", expect=dict, missing_ok=True,
+                             hint="give the monitor another out= folder")
             mine = self._manifest()
             if held is None or any(held.get(k) != mine[k] for k in ("probes", "windows_sha256")):
                 raise SinkscopeError(f"{self.out} already holds a monitor table of other probes or windows (or one "

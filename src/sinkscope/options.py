@@ -6,10 +6,12 @@ mistake costs a fraction of a second; ``pipeline.py`` runs the command.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.paths import user_path
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
@@ -70,6 +72,18 @@ class RunOptions:
     resume: bool = False
     checkpoint_seconds: float = 30.0
     device_map: str | None = None
+
+    def __post_init__(self):
+        expand_paths(self, model="MODEL", out="--out", text_file="--text-file")
+
+
+def expand_paths(options, **fields: str) -> None:
+    """``~`` in the named path fields expanded once, where the options are made (``paths.user_path``),
+    so every reader and writer sees the same path; a name that is not UTF-8 is one sentence."""
+    for name, option in fields.items():
+        value = getattr(options, name, None)
+        if isinstance(value, (str, os.PathLike)):
+            object.__setattr__(options, name, user_path(value, option))
 
 
 @dataclass(frozen=True)

@@ -16,3 +16,25 @@ def cache_root() -> Path:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg).expanduser() / "sinkscope"
+
+
+def user_path(value: str | os.PathLike | None, option: str) -> str | None:
+    """A path the user gave, as every writer and reader will use it: ``~`` expanded once, here.
+
+    A launcher that quotes ``--out '~/runs/x'`` passes the ``~`` through; without this, folders were
+    made as ``./~/runs`` while the table writer expanded it. A name that cannot be written as UTF-8
+    (bytes such as ``caf\\xe9`` that the file system decoded with surrogates) is refused before
+    anything loads, naming ``option``; None stays None.
+    """
+    if value is None:
+        return None
+    text = os.fspath(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        from sinkscope.errors import SinkscopeError
+
+        shown = text.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        raise SinkscopeError(f"{option} {shown} holds bytes that are not UTF-8 text (position {error.start}); "
+                             "give a name in UTF-8.") from None
+    return os.path.expanduser(text) if text.startswith("~") else text

@@ -56,10 +56,12 @@ from sinkscope.sources import (
     LoadedModel,
     Source,
     check_device_map,
+    check_model_size,
     context_length,
     embedding_rows,
     load_model,
     load_tokenizer,
+    remote_code_note,
     model_config_summary,
     resolve_device,
     resolve_dtype,
@@ -256,6 +258,7 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     resolve_dtype(options.dtype, resolve_device(device))  # a bad --device/--dtype fails here, in a second
     check_device_map(options.device_map, source)
     if inputs.model is None:
+        check_model_size(source)  # sizes in config.json: positive, and a model that fits in memory
         command.check_source(options, source)
     result = Plan(command, options, source, out_dir, corpus, device, rank, world_size, inputs, cleanup,
                   checkpoint_split)
@@ -421,6 +424,9 @@ def load(plan_: Plan, log) -> Loaded:
         if plan_.checkpoint_split:
             windows = _checkpoint_windows(plan_, log)
             options = plan_.options
+        note = remote_code_note(plan_.source) if options.trust_remote_code else None
+        if note:
+            log(f"trust_remote_code: {note}")
         tokenizer = load_tokenizer(plan_.source, trust_remote_code=options.trust_remote_code)
         if windows is None and tokenizer is not None:
             windows = _windows(plan_, tokenizer, log)
@@ -1013,9 +1019,11 @@ def _kept_tokens(children: list[Path], plans: list[Plan | None]) -> str | None:
     """The token windows' sha256 of the first run a resumed series kept (its manifest), or None."""
     for child, plan_ in zip(children, plans):
         if plan_ is None:
-            try:
-                return json.loads((child / "manifest.json").read_text(encoding="utf-8"))["windows"]["tokens_sha256"]
-            except (OSError, ValueError, KeyError, TypeError):
+            from sinkscope.fileio import read_json
+
+            try:  # a damaged manifest (not JSON, [[[[...]]]]): no kept windows to compare with
+                return read_json(child / "manifest.json", "the run's manifest")["windows"]["tokens_sha256"]
+            except (SinkscopeError, KeyError, TypeError):
                 return None
     return None
 

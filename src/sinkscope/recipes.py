@@ -33,6 +33,13 @@ one command only, and ``--set vars.root=runs/x`` changes a variable. Unknown key
 are refused with one sentence, before any model is loaded or trained; so are unknown top-level
 keys (an option written above ``[options]`` is not silently ignored).
 
+A recipe is a file someone hands you, like a model: code it names runs only when the command line
+opts in. A step's ``trust_remote_code = true`` (the model folder's own Python code) needs
+``sinkscope run --trust-remote-code``; a ``plugins = [...]`` file needs the same file given with
+``--plugin`` (or ``--set plugins=...``); ``--allow-recipe-code`` allows both for every recipe given.
+Anything else is refused in one sentence before the first step runs (:func:`check_recipe_code`),
+and a run that does execute code first says which (``recipe_code_notes``).
+
 The measuring commands are the pipeline's (``commands/``: ``sinks``, ``measure``, ...); ``train``
 and ``report`` steps run the trainer and the report; ``sweep`` and ``toy`` steps run
 ``sinkscope sweep`` (``sweep.SweepOptions``) and ``sinkscope toy`` (``toy.ToyOptions``).
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +57,7 @@ from typing import get_type_hints
 
 from sinkscope.commands import discover
 from sinkscope.errors import SinkscopeError
+from sinkscope.paths import user_path
 
 #: what a recipe may hold at its top level; every option goes under [options] (or a step's).
 TOP_LEVEL_KEYS = ("command", "description", "options", "steps", "vars")
@@ -62,6 +71,12 @@ class ReportOptions:
     labels: list[str] | None = None  # one per run, in order (default: folder names)
     out: str | None = None  # default: as `sinkscope report`
     overwrite: bool = False  # replace a report sinkscope wrote at out (never other files)
+
+    def __post_init__(self):
+        from sinkscope.options import expand_paths
+
+        expand_paths(self, out="out")
+        self.runs = [user_path(run, "runs") for run in self.runs]
 
 
 def _report(options: ReportOptions, log=None):
@@ -213,6 +228,8 @@ def load_steps(path: str, overrides: list[str] = ()) -> list[tuple[str, object]]
                              "UTF-8.") from error
     except tomllib.TOMLDecodeError as error:
         raise SinkscopeError(f"the recipe {path} is not valid TOML ({error}).") from error
+    except RecursionError:  # a hostile file: arrays nested thousands deep
+        raise SinkscopeError(f"the recipe {path} is not a recipe (its values are nested too deeply to read).") from None
     commands = _commands()
     unknown = [key for key in recipe if key not in TOP_LEVEL_KEYS]
     if unknown:
@@ -292,18 +309,107 @@ def named_run_dirs(path: str, steps: list[tuple[str, object]]) -> list[tuple[str
     return named
 
 
-def run_recipe(path: str, overrides: list[str] = (), log=None):
+#: the options of a step that make Python code run: the model's own code, a probe plugin file.
+CODE_OPTIONS = ("trust_remote_code", "plugins")
+
+
+def _set_on_command_line(overrides: list[str]) -> set[str]:
+    """The option names ``--set`` gives (``plugins=...`` or ``measure.plugins=...``)."""
+    names = set()
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        scope, dot, name = key.partition(".")
+        if scope != "vars":
+            names.add(name if dot else key)
+    return names
+
+
+def _same_file(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+
+
+def check_recipe_code(path: str, steps: list[tuple[str, object]], overrides: list[str] = (), *,
+                      allow_code: bool = False, trust_remote_code: bool = False,
+                      plugins: tuple[str, ...] = ()) -> None:
+    """Refuse, in one sentence, code the recipe file names that the command line did not opt in to.
+
+    ``trust_remote_code = true`` needs ``trust_remote_code`` (``run --trust-remote-code``); a plugin
+    file needs to be among ``plugins`` (``run --plugin``); ``allow_code`` (``--allow-recipe-code``)
+    allows both. Values given with ``--set`` are the command line's own.
+    """
+    if allow_code:
+        return
+    from_cli = _set_on_command_line(list(overrides))
+    for n, (command, options) in enumerate(steps, 1):
+        where = f"step {n} ({command}) of the recipe {path}" if len(steps) > 1 else f"the recipe {path}"
+        if getattr(options, "trust_remote_code", False) and "trust_remote_code" not in from_cli and not trust_remote_code:
+            raise SinkscopeError(
+                f"{where} sets trust_remote_code = true, which lets the model's own Python code run; if you trust "
+                "that code, run the recipe with --trust-remote-code (or --allow-recipe-code).")
+        if "plugins" in from_cli:
+            continue
+        for plugin in getattr(options, "plugins", ()) or ():
+            if not any(_same_file(plugin, given) for given in plugins):
+                raise SinkscopeError(
+                    f"{where} names the probe plugin {plugin}, a Python file that would run; if you trust it, give it "
+                    f"on the command line too (--plugin {plugin}) or run with --allow-recipe-code.")
+
+
+def recipe_code_notes(steps: list[tuple[str, object]]) -> list[str]:
+    """One line per piece of code the steps will run, said before the first step runs."""
+    notes = []
+    for n, (command, options) in enumerate(steps, 1):
+        for plugin in getattr(options, "plugins", ()) or ():
+            notes.append(f"step {n} ({command}) runs the probe plugin {Path(plugin).expanduser().resolve()}")
+        if getattr(options, "trust_remote_code", False):
+            what = getattr(options, "model", None) or getattr(options, "tokenizer", None) or "its model"
+            notes.append(f"step {n} ({command}) may run the Python code of {what} (trust_remote_code)")
+    return notes
+
+
+def _with_command_line_code(steps, trust_remote_code: bool, plugins: tuple[str, ...]):
+    """``run --trust-remote-code`` and ``--plugin`` apply to every step that has the option."""
+    out = []
+    for command, options in steps:
+        names = {f.name for f in dataclasses.fields(options)}
+        changes = {}
+        if trust_remote_code and "trust_remote_code" in names:
+            changes["trust_remote_code"] = True
+        if plugins and "plugins" in names:
+            given = tuple(getattr(options, "plugins", ()) or ())
+            changes["plugins"] = given + tuple(p for p in plugins if not any(_same_file(p, g) for g in given))
+        out.append((command, dataclasses.replace(options, **changes) if changes else options))
+    return out
+
+
+def run_recipe(path: str, overrides: list[str] = (), log=None, **code):
     """Load and run a recipe's steps in order; returns what the last step returns (a folder or page)."""
-    return run_recipes([path], overrides, log=log)[0]
+    return run_recipes([path], overrides, log=log, **code)[0]
 
 
-def run_recipes(paths: list[str], overrides: list[str] = (), log=None) -> list:
+def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_code: bool = False,
+                trust_remote_code: bool = False, plugins: tuple[str, ...] = ()) -> list:
     """Several recipes, one after the other, every one checked (and ``--set`` applied to each) before
-    the first step runs; returns what each recipe's last step returns."""
+    the first step runs; returns what each recipe's last step returns.
+
+    Code a recipe names runs only with the command line's opt-in (:func:`check_recipe_code`):
+    ``allow_code`` (``--allow-recipe-code``), ``trust_remote_code`` (``--trust-remote-code``) and
+    ``plugins`` (``--plugin``, also loaded by every measuring step that takes plugins).
+    """
     if not paths:
         raise SinkscopeError("give at least one recipe file.")
+    plugins = tuple(plugins)
     commands = _commands()
-    loaded = [named_run_dirs(path, load_steps(path, overrides)) for path in paths]
+    loaded = []
+    for path in paths:
+        steps = load_steps(path, overrides)
+        check_recipe_code(path, steps, overrides, allow_code=allow_code, trust_remote_code=trust_remote_code,
+                          plugins=plugins)
+        loaded.append(named_run_dirs(path, _with_command_line_code(steps, trust_remote_code, plugins)))
+    say = log or (lambda message: print(message, file=sys.stderr))
+    for path, steps in zip(paths, loaded):
+        for note in recipe_code_notes(steps):
+            say(f"{Path(path).name}: {note}")
     from sinkscope.fileio import check_inputs_outside
 
     for path, steps in zip(paths, loaded):  # a step replaces its out: never the recipe being run

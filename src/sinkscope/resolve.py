@@ -77,6 +77,8 @@ def _resolve_source(model: str | None) -> Source:
     if path.is_dir():
         from sinkscope.train.checkpoint import is_checkpoint
 
+        if (path / "config.json").is_file():  # a damaged JSON file is named here, before transformers reads it
+            check_model_files(path)
         if is_checkpoint(path):
             return Source("checkpoint", model, str(path), label=path.resolve().name)
         if (path / "config.json").is_file():
@@ -87,12 +89,54 @@ def _resolve_source(model: str | None) -> Source:
         raise SinkscopeError(
             f"the folder {model} holds neither a config.json (a save_pretrained model) nor a single .gguf file."
         )
+    if not os.path.lexists(path):  # a save killed between its two renames left the checkpoint beside it
+        from sinkscope.train.checkpoint import interrupted_save_message
+
+        message = interrupted_save_message(path, model)
+        if message:
+            raise SinkscopeError(message)
     if model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1) or path.exists():
         raise SinkscopeError(f"no model file or folder at {model}.")
     if "/" in model and Path(model.split("/", 1)[0]).is_dir():  # `ckpt/sinklogt`: a typo, not a hub id
         raise SinkscopeError(f"no model file or folder at {model} (and {model.split('/', 1)[0]}/ is a local folder, "
                              "so this is not read as a hub id).")
     return Source("hub", model, None, label=model)
+
+
+#: the JSON files of a model (or tokenizer) folder that transformers parses itself: the config, the
+#: generation settings, the tokenizer's files, the index of sharded weights. sinkscope reads each
+#: first (:func:`check_model_files`), so a damaged one is one sentence naming it, never a traceback
+#: from inside transformers (a ``RecursionError`` for ``[[[[...]]]]``).
+MODEL_JSON_FILES = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+                    "added_tokens.json", "tokenizer.json", "chat_template.json", "vocab.json",
+                    "model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: real path -> identity (device, inode, size, mtime, ctime) of the version of a file found valid.
+_CHECKED: dict[str, tuple[int, ...]] = {}
+
+
+def check_model_files(folder: str | os.PathLike, whose: str = "the model's") -> None:
+    """Read every JSON file of :data:`MODEL_JSON_FILES` in ``folder`` (``fileio.read_json``); one sentence
+    for the first that is damaged: "the model's config.json at PATH is not valid JSON (nested too deeply); ...".
+
+    ``whose`` begins the sentence ("the tokenizer's"). Each version of a file is read once per
+    process (a run checks its model when it resolves it and again when it loads it).
+    """
+    from sinkscope.fileio import read_json
+
+    for name in MODEL_JSON_FILES:
+        path = Path(folder) / name
+        try:
+            info = path.stat()
+        except OSError:
+            continue  # absent (or unreadable, which read_json would say; transformers reads only what exists)
+        if not path.is_file():
+            continue
+        real = os.path.realpath(path)
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if _CHECKED.get(real) == identity:
+            continue
+        read_json(path, f"{whose} {name}", expect=None if name == "vocab.json" else dict)
+        _CHECKED[real] = identity
 
 
 # ---- a series of checkpoints: several revisions, or a folder of trainer checkpoints ------------------
@@ -153,12 +197,12 @@ def checkpoint_series(model: str | None) -> list[str] | None:
 
 def one_training(locations: list[str]) -> bool:
     """Whether trainer checkpoints are of one training (the same variant, seed, tier and task in config.json)."""
-    import json
+    from sinkscope.fileio import read_json
 
     def key(location: str):
-        try:
-            meta = json.loads((Path(location).expanduser() / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        try:  # a damaged one is named when it is resolved
+            meta = read_json(Path(location).expanduser() / "config.json", "the checkpoint's config.json")
+        except SinkscopeError:
             return None
         return tuple(str(meta.get(k)) for k in ("variant", "seed", "tier", "task")) if isinstance(meta, dict) else None
 
@@ -167,10 +211,10 @@ def one_training(locations: list[str]) -> bool:
 
 
 def _checkpoint_step(folder: Path) -> int | None:
-    import json
+    from sinkscope.fileio import read_json
 
-    try:
-        step = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("step")
-    except (OSError, ValueError, AttributeError):
+    try:  # a damaged one is named when it is resolved
+        step = read_json(folder / "config.json", "the checkpoint's config.json", expect=dict).get("step")
+    except SinkscopeError:
         return revision_step(folder.name)
     return step if isinstance(step, int) and not isinstance(step, bool) else revision_step(folder.name)

@@ -38,7 +38,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -313,9 +313,11 @@ def is_run_folder(folder: Path) -> bool:
     Whether it may be replaced is another question (:func:`check_run_dir`): a manifest is easily
     copied next to other files.
     """
-    try:
-        manifest = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from sinkscope.fileio import read_json
+
+    try:  # a damaged manifest (not JSON, [[[[...]]]]) is no run's; reading the run names it (report.build.read_run)
+        manifest = read_json(Path(folder) / "manifest.json", "the run's manifest")
+    except SinkscopeError:
         return False
     return isinstance(manifest, dict) and "format_version" in manifest and "command" in manifest
 

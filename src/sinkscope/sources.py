@@ -88,10 +88,11 @@ def _gguf_cache_key(path: Path) -> str:
     if memo is not None and memo[0] == identity:  # this process asked already (a run asks several times)
         return memo[1]
     index_file = cache_root() / "gguf-hashes.json"
+    from sinkscope.fileio import read_json
+
     try:
-        index = json.loads(index_file.read_text(encoding="utf-8"))
-        index = index if isinstance(index, dict) else {}
-    except (OSError, ValueError):
+        index = read_json(index_file, "the index of GGUF hashes", expect=dict, missing_ok=True) or {}
+    except SinkscopeError:  # a damaged index (not JSON, [[[[...]]]]) is rewritten: a rehash, never a failure
         index = {}
     known = index.get(real)
     if isinstance(known, dict) and known.get("identity") == identity and isinstance(known.get("sha256"), str):
@@ -122,7 +123,16 @@ def _quiet_transformers():
 
 
 def _gguf_cached(cache: Path) -> bool:
-    return (cache / "config.json").is_file() and (cache / "SINKSCOPE_COMPLETE").is_file()
+    """Whether ``cache`` holds a complete float32 conversion whose JSON files are sound (a damaged one is rebuilt)."""
+    if not ((cache / "config.json").is_file() and (cache / "SINKSCOPE_COMPLETE").is_file()):
+        return False
+    from sinkscope.resolve import check_model_files
+
+    try:
+        check_model_files(cache, "the cached conversion's")
+    except SinkscopeError:
+        return False
+    return True
 
 
 def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None,
@@ -316,6 +326,7 @@ def load_tokenizer(source: Source, *, trust_remote_code: bool = False):
     """The tokenizer of ``source`` alone (seconds), so inputs can be checked before the model loads."""
     from transformers import AutoTokenizer
 
+    check_json_files(source)
     _quiet_transformers()
     try:
         if source.kind == "gguf":
@@ -341,6 +352,25 @@ def _tokenizer_error(source: Source, error: Exception):
     raise SinkscopeError(f"could not load the tokenizer of {source.location} ({_short(error)}).") from error
 
 
+def check_json_files(source: Source) -> None:
+    """Read the JSON files transformers will parse for ``source`` (``resolve.check_model_files``) first, so a
+    damaged one (not JSON, ``[[[[...]]]]``) is one sentence naming it: a folder's or checkpoint's, and a hub
+    model's in the local Hugging Face cache. A GGUF's cached conversion is rebuilt instead (``_gguf_cached``)."""
+    from sinkscope.resolve import check_model_files
+
+    if source.kind in ("folder", "checkpoint"):
+        check_model_files(source.path)
+    elif source.kind == "hub":
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(source.location, "config.json", revision=source.revision)
+        except Exception:  # noqa: BLE001 - an id the cache cannot hold: the loader says so
+            cached = None
+        if isinstance(cached, str):
+            check_model_files(Path(cached).parent)
+
+
 def _config(source: Source) -> dict | None:
     """The model's config file as a dict, without loading weights (None if there is none yet)."""
     config_file = None
@@ -350,17 +380,49 @@ def _config(source: Source) -> dict | None:
         config_file = gguf_cache_dir(Path(source.path)) / "config.json"
     if config_file is None or not config_file.is_file():
         return None
+    from sinkscope.fileio import read_json
+
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if not isinstance(config, dict):
-        return None
+        config = read_json(config_file, "the model's config.json", expect=dict)
+    except SinkscopeError:
+        if source.kind != "gguf":
+            raise
+        return None  # the cached conversion's: rebuilt from the GGUF when the model loads
     if source.kind == "checkpoint":  # checked: a damaged config.json is one sentence, not a TypeError later
         from sinkscope.train.checkpoint import read_config
 
         return read_config(source.path)["model"]
     return config
+
+
+def check_model_size(source: Source) -> None:
+    """Refuse, before anything is allocated, a config whose sizes are not positive integers or whose
+    weights cannot fit in this machine's memory (``model_size.check_config_sizes``). A hub id is read
+    from the local cache when it is there; a GGUF file is bounded by its own size."""
+    from sinkscope.model_size import check_config_sizes
+
+    if source.kind == "hub":
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(source.location, "config.json", revision=source.revision)
+        except Exception:  # noqa: BLE001 - an id the cache cannot hold: the loader says so
+            cached = None
+        if not isinstance(cached, str):
+            return
+        file = Path(cached)
+        try:
+            config = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return  # the loader names a damaged file
+        where = f"the config.json of {source.location} (in the Hugging Face cache)"
+    elif source.kind in ("folder", "checkpoint"):
+        config = _config(source)
+        where = f"the config.json of {source.location}"
+    else:
+        return
+    if isinstance(config, dict):
+        check_config_sizes(config, where)
 
 
 def config_file_dict(source: Source) -> dict | None:
@@ -471,6 +533,26 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def remote_code_note(source: Source) -> str | None:
+    """Which Python files ``trust_remote_code`` lets run for ``source``: a folder's config.json
+    ``auto_map`` modules, named as files; a hub repository's code is named by the repository; None
+    for a GGUF file or a trainer checkpoint (their code never runs). Said before anything is loaded."""
+    if source.kind not in ("folder", "hub"):
+        return None
+    if source.kind != "folder":
+        return f"the Python code of the hub repository {source.location} may run"
+    try:
+        auto_map = json.loads((Path(source.path) / "config.json").read_text(encoding="utf-8")).get("auto_map") or {}
+    except (OSError, ValueError, RecursionError, AttributeError):
+        auto_map = {}
+    refs = auto_map.values() if isinstance(auto_map, dict) else []
+    modules = dict.fromkeys(str(ref).split("--")[-1].rsplit(".", 1)[0] for ref in refs if isinstance(ref, str))
+    files = [str(Path(source.path) / f"{module.replace('.', '/')}.py") for module in modules if module]
+    if not files:
+        return f"the model folder {source.location} names no code of its own (config.json has no auto_map)"
+    return f"running the model folder's own code: {', '.join(files)}"
+
+
 def load_model(
     source: Source,
     *,
@@ -488,6 +570,8 @@ def load_model(
     placing it on ``device``; probes then run on each layer's own device. A ``tokenizer``
     already loaded (``load_tokenizer``) is reused.
     """
+    check_json_files(source)  # a damaged JSON file: one sentence naming it, before transformers parses it
+    check_model_size(source)  # a config that would eat the machine: refused before anything is allocated
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     check_device_map(device_map, source)
@@ -519,6 +603,9 @@ def load_model(
             "sinkscope does not run code from a weights file; convert them to safetensors (save_pretrained with "
             "safe_serialization=True, in a trusted environment) and measure that folder."
         ) from error
+    except RecursionError as error:  # a JSON file downloaded just now (those on disk were read first: check_json_files)
+        raise SinkscopeError(f"a JSON file of {source.location} is not valid JSON (nested too deeply); repair or "
+                             "replace it.") from error
     except (ValueError, KeyError) as error:
         if "trust_remote_code" in str(error):
             raise SinkscopeError(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import atomic_write_bytes
+from sinkscope.fileio import atomic_write_bytes, try_parse_json
 
 FORMAT = "1"
 _KEY_TYPES = (str, int, float, bool, type(None))
@@ -103,10 +103,9 @@ def read_header(path: Path, what: str = "the state file") -> dict:
         raise _damaged(path, what, str(error).splitlines()[0][:120] if str(error) else type(error).__name__) from error
     if metadata.get("sinkscope_state") != FORMAT:
         raise _damaged(path, what, "no sinkscope state header")
-    try:
-        header = json.loads(metadata["header"])
-    except (KeyError, ValueError) as error:
-        raise _damaged(path, what, "its header is not JSON") from error
+    header, problem = try_parse_json(metadata["header"]) if isinstance(metadata.get("header"), str) else (None, "")
+    if problem is not None:  # not JSON, or nested too deeply ([[[[...]]]] would be a RecursionError)
+        raise _damaged(path, what, f"its header is not JSON{f' ({problem})' if problem else ''}")
     if not isinstance(header, dict):
         raise _damaged(path, what, "its header is not a JSON object")
     return header
@@ -121,6 +120,9 @@ def load_state(path: Path, what: str = "the state file") -> Any:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        return _unflatten(json.loads(metadata["skeleton"]), tensors)
+        skeleton, problem = try_parse_json(metadata["skeleton"])
+        if problem is not None:
+            raise ValueError(f"its skeleton is not JSON ({problem})")
+        return _unflatten(skeleton, tensors)
     except Exception as error:  # noqa: BLE001 - any damage is one sentence
         raise _damaged(path, what, str(error).splitlines()[0][:120] if str(error) else type(error).__name__) from error

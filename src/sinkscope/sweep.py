@@ -90,6 +90,11 @@ class SweepOptions:
     report: bool = True  # the comparison page and the figure
     monitor_every: int | None = None  # the trainer's sink monitor every N steps (formation curves per variant)
 
+    def __post_init__(self):
+        from sinkscope.options import expand_paths
+
+        expand_paths(self, out="--out", text_file="--text-file", tokenizer="--tokenizer")
+
 
 def parse_list(text: str | None, what: str, cast=str) -> tuple:
     """``a,b,c`` -> ("a", "b", "c") (no empties, no duplicates)."""
@@ -157,10 +162,12 @@ def _state(ckpt: Path, resolved) -> str:
     A checkpoint trained with other settings (steps, batch, model overrides, task options, ...) is
     refused rather than kept: its loss would not pair with the others'.
     """
-    from sinkscope.train.checkpoint import is_checkpoint, read_config
+    from sinkscope.train.checkpoint import interrupted_save, is_checkpoint, read_config
     from sinkscope.train.loop import RESULT_FIELDS
 
     if not is_checkpoint(ckpt):
+        if not ckpt.exists() and interrupted_save(ckpt) is not None:
+            return "partial"  # a save killed between its renames: train --resume puts the copy back
         return "stale" if ckpt.exists() else "new"
     meta = read_config(ckpt)
     recorded, wanted = meta.get("train_options", {}), dataclasses.asdict(resolved)
@@ -278,9 +285,11 @@ SWEEP_TREES = ("submitit",)
 
 def _is_sweep_json(path: Path) -> bool:
     """Whether ``path`` is a sweep's ``sweep.json`` (its options: variants, seeds, task)."""
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from sinkscope.fileio import read_json
+
+    try:  # a damaged one (not JSON, [[[[...]]]]) is no sweep's
+        record = read_json(path, "the sweep's sweep.json")
+    except SinkscopeError:
         return False
     return isinstance(record, dict) and {"variants", "seeds", "task"} <= set(record)
 

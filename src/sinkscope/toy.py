@@ -78,6 +78,11 @@ class ToyOptions:
     jobs: int | None = None  # training processes, one (condition, load) group each; None = one per CPU
     overwrite: bool = False  # replace the toy task's earlier output in `out` (never a folder holding other files)
 
+    def __post_init__(self):
+        from sinkscope.options import expand_paths
+
+        expand_paths(self, out="--out")
+
 
 class ToyData:
     """Dictionary and sequence generator of one (load, seed); see the module docstring."""

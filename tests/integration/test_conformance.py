@@ -182,3 +182,151 @@ def test_the_whole_matrix_passes_at_least_nine_in_ten(tmp_path):
     assert len(passed) >= 0.9 * len(checked), [(r["model_type"], r["reason"]) for r in checked if r not in passed]
     matrix.write_markdown(rows, tmp_path / "architectures.md")
     assert f"**{len(passed)} of {len(checked)}**" in (tmp_path / "architectures.md").read_text()
+
+
+# ---- where the matrix writes (issue 38): its own run folder, never the package or the current folder's docs/ ----
+
+
+def _stamp(path):
+    return path.read_bytes(), path.stat().st_mtime_ns
+
+
+def _files(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def _stub_rows(monkeypatch):
+    """``matrix.check_type`` as a stub row (the checks of the write path need no model); returns the types it saw."""
+    from sinkscope.conformance import matrix
+
+    calls = []
+    monkeypatch.setattr(matrix, "check_type", lambda model_type, commands=True: calls.append(model_type) or {
+        "model_type": model_type, "class": "decoder", "status": "pass", "path": "interface", "missing": [],
+        "reason": "stub"})
+    return calls
+
+
+def _one_error(capsys):
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_the_matrix_run_from_another_folder_writes_only_its_run_folder(tmp_path, monkeypatch):
+    """``--types ''`` (every type; here the list is llama alone) from another project's folder leaves that
+    folder's docs/architectures.md and the installed verified.json as they were: the page and the rows go
+    into a fresh reports/<time>-conformance-<id> that records them."""
+    import json
+    import re
+
+    from sinkscope.conformance import matrix, tiny
+    from sinkscope.fileio import foreign_entries, read_inventory
+
+    project = tmp_path / "other"
+    (project / "docs").mkdir(parents=True)
+    theirs = project / "docs" / "architectures.md"
+    theirs.write_text("# their page\n")
+    before = {path: _stamp(path) for path in (theirs, matrix.VERIFIED)}
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(tiny, "model_types", lambda: ["llama"])
+    assert matrix.main(["--types", "", "--no-commands"]) == 0
+    assert {path: _stamp(path) for path in before} == before
+    (run,) = (project / "reports").iterdir()
+    assert re.fullmatch(r"\d{8}-\d{6}-conformance-[0-9a-f]{6}", run.name)
+    assert _files(project) == ["docs/architectures.md", f"reports/{run.name}/.sinkscope-files",
+                               f"reports/{run.name}/architectures.md", f"reports/{run.name}/verified.json"]
+    assert read_inventory(run)["writer"] == "conformance" and not foreign_entries(run)
+    assert "| `llama` | decoder | pass |" in (run / "architectures.md").read_text()
+    assert [r["model_type"] for r in json.loads((run / "verified.json").read_text())["rows"]] == ["llama"]
+
+
+def test_a_second_matrix_into_a_folder_holding_a_foreign_file_refuses(tmp_path, monkeypatch, capsys):
+    from sinkscope.conformance import matrix
+
+    calls = _stub_rows(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "matrix"
+    args = ["--types", "llama", "--out", str(out)]
+    assert matrix.main(args) == 0
+    capsys.readouterr()
+    assert matrix.main(args) == 1  # the matrix's own folder: replaced only when asked
+    assert "already exists; pass --overwrite" in _one_error(capsys)
+    assert matrix.main([*args, "--overwrite"]) == 0
+    (out / "notes.txt").write_text("mine\n")
+    page = _stamp(out / "architectures.md")
+    for extra in ([], ["--overwrite"]):
+        capsys.readouterr()
+        assert matrix.main(args + extra) == 1
+        err = _one_error(capsys)
+        assert "notes.txt" in err and "sinkscope did not write" in err
+    assert (out / "notes.txt").read_text() == "mine\n" and _stamp(out / "architectures.md") == page
+    assert calls == ["llama", "llama"]  # each refusal came before any model was built
+    assert _files(tmp_path) == ["matrix/.sinkscope-files", "matrix/architectures.md", "matrix/notes.txt",
+                                "matrix/verified.json"]
+
+
+def test_an_unknown_model_type_is_one_sentence_with_did_you_mean(tmp_path, monkeypatch, capsys):
+    from sinkscope.conformance import matrix
+
+    monkeypatch.chdir(tmp_path)
+    assert matrix.main(["--types", "llama,lama"]) == 1
+    err = _one_error(capsys)
+    assert err.startswith("error: unknown model type 'lama'") and err.endswith("did you mean 'llama'?\n"), err
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(SinkscopeError, match="did you mean 'llama'"):
+        check_type("lama")
+
+
+def _checkout(root, page=None):
+    """A folder that looks like a sinkscope checkout, holding an earlier matrix's page and rows."""
+    from sinkscope.conformance import matrix
+
+    (root / "docs").mkdir(parents=True)
+    (root / "src/sinkscope/conformance").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "sinkscope"\n')
+    (root / "src/sinkscope/conformance/matrix.py").write_text("")
+    (root / "docs/architectures.md").write_text(page or f"{matrix.PAGE_TITLE}\n\nan earlier matrix\n")
+    (root / "src/sinkscope/conformance/verified.json").write_text('{"rows": []}\n')
+    return root
+
+
+def test_update_repo_rewrites_a_checkouts_page_and_rows(tmp_path, monkeypatch, capsys):
+    """The maintainers' path: the whole matrix (``--update-repo``, no --types) rewrites the checkout's two files."""
+    import json
+
+    from sinkscope.conformance import matrix, tiny
+
+    _stub_rows(monkeypatch)
+    monkeypatch.setattr(tiny, "model_types", lambda: ["llama", "opt"])
+    checkout = _checkout(tmp_path / "sinkscope")
+    installed = _stamp(matrix.VERIFIED)
+    monkeypatch.chdir(tmp_path)
+    assert matrix.main(["--update-repo", str(checkout), "--out", str(tmp_path / "run")]) == 0
+    page = (checkout / "docs/architectures.md").read_text()
+    assert "| `llama` | decoder | pass |" in page and "| `opt` |" in page
+    assert page == (tmp_path / "run/architectures.md").read_text()
+    rows = json.loads((checkout / "src/sinkscope/conformance/verified.json").read_text())["rows"]
+    assert [r["model_type"] for r in rows] == ["llama", "opt"]
+    assert _stamp(matrix.VERIFIED) == installed
+
+
+def test_update_repo_refuses_what_is_not_a_checkout_or_not_the_matrixs_own(tmp_path, monkeypatch, capsys):
+    from sinkscope.conformance import matrix, tiny
+
+    calls = _stub_rows(monkeypatch)
+    monkeypatch.setattr(tiny, "model_types", lambda: ["llama"])
+    monkeypatch.chdir(tmp_path)
+    project = tmp_path / "project"
+    (project / "docs").mkdir(parents=True)
+    (project / "docs/architectures.md").write_text("# their page\n")
+    theirs = _checkout(tmp_path / "sinkscope", page="# a page someone wrote\n")
+    ours = _checkout(tmp_path / "ours")
+    before = {p: _stamp(p) for p in (project / "docs/architectures.md", theirs / "docs/architectures.md",
+                                     ours / "docs/architectures.md")}
+    for args, words in ((["--update-repo", str(project)], "is not a sinkscope checkout"),
+                        (["--update-repo", str(theirs)], "was not written by the conformance matrix"),
+                        (["--update-repo", str(ours), "--types", "llama"], "without --types")):
+        assert matrix.main(args) == 1
+        assert words in _one_error(capsys)
+    assert {p: _stamp(p) for p in before} == before
+    assert calls == [] and not (tmp_path / "reports").exists()

@@ -81,6 +81,7 @@ class InjectOptions(RunOptions):
     junk_source: str = "clean"
 
     def __post_init__(self):
+        super().__post_init__()
         if isinstance(self.eval_batch, int) and self.eval_batch < 1:  # before the shared --batch-size check
             raise SinkscopeError(f"--eval-batch must be at least 1 (got {self.eval_batch}).")
         self.batch_size = self.eval_batch  # the batch is part of the measurement

@@ -61,6 +61,7 @@ class StreamOptions(RunOptions):
     bucket: int = 256
 
     def __post_init__(self):
+        super().__post_init__()
         self.batch_size = 1
 
 
@@ -110,10 +111,16 @@ def _check(options: StreamOptions) -> None:
         if options.length > MASK_MODE_MAX_LENGTH:
             raise SinkscopeError(f"--mode mask materialises a --length x --length mask; use --length "
                                  f"{MASK_MODE_MAX_LENGTH} or less, or --mode stream.")
-    if "sinks" in options.policy and not any(0 < n < c for n in options.sink_tokens for c in options.cache) \
-            and 0 not in options.sink_tokens:
-        raise SinkscopeError(f"--sink-tokens {','.join(map(str, options.sink_tokens))} leaves no recent key in a "
-                             f"cache of {max(options.cache)}; use fewer sink tokens or a larger --cache.")
+    # Every requested (policy, cache) pair runs, or the run is refused here: none is dropped silently.
+    if "h2o" in options.policy and min(options.cache) < 2:
+        raise SinkscopeError(f"h2o keeps at least one heavy and one recent key, so it needs --cache 2 or more "
+                             f"(got --cache {','.join(map(str, options.cache))}).")
+    if "sinks" in options.policy:
+        short = [(n, c) for n in options.sink_tokens for c in options.cache if n > 0 and n >= c]
+        if short:
+            n, c = short[0]
+            raise SinkscopeError(f"--sink-tokens {n} leaves no recent key in a cache of {c}; use fewer sink tokens or "
+                                 "a larger --cache.")
 
 
 def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:

@@ -1,6 +1,7 @@
 """The conformance matrix: every causal-LM model type of the installed transformers, checked by machine.
 
-    python -m sinkscope.conformance.matrix [--types llama,opt] [--out docs/architectures.md]
+    python -m sinkscope.conformance.matrix [--types llama,opt] [--out FOLDER] [--overwrite]
+    python -m sinkscope.conformance.matrix --update-repo CHECKOUT     (maintainers: the whole matrix)
 
 For each model type in ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`` (``tiny.model_types()``), classified
 by ``tiny.classify`` (decoder, hybrid, multimodal decoder, encoder-decoder, encoder, attention-free),
@@ -25,21 +26,41 @@ capture:
    gated models) through the API on the tiny model, or refuses a hook point the model lacks (or a
    gate it cannot read) in one sentence; a refusal of the matrix's own options is a failure.
 
-The result is ``docs/architectures.md`` (one row per model type: class, status, attention path,
-hook points missing, reason for a failure) and ``verified.json`` beside this module (read by
-``sinkscope ls families``).
+The result is a page, ``architectures.md`` (one row per model type: class, status, attention path,
+hook points missing, reason for a failure), and its rows as ``verified.json``, written into a run
+folder of their own: ``--out``, by default a fresh ``reports/<time>-conformance-<id>`` under the
+current folder (``results.default_run_dir``). The folder is staged and renamed into place and
+records what it wrote (``.sinkscope-files``); an existing one is replaced only with
+``--overwrite`` and only when it holds nothing sinkscope did not write (``fileio.check_replaceable``).
+The matrix never writes into the installed package nor into the current folder's ``docs/``.
+
+The copies in the source tree, ``docs/architectures.md`` and ``verified.json`` beside this module
+(package data, read by ``sinkscope ls families``), are regenerated only when a maintainer asks:
+``--update-repo CHECKOUT`` runs the whole matrix (no ``--types``), checks that CHECKOUT is a
+sinkscope checkout and that the two files there are absent or the matrix's own, then rewrites
+them (atomically) as well as writing the run folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 import traceback
 from pathlib import Path
 
 VERIFIED = Path(__file__).with_name("verified.json")
+#: the page and the rows, in a run folder (``--out``) and, with ``--update-repo``, in a checkout.
+PAGE, ROWS = "architectures.md", "verified.json"
+#: where ``--update-repo CHECKOUT`` writes them, relative to the checkout.
+REPO_PAGE, REPO_ROWS = Path("docs") / PAGE, Path("src") / "sinkscope" / "conformance" / ROWS
+#: the first line of every page the matrix writes (how its own page is recognised before it is replaced).
+PAGE_TITLE = "# Architectures: the conformance matrix"
+#: what wrote a run folder of the matrix (its ``.sinkscope-files``).
+WRITER = "conformance"
 #: classes whose models have softmax attention to check.
 CHECKED_CLASSES = ("decoder", "hybrid", "multimodal-decoder")
 TOLERANCE = 1e-5
@@ -48,10 +69,13 @@ COMMANDS = ("sinks", "heads", "inject", "circuit")
 
 def read_verified() -> list[dict]:
     """The last matrix's rows (``verified.json``), or the first families when it has not run."""
-    try:
-        rows = json.loads(VERIFIED.read_text(encoding="utf-8"))["rows"]
-        return [row for row in rows if row.get("class") in CHECKED_CLASSES]
-    except (OSError, ValueError, KeyError):
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.fileio import read_json
+
+    try:  # a damaged file (not JSON, [[[[...]]]], not the matrix's rows) counts as none
+        rows = read_json(VERIFIED, "the conformance matrix's verified.json", expect=dict)["rows"]
+        return [row for row in rows if isinstance(row, dict) and row.get("class") in CHECKED_CLASSES]
+    except (SinkscopeError, KeyError, TypeError):
         from sinkscope.capture.families import FIRST_FAMILIES
 
         return [{"model_type": t, "status": "pass", "path": "interface"} for t in FIRST_FAMILIES]
@@ -322,13 +346,36 @@ def check_commands(model, ids, gated: bool) -> tuple[bool, str]:
 # ---- one row per model type ----------------------------------------------------------------------------------
 
 
+def known_types(types: list[str]) -> list[str]:
+    """``types`` (stripped, empty names dropped), or one sentence naming the first that is not a model type.
+
+    The model types are those of the installed transformers (``tiny.model_types``); an empty list
+    stays empty (the caller's "every type").
+    """
+    import transformers
+
+    from sinkscope.conformance import tiny
+    from sinkscope.errors import SinkscopeError, suggest
+
+    names = [t.strip() for t in types if t.strip()]
+    known = tiny.model_types()
+    unknown = [t for t in names if t not in known]
+    if unknown:
+        more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
+        raise SinkscopeError(f"unknown model type {unknown[0]!r}{more}: not a causal-LM model type of transformers "
+                             f"{transformers.__version__}"
+                             + (suggest(unknown[0], known) or "; give comma-separated types such as llama,opt."))
+    return names
+
+
 def check_type(model_type: str, commands: bool = True) -> dict:
-    """The matrix row of one model type."""
+    """The matrix row of one model type (an unknown type is one sentence, ``known_types``)."""
     import torch
 
     from sinkscope.conformance import tiny
     from sinkscope.runner import check_capture
 
+    known_types([model_type])
     kind = tiny.classify(model_type)
     row = {"model_type": model_type, "class": kind, "status": "n/a", "path": "", "missing": [], "reason": ""}
     if kind not in CHECKED_CLASSES:
@@ -375,13 +422,18 @@ def check_type(model_type: str, commands: bool = True) -> dict:
 
 
 def write_markdown(rows: list[dict], path: Path) -> None:
-    """docs/architectures.md: the counts, then one row per model type."""
+    """Write the page (:func:`markdown`) to ``path``."""
+    Path(path).write_text(markdown(rows), encoding="utf-8")
+
+
+def markdown(rows: list[dict]) -> str:
+    """The page (``architectures.md``): the counts, then one row per model type."""
     import transformers
 
     checked = [r for r in rows if r["class"] in CHECKED_CLASSES]
     passed = [r for r in checked if r["status"] == "pass"]
     lines = [
-        "# Architectures: the conformance matrix",
+        PAGE_TITLE,
         "",
         f"Every causal-LM model type of transformers {transformers.__version__} "
         f"(`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, {len(rows)} types), checked by "
@@ -391,6 +443,12 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         "phantom mass and sink alpha (fused and explicit) against the model's own eager weights (1e-5), the "
         "hook-point invariants, and every "
         "command (`sinks`, `heads`, `inject`, `circuit`, `selectivity` where gated).",
+        "",
+        "The repository's `docs/architectures.md` and `src/sinkscope/conformance/verified.json` (read by "
+        "`sinkscope ls families`) are regenerated from a sinkscope checkout by "
+        "`python -m sinkscope.conformance.matrix --update-repo .`; without `--update-repo` the matrix writes this "
+        "page and its rows into a run folder of its own (`--out`, by default `reports/<time>-conformance-<id>`), "
+        "never into the installed package.",
         "",
         f"**{len(passed)} of {len(checked)}** model types with softmax attention pass "
         f"({100 * len(passed) / max(len(checked), 1):.0f}%). Encoder-decoder, encoder-only and attention-free "
@@ -408,33 +466,189 @@ def write_markdown(rows: list[dict], path: Path) -> None:
         missing = ", ".join(m.replace("blocks.{l}.", "") for m in r.get("missing", []) if not m.endswith("pre_linear"))
         lines.append(f"| `{r['model_type']}` | {r['class']} | {r['status']} | {r.get('path', '')} | "
                      f"{r.get('sink', '')} | {r.get('gate', '')} | {missing} | {r.get('reason', '').replace('|', '/')} |")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
+
+
+def rows_json(rows: list[dict]) -> str:
+    """The rows as ``verified.json`` holds them (read by :func:`read_verified`)."""
+    return json.dumps({"rows": rows}, indent=1) + "\n"
+
+
+def _is_page(path: Path) -> bool:
+    """Whether ``path`` is a page the matrix wrote (its first line is the matrix's title)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.readline().rstrip("\n") == PAGE_TITLE
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _is_rows(path: Path) -> bool:
+    """Whether ``path`` is a rows file the matrix wrote (``{"rows": [...]}``)."""
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.fileio import read_json
+
+    try:  # not JSON, or nested too deeply: not the matrix's
+        record = read_json(path, "the conformance matrix's rows")
+    except SinkscopeError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("rows"), list)
+
+
+def checkout_targets(checkout: str | os.PathLike) -> tuple[Path, Path]:
+    """The page and the rows file ``--update-repo CHECKOUT`` rewrites, after checking it may.
+
+    CHECKOUT must be a sinkscope checkout (a ``pyproject.toml`` naming the project ``sinkscope``,
+    ``src/sinkscope/conformance/matrix.py`` and ``docs/``), and each of the two files absent or one
+    the matrix wrote (the page starts with its title, the rows file is ``{"rows": [...]}``), never a
+    symbolic link: sinkscope overwrites no file it did not write. Anything else is one sentence.
+    """
+    from sinkscope.errors import SinkscopeError
+
+    root = Path(checkout)
+    try:
+        project = (root / "pyproject.toml").read_text(encoding="utf-8") if str(checkout).strip() else ""
+    except (OSError, UnicodeDecodeError):
+        project = ""
+    if not re.search(r"""^name\s*=\s*["']sinkscope["']\s*$""", project, re.MULTILINE) \
+            or not (root / REPO_ROWS.parent / "matrix.py").is_file() or not (root / REPO_PAGE.parent).is_dir():
+        raise SinkscopeError(f"--update-repo {str(checkout)!r} is not a sinkscope checkout (a folder holding "
+                             "sinkscope's pyproject.toml, src/sinkscope/ and docs/); give the root of one, e.g. "
+                             "--update-repo . from inside it.")
+    page, rows = root / REPO_PAGE, root / REPO_ROWS
+    for path, ours in ((page, _is_page), (rows, _is_rows)):
+        if path.is_symlink() or (path.exists() and not (path.is_file() and ours(path))):
+            raise SinkscopeError(f"{path} was not written by the conformance matrix (a link, or not its page or rows); "
+                                 "sinkscope never overwrites a file it did not write: move it, then run --update-repo "
+                                 "again.")
+    return page, rows
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` the matrix may not take: the current folder or one above it, a folder inside the
+    installed package (or holding it), a file, a folder that exists (without ``--overwrite``) or holds
+    anything sinkscope did not write (``fileio.check_replaceable``)."""
+    from sinkscope.fileio import check_inputs_outside, check_not_cwd, check_replaceable
+
+    check_not_cwd(out, "the matrix needs", "reports/matrix")
+    check_inputs_outside(out, {"the installed sinkscope package": Path(__file__).resolve().parent.parent})
+    check_replaceable(out, overwrite, kind="conformance matrix", hint="pass --overwrite")
+
+
+def write_run_folder(page: str, rows: list[dict], out: Path, overwrite: bool) -> None:
+    """``out``/architectures.md and verified.json, staged beside it, recorded (``.sinkscope-files``) and
+    renamed into place; on any error ``out`` is left as it was."""
+    import shutil
+    import tempfile
+
+    from sinkscope.fileio import default_folder_mode, replace_folder, write_inventory
+
+    _check_out(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        os.chmod(stage, default_folder_mode())
+        (stage / PAGE).write_text(page, encoding="utf-8")
+        (stage / ROWS).write_text(rows_json(rows), encoding="utf-8")
+        write_inventory(stage, WRITER)
+        _check_out(out, overwrite)  # nothing of anyone else's appeared there while the matrix ran
+        replace_folder(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def update_checkout(checkout: str | os.PathLike, page: str, rows: list[dict]) -> tuple[Path, Path]:
+    """Rewrite a checkout's ``docs/architectures.md`` and ``verified.json`` (atomically), checked again first."""
+    from sinkscope.fileio import atomic_write_text
+
+    page_path, rows_path = checkout_targets(checkout)
+    atomic_write_text(page_path, page)
+    atomic_write_text(rows_path, rows_json(rows))
+    return page_path, rows_path
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m sinkscope.conformance.matrix``: 0 once the matrix is written; a refusal is ``error: `` and one
+    sentence on stderr, exit status 1 (130 when interrupted), no traceback (``--debug`` adds it)."""
+    from sinkscope.errors import SinkscopeError
+
+    parser = argparse.ArgumentParser(prog="python -m sinkscope.conformance.matrix",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--types", help="comma-separated model types (default, or empty: every causal-LM model type "
+                                        "of the installed transformers)")
+    parser.add_argument("--out", help="the run folder for architectures.md and verified.json (default: a fresh "
+                                      "reports/<time>-conformance-<id> under the current folder)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out when it exists and holds only what sinkscope wrote")
+    parser.add_argument("--update-repo", metavar="CHECKOUT",
+                        help="maintainers: also rewrite CHECKOUT's docs/architectures.md and "
+                             "src/sinkscope/conformance/verified.json (the whole matrix: no --types; CHECKOUT must "
+                             "be a sinkscope checkout)")
+    parser.add_argument("--no-commands", action="store_true", help="skip running the commands")
+    parser.add_argument("--debug", action="store_true", help="print the traceback of a failure")
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except SinkscopeError as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted; no file was left half-written.", file=sys.stderr)
+        return 130
+    except OSError as error:  # a full disk, a read-only place
+        if args.debug:
+            traceback.print_exc()
+        where = f" {error.filename}" if error.filename else ""
+        print(f"error: could not write or read{where} ({error.strerror or error}); files already written are "
+              "unchanged.", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The matrix of ``main``: every check of the options and the output places first, then the rows, then the
+    writes."""
     import torch
 
     from sinkscope.conformance import tiny
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.fileio import lock_folder
+    from sinkscope.results import default_run_dir
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--types", help="comma-separated model types (default: all)")
-    parser.add_argument("--out", default="docs/architectures.md")
-    parser.add_argument("--no-commands", action="store_true", help="skip running the commands")
-    parser.add_argument("--debug", action="store_true")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    types = args.types.split(",") if args.types else tiny.model_types()
-    rows = []
-    for model_type in types:
-        row = check_type(model_type, commands=not args.no_commands)
-        rows.append(row)
-        print(f"{model_type:28s} {row['class']:18s} {row['status']:5s} {row.get('seconds', '')!s:6s} {row['reason'][:120]}",
-              flush=True)
-    if not args.types:
-        write_markdown(rows, Path(args.out))
-        VERIFIED.write_text(json.dumps({"rows": rows}, indent=1) + "\n", encoding="utf-8")
+    named = known_types((args.types or "").split(","))
+    if args.update_repo is not None and named:
+        raise SinkscopeError("--update-repo rewrites the checkout's whole matrix; run it without --types.")
+    if args.update_repo is not None:
+        checkout_targets(args.update_repo)
+        if Path(args.update_repo).resolve() not in Path(__file__).resolve().parents:
+            print(f"note: the matrix runs the sinkscope at {Path(__file__).resolve().parents[1]}, not the one in "
+                  f"{args.update_repo}.", file=sys.stderr)
+    out = Path(args.out) if args.out else default_run_dir("conformance")
+    _check_out(out, args.overwrite)
+    types = named or tiny.model_types()
+    threads = torch.get_num_threads()
+    with lock_folder(out, kind="conformance matrix"):
+        _check_out(out, args.overwrite)  # now that no other writer can change it
+        torch.set_num_threads(1)
+        rows = []
+        try:
+            for model_type in types:
+                row = check_type(model_type, commands=not args.no_commands)
+                rows.append(row)
+                print(f"{model_type:28s} {row['class']:18s} {row['status']:5s} {row.get('seconds', '')!s:6s} "
+                      f"{row['reason'][:120]}", flush=True)
+        finally:
+            torch.set_num_threads(threads)
+        page = markdown(rows)
+        write_run_folder(page, rows, out, args.overwrite)
     checked = [r for r in rows if r["class"] in CHECKED_CLASSES]
     print(f"{sum(r['status'] == 'pass' for r in checked)} of {len(checked)} checked types pass")
+    print(f"wrote {out / PAGE} and {out / ROWS}")
+    if args.update_repo is not None:
+        written = update_checkout(args.update_repo, page, rows)
+        print(f"wrote {written[0]} and {written[1]}")
     return 0
 
 

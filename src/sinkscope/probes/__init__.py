@@ -12,6 +12,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import os
 import pkgutil
 import sys
 from pathlib import Path
@@ -35,11 +36,40 @@ def discover() -> dict[str, type[Probe]]:
     return PROBES
 
 
+def others_can_write(file: Path) -> str | None:
+    """Why users other than the owner could change ``file`` (None if they cannot): the file or its folder
+    is writable by everyone (a sticky folder such as /tmp included: a planted file is someone else's), or
+    the file belongs to another user."""
+    import stat
+
+    try:
+        info, folder = file.stat(), file.resolve().parent.stat()
+    except OSError:
+        return None
+    if info.st_mode & stat.S_IWOTH:
+        return "is writable by everyone"
+    if folder.st_mode & stat.S_IWOTH:
+        return f"sits in a folder everyone can write ({file.resolve().parent})"
+    owner = getattr(os, "getuid", lambda: info.st_uid)()
+    if info.st_uid not in (owner, 0):
+        return "belongs to another user"
+    return None
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def load_plugin(path: str) -> list[str]:
     """Import a Python file that registers probes; returns the names it registered."""
     file = Path(path).expanduser()
     if not file.is_file() or file.suffix != ".py":
         raise SinkscopeError(f"no probe plugin file at {path} (a .py file is expected).")
+    writable = others_can_write(file)
+    if writable:
+        _say_once(f"warning: the probe plugin {file.resolve()} {writable}: anyone on this machine could have "
+                  "changed the code that is about to run.")
     before = set(PROBES)
     name = f"sinkscope_plugin_{file.stem}_{abs(hash(str(file.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, file)

@@ -22,6 +22,7 @@ import math
 import torch
 from torch import Tensor
 
+from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, register_probe
 from sinkscope.stream.policies import POLICIES, POSITIONS, Policy
 
@@ -52,6 +53,13 @@ def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, posit
             if "h2o" in policies and cache >= 2:
                 recent = min(cache - 1, max(1, round(cache * h2o_recent)))
                 conditions.append(Policy("h2o", cache, 0, where, recent))
+    missing = [name for name in policies if name != "full"
+               and not any(c.name == name or (name == "sinks" and c.name == "window" and 0 in sink_tokens)
+                           for c in conditions)]
+    if missing:  # never a run "under 0 conditions": a requested policy that cannot run is one sentence
+        raise SinkscopeError(f"the {missing[0]} policy cannot read with a cache of "
+                             f"{', '.join(map(str, caches))} (h2o needs 2 keys or more, sinks more keys than sink "
+                             "tokens); give a larger cache.")
     return conditions
 
 

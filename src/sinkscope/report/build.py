@@ -58,7 +58,8 @@ import pandas as pd
 from sinkscope import __version__
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import (atomic_write_text, check_replaceable, describe_entries, foreign_entries, lock_folder,
-                              is_temporary_name, read_inventory, write_inventory)
+                              is_temporary_name, read_inventory, read_json, write_inventory)
+from sinkscope.paths import user_path
 from sinkscope.results import NOT_CONDITIONS, RUN_FORMAT_VERSION, MetricInfo, read_results
 
 #: Per-layer tables longer than this start collapsed.
@@ -87,7 +88,7 @@ def read_training(path: str | Path, label: str | None = None) -> TrainingLog:
     missing = {"step", "train_loss", "val_loss"} - set(log.columns)
     if missing:
         raise SinkscopeError(f"the log.csv of {path} lacks the columns {sorted(missing)}.")
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json(folder / "config.json", "the checkpoint's config.json", expect=dict)
     return TrainingLog(folder, label or folder.resolve().name, config, log)
 
 
@@ -139,14 +140,8 @@ def read_run(path: str | Path, label: str | None = None) -> RunData:
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
         raise SinkscopeError(f"{path} is not a sinkscope run folder (it has no manifest.json).")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as error:
-        raise SinkscopeError(f"the manifest of {path} is not valid JSON ({error.msg}).") from error
-    except (OSError, UnicodeDecodeError) as error:
-        raise SinkscopeError(f"could not read the manifest of {path} ({error}).") from error
-    if not isinstance(manifest, dict):
-        raise SinkscopeError(f"the manifest of {path} is not a JSON object; it is damaged.")
+    manifest = read_json(manifest_path, "the run's manifest", expect=dict,
+                         hint="the run folder is damaged: run the measurement again")
     version = manifest.get("format_version")
     if version != RUN_FORMAT_VERSION:
         raise SinkscopeError(
@@ -966,6 +961,8 @@ def build_report(run_dirs: list[str | Path], out: str | Path | None = None,
     """
     if not run_dirs:
         raise SinkscopeError("give at least one run folder to build a report from.")
+    run_dirs = [user_path(run, "RUN") for run in run_dirs]  # "~/runs/x" as a launcher quotes it
+    out = user_path(out, "--out")
     labels = labels or [None] * len(run_dirs)
     trainings = [read_training(p, l) for p, l in zip(run_dirs, labels) if is_training_folder(p)]
     runs = [read_run(p, l) for p, l in zip(run_dirs, labels) if not is_training_folder(p)]

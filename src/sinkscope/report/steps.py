@@ -20,7 +20,6 @@ where the curve leaves it.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -156,6 +155,7 @@ def series_section(runs: list, metrics: list[str], fig_dir: Path, keep) -> dict 
 def read_monitor(folder: str | Path) -> tuple[pd.DataFrame, int | None] | None:
     """A checkpoint's ``monitor.csv`` and its windows' length (``monitor.json``), or None without one."""
     from sinkscope.errors import SinkscopeError
+    from sinkscope.fileio import read_json
 
     folder = Path(folder)
     if not (folder / MONITOR_TABLE).is_file():
@@ -169,10 +169,10 @@ def read_monitor(folder: str | Path) -> tuple[pd.DataFrame, int | None] | None:
         raise SinkscopeError(f"the monitor table {folder / MONITOR_TABLE} lacks the columns {sorted(missing)}.")
     table = table.astype({"layer": "Int64", "head": "Int64"})
     seq_len = None
-    try:
-        shape = json.loads((folder / MONITOR_MANIFEST).read_text(encoding="utf-8")).get("windows")
+    try:  # an unreadable manifest (not JSON, [[[[...]]]]) leaves the windows' length unknown, not an error
+        shape = read_json(folder / MONITOR_MANIFEST, "the monitor's manifest", expect=dict).get("windows")
         seq_len = int(shape[1]) if isinstance(shape, list) and len(shape) == 2 else None
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (SinkscopeError, ValueError, TypeError):
         pass
     return table, seq_len
 

@@ -20,9 +20,13 @@ A checkpoint folder holds
 ``save_checkpoint`` writes everything into a hidden sibling folder and then renames it over the
 old one, so a reader (or a crash) sees the previous checkpoint or the new one. The swap is two
 renames; a crash between them leaves the previous checkpoint as ``.<name>.old-<pid>`` beside it
-(a failed swap puts it back). A checkpoint folder is replaced only while it holds nothing but what
-sinkscope wrote (:func:`foreign_files`): a user's file in it stops the writer with one sentence
-instead of being deleted. A checkpoint written before inventories is recognised by its fixed
+(a failed swap puts it back; after a kill, ``train --resume`` does, :func:`restore_interrupted_save`,
+and a command that finds no checkpoint says how, :func:`interrupted_save_message`). The stage is
+``.<name>.partial-<pid>_XXXXXXXX``; what killed saves left beside a complete checkpoint, and
+recorded in its inventory, is removed by the next save or ``--resume`` (:func:`clean_leftovers`).
+A checkpoint folder is replaced only while it holds nothing but what sinkscope wrote
+(:func:`foreign_files`): a user's file in it stops the writer with one sentence instead of being
+deleted. A checkpoint written before inventories is recognised by its fixed
 file names (:func:`checkpoint_legacy`).
 """
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -39,7 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import foreign_entries, is_temporary_name, replace_folder, write_inventory
+from sinkscope.fileio import (INVENTORY, foreign_entries, is_temporary_name, read_inventory, replace_folder,
+                              write_inventory)
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: is_checkpoint stays light
     import torch
@@ -86,10 +92,11 @@ def is_checkpoint(folder: str | os.PathLike) -> bool:
 
     A damaged one counts (its readers say what is wrong with it, :func:`read_config`).
     """
-    path = Path(folder) / "config.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+    from sinkscope.fileio import read_json
+
+    try:  # a damaged config.json (not JSON, [[[[...]]]]) is no checkpoint here; resolving the model names it
+        meta = read_json(Path(folder) / "config.json", "the checkpoint's config.json")
+    except (SinkscopeError, TypeError):
         return False
     return isinstance(meta, dict) and "sinkscope_trainer" in meta
 
@@ -126,6 +133,182 @@ def foreign_files(folder: str | os.PathLike) -> list[str]:
         subfolders = [f"{entry.name}/" for entry in entries
                       if entry.is_dir(follow_symlinks=False) and not is_temporary_name(entry.name)]
     return sorted(set(found) | {f for f in subfolders if not any(e.startswith(f) for e in found)})
+
+
+# ---- what an interrupted save leaves beside the folder -----------------------------------------------
+
+
+def _leftovers(folder: Path) -> list[tuple[Path, str, int | None]]:
+    """The save's leftovers beside ``folder``, as (path, ``old`` or ``partial``, the writer's process id).
+
+    ``.NAME.old-PID`` is the previous checkpoint, moved aside by the swap (``fileio.replace_folder``);
+    ``.NAME.partial-PID_XXXXXXXX`` a stage (``.NAME.partial-XXXXXXXX``, without the process id,
+    before stages named it). Symbolic links are never leftovers.
+    """
+    prefix = re.escape(f".{folder.name}.")
+    old, partial = re.compile(prefix + r"old-(\d+)"), re.compile(prefix + r"partial-(?:(\d+)_)?[A-Za-z0-9_]+")
+    found = []
+    try:
+        with os.scandir(folder.parent) as entries:
+            for entry in entries:
+                match = old.fullmatch(entry.name) or partial.fullmatch(entry.name)
+                if match and entry.is_dir(follow_symlinks=False):
+                    kind = "old" if match.re is old else "partial"
+                    found.append((folder.parent / entry.name, kind, int(match.group(1)) if match.group(1) else None))
+    except OSError:
+        return []
+    return sorted(found)
+
+
+def _own_inventory(folder: Path) -> dict | None:
+    """``folder``'s inventory when a checkpoint writer recorded it and it holds nothing else; else None."""
+    inventory = read_inventory(folder)
+    try:
+        if inventory is None or inventory["writer"] != WRITER or folder.is_symlink() or foreign_files(folder):
+            return None
+    except OSError:  # a folder that cannot be listed is not known to be ours
+        return None
+    return inventory
+
+
+def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is a checkpoint holding every file its inventory (``.sinkscope-files``) records."""
+    folder = Path(folder)
+    inventory = read_inventory(folder)
+    return (inventory is not None and inventory["writer"] == WRITER and not folder.is_symlink()
+            and is_checkpoint(folder) and "config.json" in inventory["files"]
+            and all((folder / rel).is_file() and not (folder / rel).is_symlink() for rel in inventory["files"]))
+
+
+def interrupted_save(folder: str | os.PathLike) -> Path | None:
+    """The checkpoint a save interrupted between its two renames left beside an absent ``folder``.
+
+    The swap moves the checkpoint aside to ``.NAME.old-PID`` and then renames the new one into
+    place; a kill between the two leaves no ``folder`` and the previous checkpoint whole beside it.
+    Returns that ``.NAME.old-PID`` when it is a complete checkpoint (:func:`is_complete_checkpoint`)
+    holding only what sinkscope recorded (the latest written, if several); None when ``folder``
+    exists or there is none.
+    """
+    folder = Path(folder)
+    if not folder.name or os.path.lexists(folder):
+        return None
+    found = [path for path, kind, _ in _leftovers(folder)
+             if kind == "old" and is_complete_checkpoint(path) and _own_inventory(path) is not None]
+    if not found:
+        return None
+
+    def written(path: Path) -> float:
+        with contextlib.suppress(OSError):
+            return (path / "config.json").stat().st_mtime
+        return 0.0
+
+    return max(found, key=lambda path: (written(path), path.name))
+
+
+def _step_of(folder: Path) -> str:
+    """`` of step N`` for a message, from config.json (empty when it has none)."""
+    from sinkscope.fileio import read_json
+
+    with contextlib.suppress(SinkscopeError, AttributeError):
+        step = read_json(folder / "config.json", "the checkpoint's config.json").get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return f" of step {step}"
+    return ""
+
+
+def interrupted_save_message(folder: str | os.PathLike, given: str | None = None) -> str | None:
+    """One sentence for a command that finds no checkpoint at ``folder`` but :func:`interrupted_save`'s
+    copy beside it (None when there is none): it names the copy and how to put it back.
+
+    ``given``: the path as the user wrote it (``~/ck``), when ``folder`` is its expanded form.
+    """
+    import shlex
+
+    leftover = interrupted_save(folder)
+    if leftover is None:
+        return None
+    given = str(folder) if given is None else given
+    leftover = Path(given).parent / leftover.name
+    return (f"no checkpoint at {given}, but {leftover} next to it is the checkpoint{_step_of(leftover)} saved before "
+            f"a save was interrupted; restore it with `mv {shlex.quote(str(leftover))} {shlex.quote(given)}`, or run "
+            f"`sinkscope train --resume --out {shlex.quote(given)}`, which restores it.")
+
+
+def restore_interrupted_save(folder: str | os.PathLike) -> tuple[Path, str] | None:
+    """Put :func:`interrupted_save`'s copy back in place of the absent ``folder`` (one rename).
+
+    Call it holding ``folder``'s lock (``fileio.lock_folder``), so that no other writer creates
+    ``folder`` meanwhile. Returns (the copy's former path, `` of step N`` for a message), or None
+    when ``folder`` exists or nothing beside it is a complete checkpoint.
+    """
+    folder = Path(folder)
+    leftover = interrupted_save(folder)
+    if leftover is None:
+        return None
+    step = _step_of(leftover)
+    try:
+        os.rename(leftover, folder)
+    except OSError as error:
+        raise SinkscopeError(f"could not restore the checkpoint{step} that an interrupted save left at {leftover} "
+                             f"({error.strerror or error}); restore it with `mv {leftover} {folder}`.") from error
+    return leftover, step
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` may be running (this one, and another user's, count as running)."""
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none, or a number no process can have
+        return False
+    except OSError:  # PermissionError: it exists, another user's
+        return True
+    return True
+
+
+def _remove_recorded(folder: Path, files: list[str]) -> None:
+    """Remove ``folder``'s recorded files, its temporaries, its inventory and then the folder itself.
+
+    Only those: a file that appeared meanwhile keeps the folder (``rmdir`` fails) and is not deleted.
+    """
+    for rel in files:
+        if rel == os.path.basename(rel) and rel not in ("", ".", "..", INVENTORY):  # a checkpoint is flat
+            (folder / rel).unlink(missing_ok=True)
+    with os.scandir(folder) as entries:
+        temporaries = [entry.name for entry in entries
+                       if is_temporary_name(entry.name) and entry.is_file(follow_symlinks=False)]
+    for name in temporaries:
+        (folder / name).unlink(missing_ok=True)
+    (folder / INVENTORY).unlink(missing_ok=True)  # last: a removal cut short leaves a folder still known as ours
+    os.rmdir(folder)
+
+
+def clean_leftovers(folder: str | os.PathLike) -> list[Path]:
+    """Remove the stale leftovers of earlier saves beside the checkpoint ``folder``; returns what went.
+
+    Only when ``folder`` is a complete checkpoint (:func:`is_complete_checkpoint`), and only a
+    ``.NAME.old-PID`` or ``.NAME.partial-PID_...`` whose process is not running and that holds
+    nothing but what a checkpoint writer recorded in it (its ``.sinkscope-files``): those files
+    are removed one by one, never a file sinkscope did not write. A stage without an inventory (a
+    save killed while writing) or without a process id in its name stays, and so does a leftover
+    the file system refuses to remove (this never raises for it).
+    """
+    folder = Path(folder)
+    removed: list[Path] = []
+    if not is_complete_checkpoint(folder):
+        return removed
+    for path, _, pid in _leftovers(folder):
+        if pid is None or _alive(pid):
+            continue
+        try:
+            inventory = _own_inventory(path)
+            if inventory is not None:
+                _remove_recorded(path, inventory["files"])
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
 
 
 def _kind(value) -> str:
@@ -204,10 +387,10 @@ def read_config(folder: str | os.PathLike) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise SinkscopeError(f"there is no trainer checkpoint in {folder} (no config.json).")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise SinkscopeError(f"the checkpoint's config.json in {folder} is damaged ({error}).") from error
+    from sinkscope.fileio import read_json
+
+    meta = read_json(path, "the checkpoint's config.json",  # check_config says what a non-object is
+                     hint="it is damaged: restore it from a copy, or train the model again")
     return check_config(meta, folder)
 
 
@@ -294,7 +477,7 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
     carry_from = folder if carry_from is None else Path(carry_from)
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
-        stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+        stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-{os.getpid()}_", dir=folder.parent))
     except OSError as error:
         raise CheckpointWriteError(folder, step, _write_failure(error)) from error
     old = folder.parent / f".{folder.name}.old-{os.getpid()}"  # where replace_folder moves the old one aside
@@ -351,6 +534,7 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
             else:
                 shutil.rmtree(old, ignore_errors=True)
         raise
+    clean_leftovers(folder)  # what killed saves left beside it (only what they recorded, and never a live writer's)
     return folder
 
 
@@ -385,11 +569,15 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
     try:
         state = load_file(str(weights), device="cpu")
         with safe_open(str(weights), framework="pt") as handle:
-            aliases = json.loads((handle.metadata() or {}).get(_TIED_KEY, "{}"))
+            tied = (handle.metadata() or {}).get(_TIED_KEY, "{}")
     except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
         raise SinkscopeError(f"the checkpoint's model.safetensors in {folder} is damaged or incomplete ({error}).") from error
+    from sinkscope.fileio import parse_json
+
+    aliases = parse_json(tied, f"the tied-weights record of the checkpoint's model.safetensors in {folder}",
+                         expect=dict, hint="it is damaged: restore it from a copy, or train the model again")
     for alias, kept in aliases.items():
-        if kept in state:
+        if isinstance(kept, str) and kept in state:
             state[alias] = state[kept]
     try:
         with torch.random.fork_rng(devices=[]):  # building the model must not move the caller's RNG

@@ -119,6 +119,9 @@ def load_tokenizer_folder(folder: Path, what: str, *, trust_remote_code: bool = 
     """
     from transformers import AutoTokenizer
 
+    from sinkscope.resolve import check_model_files
+
+    check_model_files(folder, "the tokenizer's")  # a damaged JSON file: one sentence naming it, not transformers'
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True,
                                              trust_remote_code=bool(trust_remote_code))

@@ -37,7 +37,9 @@ sinkscope wrote (its ``.sinkscope-files``, or a checkpoint's fixed names from be
 inventories), with or without ``overwrite``; ``overwrite`` trains into a hidden sibling
 ``.NAME.replacing-PID`` that gives its log to the first checkpoint, which replaces the old folder
 in one swap: until then the old checkpoint stays whole, and a failed or interrupted replacement
-leaves it exactly as it was. A checkpoint that cannot be written (a full disk) is one sentence
+leaves it exactly as it was. A save killed between its two renames leaves no ``out`` and the
+previous checkpoint beside it (``.NAME.old-PID``): ``resume`` puts it back and says so, and a new
+run without ``overwrite`` is refused rather than removing it. A checkpoint that cannot be written (a full disk) is one sentence
 naming the step and the checkpoint that stays valid. ``resume`` with another ``steps`` warns on
 stderr and records ``rescheduled`` (``at_step``, ``steps_before``, ``steps_after``) in config.json.
 
@@ -69,8 +71,9 @@ import torch
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_not_cwd, check_replaceable,
                               describe_entries, is_temporary_name, lock_folder, write_inventory)
-from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, foreign_files, is_checkpoint,
-                                        load_checkpoint, read_config, save_checkpoint)
+from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, clean_leftovers, foreign_files,
+                                        interrupted_save, is_checkpoint, load_checkpoint, read_config,
+                                        restore_interrupted_save, save_checkpoint)
 from sinkscope.train.data import DEFAULT_TOKENIZER, WINDOW_POLICIES, load_tokenizer
 
 #: Columns of log.csv (one row every ``log_every`` steps, at every evaluation and checkpoint).
@@ -153,6 +156,11 @@ class TrainOptions:
     stop_at: int | None = None  # stop after this step (checkpointed) as if interrupted; resume later
     monitor_every: int | None = None  # sink probes every N steps on fixed validation windows (monitor.csv); None/0 = off
     progress: bool = True  # a tqdm bar on stderr
+
+    def __post_init__(self):
+        from sinkscope.options import expand_paths
+
+        expand_paths(self, out="--out", text_file="--text-file", tokenizer="--tokenizer")
 
 
 #: Options that change the trained weights: a resumed run keeps the checkpoint's values.
@@ -445,9 +453,16 @@ def _check_out(out: Path, overwrite: bool) -> None:
     without --overwrite; ``checkpoint.foreign_files``), or any existing one without --overwrite.
 
     A checkpoint written before inventories, or a folder holding only its log.csv (a run stopped
-    before its first checkpoint), is recognised by its fixed file names (``checkpoint_legacy``).
+    before its first checkpoint), is recognised by its fixed file names (``checkpoint_legacy``). An
+    absent --out beside the checkpoint a save killed between its renames left
+    (``checkpoint.interrupted_save``) is refused without --overwrite too: the first save would remove it.
     """
     _check_not_cwd(out)
+    leftover = None if overwrite else interrupted_save(out)
+    if leftover is not None:
+        raise SinkscopeError(f"there is no {out}, but {leftover} next to it is the checkpoint saved before a save was "
+                             "interrupted; pass --resume to continue it (it is put back first), --overwrite to start a "
+                             "new run in its place, or choose another --out.")
     if out.is_dir() and not out.is_symlink():
         subfolders = [f for f in foreign_files(out) if f.endswith("/")]
         if subfolders:  # check_replaceable counts another writer's folder as sinkscope's; a checkpoint has none
@@ -565,12 +580,19 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
     replacing = False  # --overwrite of a folder that holds something: train beside it, swap at the first checkpoint
     if options.resume:
         def check_resume() -> None:
+            restored = restore_interrupted_save(out)  # --out absent, its previous checkpoint beside it: put back
+            if restored is not None:
+                log(f"restored the checkpoint{restored[1]} that an interrupted save left at {restored[0]} to {out}")
             if not is_checkpoint(out):
                 raise SinkscopeError(f"there is no trainer checkpoint to resume in {out}; run without --resume first.")
             _check_out(out, True)  # every save replaces the folder whole: nothing of anyone else's may be in it
 
         _on_main(env, check_resume)
         model, tokenizer, meta, saved_state = load_checkpoint(out, for_training=True)
+        if env.is_main:  # killed saves' leftovers beside it (only what they recorded, never a running writer's)
+            removed = clean_leftovers(out)
+            if removed:
+                log(f"removed what interrupted saves left beside {out}: {', '.join(p.name for p in removed)}")
         opts = resolve_options(_merge_resume(options, meta.get("train_options", {}), out))
         start = int(saved_state["step"])
         if opts.steps < start:

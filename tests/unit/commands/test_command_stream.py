@@ -116,7 +116,10 @@ def test_the_mask_mode_takes_static_policies_at_original_positions():
     ({"mode": "mask", "policy": ("full", "window")}, ["--mode mask", "--positions"]),
     ({"mode": "mask", "policy": ("full",), "positions": ("original",), "length": stream_cmd.MASK_MODE_MAX_LENGTH + 1},
      ["--mode mask", "--length", str(stream_cmd.MASK_MODE_MAX_LENGTH)]),
-    ({"policy": ("sinks",), "cache": (4,), "sink_tokens": (4, 8)}, ["--sink-tokens 4,8", "--cache"]),
+    ({"policy": ("sinks",), "cache": (4,), "sink_tokens": (4, 8)}, ["--sink-tokens 4", "--cache"]),
+    ({"policy": ("sinks",), "cache": (2, 16), "sink_tokens": (4,)}, ["--sink-tokens 4", "a cache of 2"]),  # not dropped
+    ({"policy": ("h2o",), "cache": (1,)}, ["h2o", "--cache 2 or more"]),
+    ({"policy": ("window", "h2o"), "cache": (1, 64)}, ["h2o", "--cache 2 or more"]),
 ])
 def test_an_option_mistake_is_one_sentence_naming_the_option(options, words):
     with pytest.raises(SinkscopeError) as caught:
@@ -126,7 +129,7 @@ def test_an_option_mistake_is_one_sentence_naming_the_option(options, words):
 
 def test_sink_tokens_that_fill_the_cache_are_fine_without_the_sinks_policy_or_with_zero():
     checked(policy=("window",), cache=(4,), sink_tokens=(8,))
-    checked(policy=("sinks",), cache=(4,), sink_tokens=(0, 8))  # 0 sink tokens: the window policy
+    checked(policy=("sinks",), cache=(4,), sink_tokens=(0, 2))  # 0 sink tokens: the window policy
 
 
 # ---- the probe list -------------------------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""A model's size from its config alone, checked before anything is allocated (issue 38, class 2).
+
+A config.json is a file someone hands you: ``num_hidden_layers = 10**9`` would otherwise make
+transformers build modules until the machine runs out of memory, and a zero, negative or NaN width
+fails much later with an error that blames something else (the tokenizer, "integer modulo by
+zero"). :func:`check_config_sizes` reads the size fields by their usual names, refuses a value that
+is not a positive integer in one sentence naming the field and the file, and estimates the memory
+the weights need::
+
+    params ~= L * (attention + MLP) + 2 * V * C          (embedding and an untied head; V * C if tied)
+    attention = 2 * C * H * D + 2 * C * Hkv * D          (q, o; k, v)
+    MLP = 3 * C * F * max(1, E)                           (gated: gate, up, down; E experts)
+    bytes ~= 2 * params + L * 64 KiB                      (16-bit weights: the least any load takes;
+                                                           the per-layer Python modules)
+
+It refuses when that exceeds the memory this machine has (available RAM, plus the accelerators'
+when torch is already loaded). The estimate is a lower bound of what a load needs, so a model it
+refuses cannot load; a model it lets through can still be too big, which the loader's own
+out-of-memory sentence then names. Torch-free: the CLI calls it before torch loads.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+from sinkscope.errors import SinkscopeError
+
+#: field name -> its usual spellings in configs (transformers' and the bundled trainer's).
+SIZE_FIELDS: dict[str, tuple[str, ...]] = {
+    "layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "width": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head", "num_heads"),
+    "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads"),
+    "head_dim": ("head_dim",),
+    "vocab": ("vocab_size",),
+    "mlp": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "moe_intermediate_size"),
+    "experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "context": ("max_position_embeddings", "n_positions", "block_size"),
+}
+BYTES_PER_PARAM = 2  # 16-bit weights: the smallest dtype sinkscope loads a model in
+BYTES_PER_LAYER = 64 * 1024  # a decoder layer's Python modules and parameter objects, at the least
+#: a large real model's sizes: the refusal names the field furthest above its own.
+TYPICAL = {"layers": 128, "width": 16384, "mlp": 65536, "vocab": 262144, "experts": 512}
+
+
+def _kind_of(field: str) -> str:
+    return next(kind for kind, names in SIZE_FIELDS.items() if field in names)
+
+
+def _value(config: dict, names: tuple[str, ...], where: str) -> tuple[str, int] | None:
+    for name in names:
+        if name not in config or config[name] is None:
+            continue
+        value = config[name]
+        ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+        if isinstance(value, float) and value.is_integer() and value > 0:  # 2048.0: a JSON writer's int
+            value, ok = int(value), True
+        if not ok:
+            raise SinkscopeError(f"{where} sets {name} = {value!r}; it must be a positive integer, so the file is "
+                                 "damaged or not a model's config.")
+        return name, value
+    return None
+
+
+def _model_section(config: dict) -> dict:
+    """The part of a config that describes the language model (a multimodal config's text_config)."""
+    for key in ("text_config", "language_config", "llm_config"):
+        inner = config.get(key)
+        if isinstance(inner, dict) and not any(name in config for name in SIZE_FIELDS["layers"]):
+            return inner
+    return config
+
+
+def estimate(config: dict, where: str) -> tuple[int | None, int | None, dict[str, tuple[str, int]]]:
+    """(parameters, bytes, {kind: (field, value)}) of ``config``; a bad size is one sentence.
+
+    A config without its layer count or width (a config class fills in defaults; custom code may
+    compute them) gives no estimate: (None, None, fields)."""
+    config = _model_section(config)
+    fields = {}
+    for kind, names in SIZE_FIELDS.items():
+        found = _value(config, names, where)
+        if found is not None:
+            fields[kind] = found
+    if "layers" not in fields or "width" not in fields:
+        return None, None, fields
+    L, C = fields["layers"][1], fields["width"][1]
+    H = fields.get("heads", (None, 1))[1]
+    Hkv = fields.get("kv_heads", (None, H))[1]
+    D = fields.get("head_dim", (None, max(1, C // H)))[1]
+    F = fields.get("mlp", (None, 4 * C))[1]
+    E = fields.get("experts", (None, 1))[1]
+    V = fields.get("vocab", (None, 0))[1]
+    attention = 2 * C * H * D + 2 * C * Hkv * D
+    mlp = 3 * C * F * max(1, E)
+    params = L * (attention + mlp) + (1 if config.get("tie_word_embeddings") is True else 2) * V * C
+    return params, BYTES_PER_PARAM * params + BYTES_PER_LAYER * L, fields
+
+
+def available_memory() -> int | None:
+    """Bytes this process could use for weights: available RAM (Linux's MemAvailable, else the physical
+    total), plus the accelerators' free memory when torch is already imported; None when unknown."""
+    total = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    total = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if total is None:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            for index in range(torch.cuda.device_count()):
+                total += torch.cuda.mem_get_info(index)[0]
+        except Exception:  # noqa: BLE001 - no usable accelerator: RAM alone
+            pass
+    return total
+
+
+def _human(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n} PB"
+
+
+def check_config_sizes(config: dict, where: str, memory: int | None = None) -> int | None:
+    """Refuse a config whose sizes are not positive integers, or whose weights cannot fit in memory.
+
+    ``where`` names the file in the sentence ("the model's config.json at X"); ``memory`` overrides
+    :func:`available_memory` (tests). Returns the estimated parameter count (None: no estimate).
+    """
+    params, need, fields = estimate(config, where)
+    if need is None:
+        return None
+    memory = available_memory() if memory is None else memory
+    if memory is not None and need > memory:
+        field, value = max((fields[kind] for kind in TYPICAL if kind in fields),
+                           key=lambda found: found[1] / TYPICAL[_kind_of(found[0])])  # the most unusual size
+        size = f"about {params:.3g} parameters" if math.isfinite(params) else "more parameters than can be counted"
+        raise SinkscopeError(
+            f"{where} describes a model too big for this machine ({field} = {value:,}: {size}, at least "
+            f"{_human(need)} to load, against {_human(memory)} of memory available); sinkscope refuses it before "
+            "allocating anything.")
+    return params

@@ -1,0 +1,74 @@
+"""A model's size from its config, checked before anything is allocated (src/sinkscope/model_size.py).
+
+The reference is the parameter count of real (tiny) models built from the same config: the
+estimate's formula must match it where the formula's assumptions hold (a gated MLP, an untied
+head), and the check must refuse what cannot fit, naming the field, in one sentence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.model_size import available_memory, check_config_sizes, estimate
+
+LLAMA = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 128, "vocab_size": 300, "tie_word_embeddings": False}
+
+
+def test_the_estimate_is_the_parameter_count_of_a_llama_without_its_norms():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    norms = sum(p.numel() for name, p in model.named_parameters() if "norm" in name)
+    params, need, fields = estimate(LLAMA, "x")
+    assert params == sum(p.numel() for p in model.parameters()) - norms
+    assert need == 2 * params + 2 * 64 * 1024
+    assert fields["layers"] == ("num_hidden_layers", 2) and fields["kv_heads"] == ("num_key_value_heads", 2)
+    tied, _, _ = estimate({**LLAMA, "tie_word_embeddings": True}, "x")
+    assert params - tied == 300 * 64
+
+
+def test_trainer_and_gpt2_spellings_and_a_multimodal_text_config():
+    gpt2 = {"n_layer": 3, "n_embd": 32, "n_head": 2, "vocab_size": 100}
+    params, _, fields = estimate(gpt2, "x")
+    assert fields["layers"] == ("n_layer", 3) and fields["width"] == ("n_embd", 32)
+    assert params == 3 * (4 * 32 * 32 + 3 * 32 * 128) + 2 * 100 * 32  # F defaults to 4C
+    wrapped = {"model_type": "llava", "text_config": LLAMA, "vision_config": {"hidden_size": 8}}
+    assert estimate(wrapped, "x")[0] == estimate(LLAMA, "x")[0]
+
+
+@pytest.mark.parametrize("field,value", [("num_hidden_layers", 0), ("num_hidden_layers", -1), ("hidden_size", math.nan),
+                                         ("num_attention_heads", 0), ("vocab_size", "300"), ("intermediate_size", True),
+                                         ("num_hidden_layers", 2.5)])
+def test_a_size_that_is_not_a_positive_integer_names_the_field(field, value):
+    with pytest.raises(SinkscopeError) as error:
+        check_config_sizes({**LLAMA, field: value}, "the config.json of /m", memory=10 ** 12)
+    sentence = str(error.value)
+    assert sentence.startswith("the config.json of /m sets " + field) and sentence.count(". ") == 0
+
+
+def test_a_config_without_its_sizes_gives_no_estimate_and_is_not_refused():
+    """A config class fills in defaults (and custom code may compute sizes): only sizes given are checked."""
+    assert check_config_sizes({"hidden_size": 64, "model_type": "llama"}, "x", memory=1) is None
+    with pytest.raises(SinkscopeError, match="sets vocab_size = -3"):
+        check_config_sizes({"vocab_size": -3}, "x", memory=10 ** 12)
+
+
+def test_a_model_bigger_than_memory_is_refused_naming_its_most_unusual_size():
+    with pytest.raises(SinkscopeError) as error:
+        check_config_sizes({**LLAMA, "num_hidden_layers": 10 ** 9}, "the config.json of /m", memory=24 * 10 ** 9)
+    sentence = str(error.value)
+    assert "num_hidden_layers = 1,000,000,000" in sentence and "24.0 GB" in sentence
+    with pytest.raises(SinkscopeError, match="hidden_size = 10,000,000"):
+        check_config_sizes({**LLAMA, "hidden_size": 10 ** 7}, "x", memory=24 * 10 ** 9)
+    assert check_config_sizes(LLAMA, "x", memory=24 * 10 ** 9) == estimate(LLAMA, "x")[0]  # a real model passes
+
+
+def test_available_memory_is_a_positive_number_of_bytes_below_the_physical_total():
+    import os
+
+    memory = available_memory()
+    assert memory is not None and 0 < memory <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") + 10 ** 15
