@@ -1,7 +1,7 @@
 """Tiny random models of every supported family, built from transformers config classes.
 
 Sizes follow transformers' own testers (hidden 64, 4 heads), with 3 layers so that every
-``[start:]`` row (``sink_rate[2:]``) and a layer between two others are exercised. Every builder is seeded
+``sink_rate_from_layer`` row (``layer_start`` 2) and a layer between two others are exercised. Every builder is seeded
 so a test gets the same weights each time. ``build(family)`` returns an eval-mode float32
 model whose attention implementation is eager (the reference for every comparison).
 """

@@ -50,6 +50,11 @@ SINK_SETS = FIXED_SINK_SETS + ("data",)
 #: and its value norm is below half the median value norm of its window and value head.
 DATA_SINK_ATTENTION = 0.3
 DATA_SINK_VALUE_RATIO = 0.5
+#: ... and when at least this many queries scored it (resolved 2026-12): alpha_j of a key near the
+#: window's end is the attention of one or two queries (SmolLM2: position 126 of 128 was selected).
+#: Capped at half the queries of the window's best-scored key (T - 1, or W - 1 on a sliding layer),
+#: so that a short window or a sliding layer keeps its early keys eligible.
+DATA_SINK_MIN_QUERIES = 16
 #: the first query position averaged (SPEC.md "Averages").
 FIRST_QUERY = 1
 
@@ -66,11 +71,14 @@ def sink_parts(sink_set: str) -> tuple[bool, bool]:
 
 def data_sink_keys(weights: Tensor, visible: Tensor, value_norms: Tensor, *,
                    attention_above: float = DATA_SINK_ATTENTION,
-                   value_below: float = DATA_SINK_VALUE_RATIO) -> Tensor:
+                   value_below: float = DATA_SINK_VALUE_RATIO,
+                   min_queries: int = DATA_SINK_MIN_QUERIES) -> Tensor:
     """Seed 004 §6.2's sink set of each window and head: high attention and a low value norm.
 
-        alpha_j = mean over the queries i >= max(j, 1) that see key j of a_ij
+        n_j     = the queries i >= max(j, 1) that see key j
+        alpha_j = mean over those n_j queries of a_ij
         sink    = alpha_j > attention_above  and  ||v_j|| < value_below * median_k ||v_k||
+                  and  n_j >= min(min_queries, ceil(max_k n_k / 2))
 
     Args:
         weights: a_ij (B, H, T, S), any phantom in the normaliser.
@@ -87,7 +95,9 @@ def data_sink_keys(weights: Tensor, visible: Tensor, value_norms: Tensor, *,
     seen = counted.sum(-2).to(weights.dtype)  # (B|1, H|1, S)
     alpha = (weights * counted).sum(-2) / seen.clamp_min(1)  # (B, H, S)
     median = value_norms.median(dim=-1, keepdim=True).values  # (B, H, 1)
-    return (alpha > attention_above) & (seen > 0) & (value_norms < value_below * median)  # (B, H, S)
+    most = seen.amax(-1, keepdim=True)  # (B|1, H|1, 1): the best-scored key's queries (T - 1; W - 1 when sliding)
+    enough = seen >= torch.ceil(most / 2).clamp(min=1, max=int(min_queries))  # (B|1, H|1, S); on the device
+    return (alpha > attention_above) & enough & (value_norms < value_below * median)  # (B, H, S)
 
 
 def gate_from_sink_keys(weights: Tensor, keys: Tensor, *, phantom: bool) -> Tensor:

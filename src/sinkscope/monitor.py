@@ -7,7 +7,7 @@
         ...                                                   # the loop's own forward/backward/step
         monitor.step(model, step + 1)                         # measures when (step + 1) % 100 == 0
 
-    trainer.add_callback(monitor.callback(trainer))           # the transformers Trainer
+    Trainer(..., callbacks=[SinkMonitor(every=100, windows=val_ids[:8])])   # it is a TrainerCallback
 
 Every measurement runs the named probes (``p0_mass``, ``phantom_mass`` and ``value_norm_ratio``
 by default) over the **same token windows** (given as ``windows`` or cut once from ``texts``),
@@ -17,9 +17,11 @@ Afterwards the model's mode and attention implementation are what they were. The
 those ``sinkscope.measure(probes, checkpoint, windows=...)`` gives on the checkpoint saved at
 that step (tests): the same probes, the same definitions (SPEC.md), the same tidy rows.
 
-The table grows in ``out/monitor.csv``: ``step, probe, metric, layer, head, value, n`` (per head,
-per layer and model rows, as in a run's ``results.csv``), one block of rows per measured step,
-appended and flushed. ``out/monitor.json`` records the probes, ``every`` and the windows'
+The table grows in ``out/monitor.csv``: ``step, probe, metric, layer, head, value, n, se`` (per
+head, per layer and model rows, as in a run's ``results.csv``, ``se`` the standard error over the
+windows), one block of rows per measured step, appended and flushed; a table written before ``se``
+existed gets the column (empty) when a monitor continues it. ``p0_mass`` brings
+``sink_head_share``, the share of heads whose p0 mass exceeds 0.5 (SPEC.md "Share of sink heads"). ``out/monitor.json`` records the probes, ``every`` and the windows'
 sha256, and ``out/monitor_tokens.npy`` the exact ids. A folder holding a ``monitor.csv`` of
 other probes or windows is refused, never appended to; a resumed run drops the rows after its
 checkpoint (``truncate``).
@@ -30,8 +32,13 @@ ranks skip (their replicas hold the same weights). The model handed in may be wr
 A sharded model (FSDP) is not supported: its forward needs every rank.
 
 Loggers: :meth:`scalars` turns a step's rows into ``{"sinks/p0_mass": ..., "sinks/p0_mass/layer_3": ...}``
-(model and per-layer means); the Trainer callback passes them to ``trainer.log``, so TensorBoard,
-W&B and the Trainer's ``log_history`` see them.
+(model and per-layer means). The monitor is a transformers ``TrainerCallback``: passed as
+``Trainer(..., callbacks=[monitor])`` like ``EarlyStoppingCallback``, it measures at step 0 and
+every ``every`` steps and logs the scalars as ``Trainer.log`` does: into ``state.log_history`` and
+through the Trainer's callback handler's ``on_log``, so every ``report_to`` logger (TensorBoard,
+W&B, ...) sees them. The handler is the one that calls the monitor's ``on_train_begin`` (found then,
+once); a monitor driven by something else than a ``Trainer`` falls back to ``log_history`` only.
+``trainer.add_callback(monitor.callback(trainer))`` still works and logs through ``trainer.log``.
 """
 
 from __future__ import annotations
@@ -39,10 +46,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from transformers.trainer_callback import CallbackHandler, TrainerCallback
 
 from sinkscope.errors import SinkscopeError
 
@@ -53,7 +62,7 @@ DEFAULT_EVERY = 100
 TABLE = "monitor.csv"
 MANIFEST = "monitor.json"
 TOKENS = "monitor_tokens.npy"
-COLUMNS = ("step", "probe", "metric", "layer", "head", "value", "n")
+COLUMNS = ("step", "probe", "metric", "layer", "head", "value", "n", "se")
 
 
 def _unwrap(model):
@@ -82,7 +91,7 @@ def windows_from_texts(texts: Sequence[str], tokenizer, *, seq_len: int, n_seqs:
                         bos_id=resolve_bos("auto", tokenizer)).tokens
 
 
-class SinkMonitor:
+class SinkMonitor(TrainerCallback):
     """Sink probes on fixed windows every ``every`` steps of a training loop (module docstring).
 
     Args:
@@ -127,6 +136,7 @@ class SinkMonitor:
         self._spec = None
         self._spec_of = None
         self._last_step: int | None = None  # a step is measured once (Lightning calls per micro-batch)
+        self._handler: CallbackHandler | None = None  # the Trainer's, found at on_train_begin
         if self.out is not None and _rank() == 0:
             self._open()
 
@@ -152,6 +162,7 @@ class SinkMonitor:
             if held is None or any(held.get(k) != mine[k] for k in ("probes", "windows_sha256")):
                 raise SinkscopeError(f"{self.out} already holds a monitor table of other probes or windows (or one "
                                      "sinkscope did not write); give the monitor another out= folder.")
+            self._add_se_column(table)
             return  # the same monitor, continued (a resumed training): rows are appended
         atomic_write_text(manifest, json.dumps(self._manifest(), indent=2) + "\n")
         import io
@@ -161,6 +172,20 @@ class SinkMonitor:
         atomic_write_bytes(self.out / TOKENS, buffer.getvalue())
         with open(table, "w", newline="", encoding="utf-8") as handle:
             csv.writer(handle).writerow(COLUMNS)
+
+    @staticmethod
+    def _add_se_column(table: Path) -> None:
+        """A table written before ``se`` existed gets the column, empty, before rows with it are appended."""
+        from sinkscope.fileio import atomic_write_text
+
+        if not table.exists():
+            return
+        with open(table, newline="", encoding="utf-8") as handle:
+            rows = list(csv.reader(handle))
+        if not rows or tuple(rows[0]) == COLUMNS or tuple(rows[0]) != COLUMNS[:-1]:
+            return
+        lines = [",".join(COLUMNS)] + [",".join(r + [""]) for r in rows[1:] if r]
+        atomic_write_text(table, "\n".join(lines) + "\n")
 
     def truncate(self, after_step: int) -> None:
         """Drop the table's rows of steps after ``after_step`` (a training resumed from its checkpoint there)."""
@@ -192,7 +217,7 @@ class SinkMonitor:
         if self.out is not None:
             with open(self.out / TABLE, "a", newline="", encoding="utf-8") as handle:
                 writer = csv.writer(handle)
-                for row in frame[list(COLUMNS)].itertuples(index=False):
+                for row in frame.reindex(columns=list(COLUMNS)).itertuples(index=False):
                     writer.writerow(["" if _missing(v) else v for v in row])
                 handle.flush()
         return frame
@@ -237,9 +262,31 @@ class SinkMonitor:
         """A transformers ``TrainerCallback`` measuring at step 0 and every ``every`` steps.
 
         With ``trainer``, the scalars go through ``trainer.log`` (its ``report_to`` loggers and
-        ``log_history``); without it, into ``state.log_history`` only.
+        ``log_history``); without it, into ``state.log_history`` only. The monitor is itself a
+        callback (``Trainer(callbacks=[monitor])``); this form is kept for code written before.
         """
         return _trainer_callback(self, trainer)
+
+    # ---- the TrainerCallback -----------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        caller = sys._getframe(1).f_locals.get("self")  # CallbackHandler.call_event, which is calling us
+        if isinstance(caller, CallbackHandler) and any(c is self for c in caller.callbacks):
+            self._handler = caller
+        if state.global_step == 0:
+            self._log_step(args, state, control, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self._log_step(args, state, control, model)
+
+    def _log_step(self, args, state, control, model) -> None:
+        """Measure when due, then log the scalars as ``Trainer.log`` does (module docstring)."""
+        frame = self.step(model, state.global_step)
+        if frame is None:
+            return
+        logs = self.scalars(frame)
+        state.log_history.append({**logs, "step": state.global_step})
+        if self._handler is not None:  # every callback's on_log, the report_to loggers included
+            self._handler.on_log(args, state, control, dict(logs))
 
     def lightning_callback(self):
         """A Lightning ``Callback`` (needs ``lightning``): measures on ``on_train_batch_end`` at ``trainer.global_step``."""

@@ -244,7 +244,33 @@ def read_results(run_dir: Path) -> pd.DataFrame:
         if diff is not None:
             raise SinkscopeError(f"results.parquet and results.csv of {run_dir} disagree ({diff}); one was edited "
                                  "or damaged: delete the wrong one, or rerun the measurement.")
-    return frames[0]
+    return _parameters_out_of_names(frames[0])
+
+
+#: metric names that carried their parameter (written before 2026-12): ``sink_rate[2:]`` is now
+#: ``sink_rate_from_layer`` with layer_start 2, ``token_share[n>=50]`` ``token_share_frequent`` with min_count 50.
+_LEGACY_NAMES = ((re.compile(r"^(?P<metric>[a-z_0-9]+)\[(?P<value>\d+):\]$"), "_from_layer", "layer_start"),
+                 (re.compile(r"^(?P<metric>[a-z_0-9]+)\[n>=(?P<value>\d+)\]$"), "_frequent", "min_count"))
+
+
+def _parameters_out_of_names(table: pd.DataFrame) -> pd.DataFrame:
+    """A run written before 2026-12 named ``sink_rate[2:]`` what is now ``sink_rate_from_layer`` with
+    ``layer_start`` = 2 (and ``token_share[n>=50]`` ``token_share_frequent`` with ``min_count`` = 50): read
+    it under today's names, so reports find the row under any setting."""
+    import pandas as pd
+
+    for pattern, suffix, column in _LEGACY_NAMES:
+        found = table["metric"].astype(str).str.extract(pattern)
+        legacy = found["metric"].notna()
+        if not legacy.any():
+            continue
+        table = table.copy()
+        table.loc[legacy, "metric"] = found.loc[legacy, "metric"] + suffix
+        if column not in table.columns:  # a condition column: before se, which stays last
+            at = list(table.columns).index("se") if "se" in table.columns else len(table.columns)
+            table.insert(at, column, pd.array([pd.NA] * len(table), dtype="Int64"))
+        table.loc[legacy, column] = found.loc[legacy, "value"].astype(int)
+    return table
 
 
 # ---- manifest --------------------------------------------------------------------------------

@@ -40,9 +40,10 @@ def test_sinks_end_to_end_on_a_saved_model(tiny_llama_dir, text_file, tmp_path):
         assert (out / name).is_file(), name
 
     table = pd.read_csv(out / "results.csv")
-    assert list(table.columns) == ["probe", "metric", "layer", "head", "value", "n", "se"]
+    assert list(table.columns) == ["probe", "metric", "layer", "head", "value", "n", "threshold", "layer_start", "se"]
     metrics = set(table.metric)
-    assert {"p0_mass", "sink_rate", "sink_rate[1:]", "phantom_mass", "value_norm_ratio",
+    assert table.loc[table.metric == "sink_rate_from_layer", "layer_start"].tolist() == [1]  # a column, not a name
+    assert {"p0_mass", "sink_rate", "sink_rate_from_layer", "phantom_mass", "value_norm_ratio",
             "massive_activation"} <= metrics
     model_rows = table[table.layer.isna()]
     assert model_rows["head"].isna().all() and set(model_rows.metric) >= {"p0_mass", "sink_rate"}
@@ -117,7 +118,7 @@ def test_bad_input_is_one_sentence(args, phrase, tiny_llama_dir, text_file, tmp_
 
 def test_ls_lists_probes_and_families():
     probes = runner.invoke(app, ["ls", "probes"])
-    assert probes.exit_code == 0 and "p0_mass" in probes.output and "sink_rate[2:]" in probes.output
+    assert probes.exit_code == 0 and "p0_mass" in probes.output and "sink_rate_from_layer" in probes.output
     families = runner.invoke(app, ["ls", "families"])
     assert families.exit_code == 0 and "gpt_oss" in families.output and "qwen3_next" in families.output
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from sinkscope.report import build_report
 from sinkscope.results import read_results, rows_to_frame
 from sinkscope.probes.base import Row
 from repo_paths import GOLDEN
+from report_pages import parse
 
 
 
@@ -31,46 +31,6 @@ def llama_run(tmp_path) -> Path:
 @pytest.fixture
 def gpt_oss_run(tmp_path) -> Path:
     return Path(shutil.copytree(GOLDEN / "run_tiny_gpt_oss", tmp_path / "run_tiny_gpt_oss"))
-
-
-class Tables(HTMLParser):
-    """Collects every <table> as rows of cell texts, with the table's attributes."""
-
-    def __init__(self):
-        super().__init__()
-        self.tables: list[tuple[dict, list[list[str]]]] = []
-        self.sections: list[str] = []
-        self.urls: list[str] = []
-        self._cell = None
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "table":
-            self.tables.append((attrs, []))
-        elif tag == "tr" and self.tables:
-            self.tables[-1][1].append([])
-        elif tag in ("td", "th"):
-            self._cell = ""
-        elif tag == "section" and "data-probe" in attrs:
-            self.sections.append(attrs["data-probe"])
-        for key in ("src", "href"):
-            if key in attrs:
-                self.urls.append(attrs[key])
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell += data
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self._cell is not None:
-            self.tables[-1][1][-1].append(self._cell.strip())
-            self._cell = None
-
-
-def parse(page: Path) -> Tables:
-    parser = Tables()
-    parser.feed(page.read_text())
-    return parser
 
 
 def test_report_content_equals_the_table(llama_run):

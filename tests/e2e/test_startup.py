@@ -75,7 +75,7 @@ def test_report_reads_a_run_without_torch(tmp_path):
 @pytest.mark.slow  # spawns Python
 def test_report_reads_a_selectivity_comparison_without_torch(tmp_path, text_file, tokenizer):
     """Per-token tables, share bars and the comparison come from the tables alone."""
-    from test_selectivity import _checkpoint
+    from checkpoints import trainer_checkpoint as _checkpoint
     from typer.testing import CliRunner
 
     from sinkscope.cli import app

@@ -69,8 +69,8 @@ def test_checkpoint_runs_carry_condition_columns_and_group_in_reports(tmp_path, 
                                           "--no-figures"])
         assert result.exit_code == 0, result.output
         table = pd.read_csv(out / "results.csv")
-        assert list(table.columns) == ["probe", "metric", "layer", "head", "value", "n", "variant", "seed", "step",
-                                       "tier", "se"]
+        assert list(table.columns) == ["probe", "metric", "layer", "head", "value", "n", "threshold", "variant", "seed",
+                                       "step", "tier", "se"]
         assert set(table.variant) == {variant} and set(table.seed) == {seed} and set(table.tier) == {"test"}
         assert set(table.step) == {0}
         runs.append(out)

@@ -38,8 +38,25 @@ class _Ids(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class _Recorder:
+    """A stand-in for a ``report_to`` logger: a callback placed before the monitor, keeping every on_log."""
+
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class Recorder(TrainerCallback):
+            def __init__(self):
+                self.logged = []
+
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                self.logged.append((state.global_step, dict(logs or {})))
+
+        return Recorder()
+
+
 @pytest.mark.slow  # trains
-def test_the_trainer_callback_logs_what_measure_gives_on_the_saved_checkpoint(tmp_path):
+@pytest.mark.parametrize("form", ["callbacks=[monitor]", "add_callback(monitor.callback(trainer))"])
+def test_the_trainer_callback_logs_what_measure_gives_on_the_saved_checkpoint(tmp_path, form):
     import sinkscope
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
@@ -52,8 +69,12 @@ def test_the_trainer_callback_logs_what_measure_gives_on_the_saved_checkpoint(tm
     args = TrainingArguments(output_dir=str(tmp_path / "hf"), max_steps=4, save_steps=2, per_device_train_batch_size=4,
                              learning_rate=5e-3, report_to=[], use_cpu=True, logging_steps=1,
                              disable_tqdm=True, seed=0)
-    trainer = Trainer(model=model, args=args, train_dataset=_Ids(train_ids))
-    trainer.add_callback(monitor.callback(trainer))
+    recorder = _Recorder()
+    if form == "callbacks=[monitor]":  # as EarlyStoppingCallback is passed; the recorder comes first, as report_to's
+        trainer = Trainer(model=model, args=args, train_dataset=_Ids(train_ids), callbacks=[recorder, monitor])
+    else:
+        trainer = Trainer(model=model, args=args, train_dataset=_Ids(train_ids), callbacks=[recorder])
+        trainer.add_callback(monitor.callback(trainer))
     attention_before = model.config._attn_implementation
     trainer.train()
     assert model.training and model.config._attn_implementation == attention_before  # left as it was
@@ -61,7 +82,9 @@ def test_the_trainer_callback_logs_what_measure_gives_on_the_saved_checkpoint(tm
     steps = [int(f["step"].iloc[0]) for f in monitor.frames]
     assert steps == [0, 2, 4]
     logged = [h for h in trainer.state.log_history if "sinks/p0_mass" in h]
-    assert [h["step"] for h in logged] == [0, 2, 4]  # through trainer.log: every report_to logger sees them
+    assert [h["step"] for h in logged] == [0, 2, 4]  # as trainer.log does: every report_to logger sees them
+    assert [step for step, logs in recorder.logged if "sinks/p0_mass" in logs] == [0, 2, 4]
+    assert all("sinks/sink_head_share" in logs for _, logs in recorder.logged if "sinks/p0_mass" in logs)
     moved = False
     for frame in monitor.frames[1:]:
         step = int(frame["step"].iloc[0])
@@ -74,7 +97,10 @@ def test_the_trainer_callback_logs_what_measure_gives_on_the_saved_checkpoint(tm
 
     table = pd.read_csv(tmp_path / "monitor" / "monitor.csv")
     assert sorted(table["step"].unique()) == [0, 2, 4]
-    assert list(table.columns) == ["step", "probe", "metric", "layer", "head", "value", "n"]
+    assert list(table.columns) == ["step", "probe", "metric", "layer", "head", "value", "n", "se"]
+    head_rows = table[(table.metric == "p0_mass") & table["head"].notna()]
+    assert head_rows["se"].notna().all()  # the standard error over the 3 windows, as in results.csv
+    assert (table.metric == "sink_head_share").any()
     assert np.array_equal(np.load(tmp_path / "monitor" / "monitor_tokens.npy"), windows)
 
 
@@ -196,3 +222,45 @@ def test_train_monitor_under_torchrun_two_processes(words, tmp_path):
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     _last_step_equals_measure_on_the_checkpoint(out, [0, 5, 10])  # rank 0 wrote every step once
+
+
+def test_the_monitor_is_a_trainer_callback_and_logs_through_the_handler_that_calls_it():
+    """No training: a CallbackHandler (the Trainer's dispatcher) with a logger before the monitor; training
+    begins at step 0, the monitor measures, and the logger receives the scalars in its on_log."""
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+    from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
+
+    model = build("llama")
+    windows = torch.randint(1, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).numpy()
+    monitor = SinkMonitor(PROBES, every=5, windows=windows)
+    assert isinstance(monitor, TrainerCallback)
+    recorder = _Recorder()
+    handler = CallbackHandler([DefaultFlowCallback(), recorder, monitor], model, None, None, None)
+    args = TrainingArguments(output_dir="unused", report_to=[], use_cpu=True, logging_steps=1000)
+    state, control = TrainerState(), TrainerControl()
+    handler.on_train_begin(args, state, control)
+    (step, logs), = recorder.logged
+    assert step == 0 and logs == monitor.scalars(monitor.frames[0])
+    assert state.log_history == [{**logs, "step": 0}]
+    state.global_step = 3  # not due: nothing measured or logged
+    handler.on_step_end(args, state, control)
+    state.global_step = 5
+    handler.on_step_end(args, state, control)
+    assert [s for s, _ in recorder.logged] == [0, 5] and [h["step"] for h in state.log_history] == [0, 5]
+
+
+def test_a_table_written_before_se_gets_the_column_when_continued(tmp_path):
+    model = build("llama")
+    windows = torch.randint(1, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0)).numpy()
+    out = tmp_path / "monitor"
+    first = SinkMonitor(PROBES, every=1, windows=windows, out=out)
+    first.step(model, 0)
+    table = out / "monitor.csv"
+    old = pd.read_csv(table).drop(columns="se")  # as a monitor before 2026-12 wrote it
+    old.to_csv(table, index=False)
+    again = SinkMonitor(PROBES, every=1, windows=windows, out=out)
+    again.step(model, 1)
+    upgraded = pd.read_csv(table)
+    assert list(upgraded.columns)[-1] == "se" and len(upgraded) == 2 * len(old)
+    assert upgraded[upgraded.step == 0]["se"].isna().all()
+    assert upgraded[(upgraded.step == 1) & upgraded["head"].notna() & (upgraded.metric == "p0_mass")]["se"].notna().all()

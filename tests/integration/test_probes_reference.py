@@ -96,10 +96,14 @@ def reference_tables(model, ids: torch.Tensor, family: str) -> dict[str, dict]:
             cells[(layer, None)] = float(np.mean(heads))
         cells[(None, None)] = float(np.mean([cells[(l, None)] for l in by_layer]))
         table[metric] = cells
+    p0 = per_head["p0_mass"]  # SPEC.md "Share of sink heads": heads with p0 mass above 0.5
+    table["sink_head_share"] = {(layer, None): float((heads > 0.5).mean()) for layer, heads in p0.items()}
+    table["sink_head_share"][(None, None)] = float(np.mean(np.concatenate(list(p0.values())) > 0.5))
     if spec.attention_layers:
         late = [l for l in spec.attention_layers if l >= 2]
         if late:
-            table["sink_rate[2:]"] = {(None, None): float(np.mean([per_head["sink_rate"][l].mean() for l in late]))}
+            table["sink_rate_from_layer"] = {(None, None): float(np.mean([per_head["sink_rate"][l].mean()
+                                                                          for l in late]))}
 
     act, ratio, chan, pos = {}, {}, {}, {}
     for layer, hs in hidden.items():
@@ -112,10 +116,12 @@ def reference_tables(model, ids: torch.Tensor, family: str) -> dict[str, dict]:
         act[(layer, None)] = float(top)
         ratio[(layer, None)] = float(top / np.median(flat, axis=1).mean())
         pos[(layer, None)], chan[(layer, None)] = float(idx // C), float(idx % C)
+    largest = max(hidden, key=lambda layer: (act[(layer, None)], -layer))  # the first layer holding the max
     act[(None, None)] = max(act.values())
     ratio[(None, None)] = max(ratio.values())
-    table.update(massive_activation=act, massive_activation_ratio=ratio,
-                 massive_activation_channel=chan, massive_activation_position=pos)
+    chan[(None, None)], pos[(None, None)] = chan[(largest, None)], pos[(largest, None)]
+    table.update(massive_activation=act, massive_activation_ratio=ratio, massive_activation_channel=chan,
+                 massive_activation_position=pos, massive_activation_layer={(None, None): float(largest)})
     return table
 
 

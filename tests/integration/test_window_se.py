@@ -120,7 +120,7 @@ def test_an_older_state_without_window_statistics_gives_nan_not_a_wrong_se():
 def test_the_report_prints_layer_values_with_their_se_and_the_figure_draws_the_band(tmp_path, monkeypatch):
     from sinkscope.report import build_report, figures
     from sinkscope.results import read_results
-    from test_report import parse
+    from report_pages import parse
 
     model = build("llama")
     ids = random_ids(N_WINDOWS, SEQ_LEN, seed=3)

@@ -44,6 +44,8 @@ class HeadsOptions(RunOptions):
             §6.2's keys of high attention and low value norm, plus any phantom).
         sink_attention: ``data``: a key's mean attention alpha_j must exceed this (0.3).
         sink_value_ratio: ``data``: its value norm must be below this times the median (0.5).
+        sink_min_queries: ``data``: at least this many queries must have scored it (16; capped at half
+            the window's queries).
         dormant_below: a head with importance below this is dormant (0.1).
         ablate_dormant: a second stage zeroes the dormant heads and reports the loss change.
     """
@@ -51,6 +53,7 @@ class HeadsOptions(RunOptions):
     sink_set: str = "auto"
     sink_attention: float = 0.3
     sink_value_ratio: float = 0.5
+    sink_min_queries: int = 16
     dormant_below: float = DEFAULT_DORMANT_BELOW
     ablate_dormant: bool = False
 
@@ -64,6 +67,8 @@ def _check(options: HeadsOptions) -> None:
         raise SinkscopeError(f"--sink-attention must lie in [0, 1] (got {options.sink_attention}).")
     if not options.sink_value_ratio > 0:
         raise SinkscopeError(f"--sink-value-ratio must be positive (got {options.sink_value_ratio}).")
+    if not isinstance(options.sink_min_queries, int) or options.sink_min_queries < 1:
+        raise SinkscopeError(f"--sink-min-queries must be at least 1 (got {options.sink_min_queries}).")
 
 
 def _check_source(options: HeadsOptions, source: Source) -> None:
@@ -83,7 +88,8 @@ def _check_model(options: HeadsOptions, spec: ModelSpec) -> None:
 
 
 def _probes(options: HeadsOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
-    data = {"sink_attention": options.sink_attention, "sink_value_ratio": options.sink_value_ratio} \
+    data = {"sink_attention": options.sink_attention, "sink_value_ratio": options.sink_value_ratio,
+            "sink_min_queries": options.sink_min_queries} \
         if options.sink_set == "data" else {}
     loss = {"clean_loss": True} if options.ablate_dormant else {}  # the second stage's clean loss
     return [("head_importance", {"sink_set": options.sink_set, "dormant_below": options.dormant_below, **data,

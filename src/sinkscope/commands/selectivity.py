@@ -56,7 +56,7 @@ class SelectivityOptions(RunOptions):
             checkpoint's context of 128 (a few seconds on CPU), 131,072 at 512. Seed 000 uses
             262,144 (eight validation batches at the training context); at 2,048 tokens (16
             windows of 128) the chance level of a 4,096-token vocabulary is above 0.3.
-        min_count: ``token_share[n>=K]`` and the report's token tables count only tokens seen at
+        min_count: ``token_share_frequent`` (column ``min_count``) and the report's token tables count only tokens seen at
             least K times in the run (seed 000: 50).
     """
 

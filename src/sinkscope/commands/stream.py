@@ -39,7 +39,7 @@ class StreamOptions(RunOptions):
 
     Attributes:
         length: tokens per document (window), BOS included; may exceed the model's context.
-        cache: cache sizes (past keys kept between chunks).
+        cache: cache sizes (the keys a cache holds when a token arrives; exact at any --chunk).
         sink_tokens: the ``sinks`` policy's first tokens (0 = ``window``).
         policy: policies among full, window, sinks, h2o.
         positions: ``cache`` and/or ``original``.

@@ -682,7 +682,7 @@ class P0Outliers(_LazyTensors):
         Param("repeats", tuple, (1, 2, 4, 8), "how many times the first token is repeated", check=_check_repeats),
         Param("epsilon", float, 0.3, "Gu et al.'s threshold eps on alpha_0",
               check=lambda v: None if 0.0 < v < 1.0 else "must lie in (0, 1)"),
-        Param("layer_start", int, 2, "first layer of the bos_sink_rate[s:] row (None: no such row)",
+        Param("layer_start", int, 2, "first layer of the bos_sink_rate_from_layer row (None: no such row)",
               check=lambda v: None if v >= 0 else "must be at least 0", optional=True),
     ),
     metrics={
@@ -691,9 +691,10 @@ class P0Outliers(_LazyTensors):
             "Sink_0^eps on [BOS] + K (bos = with) and on K (bos = without), K the window's content; per head the "
             "fraction of windows in which alpha_0 > eps", "SPEC.md 'The position-zero circuit'; seed 003 Table 1(a)",
             "higher = more heads sink on position 0"),
-        "bos_sink_rate[2:]": MetricInfo(
-            "Sink rate with / without BOS, layers 2 on", "fraction of heads",
-            "bos_sink_rate restricted to layers l >= 2", "seed 003 Table 1(a) (Sink_0^eps[2:])", "", per="model"),
+        "bos_sink_rate_from_layer": MetricInfo(
+            "Sink rate with / without BOS, from a layer on", "fraction of heads",
+            "bos_sink_rate restricted to layers l >= s, s in the layer_start column (default 2)",
+            "seed 003 Table 1(a) (Sink_0^eps[2:])", "", per="model"),
         "bos_repeat_loss": MetricInfo(
             "Loss with the first token repeated", "nats / token",
             "mean next-token cross-entropy over the targets K[1:] only, with [BOS] x r + K (with) or K_0 x r + K[1:] "
@@ -801,7 +802,8 @@ class BosExperiment(_LazyTensors):
                      for r in self.hits[setting].rows(self.name, "bos_sink_rate")]
             if self.layer_start is not None:
                 late = [l for l in self.spec.attention_layers if l >= self.layer_start]
-                rows += [Row(self.name, f"bos_sink_rate[{self.layer_start}:]", None, None, r.value, r.n, cond)
+                start = cond + (("layer_start", self.layer_start),)
+                rows += [Row(self.name, "bos_sink_rate_from_layer", None, None, r.value, r.n, start)
                          for r in self.hits[setting].rows(self.name, "bos_sink_rate", layers=late) if r.layer is None]
         sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
         for setting in self.settings:

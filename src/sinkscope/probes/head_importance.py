@@ -77,6 +77,9 @@ def _threshold(value: float) -> str | None:
               "sink set data: a key's mean attention alpha_j must exceed this", check=_threshold),
         Param("sink_value_ratio", float, gates.DATA_SINK_VALUE_RATIO,
               "sink set data: a key's value norm must be below this times the window's median", check=_positive),
+        Param("sink_min_queries", int, gates.DATA_SINK_MIN_QUERIES,
+              "sink set data: a key needs at least this many scoring queries (at most half the window's)",
+              check=lambda v: None if v >= 1 else "must be at least 1"),
         Param("dormant_below", float, DORMANT_BELOW, "a head is dormant when its importance is below this",
               check=_threshold),
         CLEAN_LOSS_PARAM,
@@ -112,6 +115,14 @@ def _threshold(value: float) -> str | None:
             "--sink-set data only: the mean over windows of the number of keys j with alpha_j > sink_attention and "
             "||v_j|| < sink_value_ratio * median ||v|| (the phantom not counted)",
             "seed 004 §6.2; thresholds chosen here (SPEC.md)", "1 with key 0 alone = the classic first-token sink"),
+        "sink_set_key0": MetricInfo(
+            "Windows whose data-driven sink set holds key 0", "share of windows",
+            "--sink-set data only: the share of windows in which key 0 is in the head's sink set",
+            "seed 004 §6.2; SPEC.md 'Implicit gate and head importance'", "1 = key 0 is this head's sink everywhere"),
+        "sink_set_empty": MetricInfo(
+            "Windows whose data-driven sink set is empty", "share of windows",
+            "--sink-set data only: the share of windows in which no key passes the rule (G_i = 1, or 1 - phi_i)",
+            "seed 004 §6.2; SPEC.md 'Implicit gate and head importance'", "1 = the head parks no attention on a token"),
     },
 )
 class HeadImportance(CleanLossSum, Probe):
@@ -127,6 +138,8 @@ class HeadImportance(CleanLossSum, Probe):
         self.data = self.sink_set == "data"
         self.first, self.phantom = (False, spec.has_phantom) if self.data else gates.sink_parts(self.sink_set)
         self.sink_keys = HeadMeans(spec.n_layers, spec.n_heads)  # sums of |S| per window (sink set data)
+        self.sink_key0 = HeadMeans(spec.n_layers, spec.n_heads)  # windows with key 0 in S
+        self.sink_empty = HeadMeans(spec.n_layers, spec.n_heads)  # windows with S empty
         #: where G comes from: the heads' output gates where the model has them, else the sink set.
         self.gate = "output" if spec.has_output_gate else "implicit"
         self.implicit = HeadMeans(spec.n_layers, spec.n_heads)  # sums of 1 - A_sink,i
@@ -137,7 +150,7 @@ class HeadImportance(CleanLossSum, Probe):
         """The parameters as used (``sink_set`` resolved) and the gate Imp reads."""
         options = {**super().options(), "gate": self.gate}
         if not self.data:  # the data set's thresholds mean nothing for the other sets
-            options.pop("sink_attention"), options.pop("sink_value_ratio")
+            options.pop("sink_attention"), options.pop("sink_value_ratio"), options.pop("sink_min_queries")
         return options
 
     @observes(hooks.ATTN)
@@ -168,8 +181,10 @@ class HeadImportance(CleanLossSum, Probe):
             weights = record.weights.float()  # (B, H, T, S)
         norms = record._per_query_head(record.value_norms())  # (B, H, S)
         keys = gates.data_sink_keys(weights, visible, norms, attention_above=self.sink_attention,
-                                    value_below=self.sink_value_ratio)  # (B, H, S)
+                                    value_below=self.sink_value_ratio, min_queries=self.sink_min_queries)  # (B, H, S)
         self.sink_keys.add(layer, keys.sum(-1, keepdim=True).double(), item_dims=(0, 2))
+        self.sink_key0.add(layer, keys[..., :1].double(), item_dims=(0, 2))  # (B, H, 1): one item per window
+        self.sink_empty.add(layer, (~keys.any(-1, keepdim=True)).double(), item_dims=(0, 2))
         return gates.gate_from_sink_keys(weights, keys, phantom=self.phantom and record.has_phantom)
 
     # ---- finalising ------------------------------------------------------------------------------
@@ -193,6 +208,7 @@ class HeadImportance(CleanLossSum, Probe):
         out = self.implicit.rows(self.name, "implicit_gate") + acc.rows(self.name, "head_importance")
         if self.data:
             out += self.sink_keys.rows(self.name, "sink_keys")
+            out += self.sink_key0.rows(self.name, "sink_set_key0") + self.sink_empty.rows(self.name, "sink_set_empty")
         layers, imp = self.importance()
         if not layers:
             return out

@@ -102,10 +102,16 @@ class _Live:
             "SPEC.md 'Massive activations'; Sun et al. 2024", "higher = a more massive activation", per="layer"),
         "massive_activation_channel": MetricInfo(
             "Channel of the largest activation", "channel index",
-            "the residual channel holding max |h|", "SPEC.md 'Massive activations'", per="layer"),
+            "the residual channel holding max |h|; model row = the channel of the largest over layers",
+            "SPEC.md 'Massive activations'", per="layer"),
         "massive_activation_position": MetricInfo(
             "Position of the largest activation", "token position",
-            "the position in the window holding max |h|", "SPEC.md 'Massive activations'", per="layer"),
+            "the position in the window holding max |h|; model row = the position of the largest over layers",
+            "SPEC.md 'Massive activations'", per="layer"),
+        "massive_activation_layer": MetricInfo(
+            "Layer of the largest activation", "layer index",
+            "the first layer whose max |h| is the model's (the model row's channel and position are that layer's)",
+            "SPEC.md 'Massive activations'", per="model"),
     },
 )
 class MassiveActivation(Probe):
@@ -182,6 +188,12 @@ class MassiveActivation(Probe):
             ]
         if seen:
             n_total = int(n_seqs.sum())
-            rows.append(Row(self.name, "massive_activation", None, None, float(top[seen].max()), n_total))
-            rows.append(Row(self.name, "massive_activation_ratio", None, None, max(ratios.values()), n_total))
+            largest = max(seen, key=lambda l: (float(top[l]), -l))  # the first layer holding the model's max |h|
+            rows += [
+                Row(self.name, "massive_activation", None, None, float(top[largest]), n_total),
+                Row(self.name, "massive_activation_ratio", None, None, max(ratios.values()), n_total),
+                Row(self.name, "massive_activation_channel", None, None, float(channel[largest]), n_total),
+                Row(self.name, "massive_activation_position", None, None, float(position[largest]), n_total),
+                Row(self.name, "massive_activation_layer", None, None, float(largest), n_total),
+            ]
         return rows

@@ -16,6 +16,11 @@ Because a masked key's w_i0 is exactly 0, the in-reach mean is ``p0_mass / (1 - 
 per head (no per-query bookkeeping, no host transfer); its ``n`` counts the in-reach queries.
 Full layers get neither row (every query sees key 0).
 
+``sink_head_share`` (SPEC.md "Share of sink heads"; the Megatron and PaddleFormers sink monitors
+log it, a third-party audit calls it "heads > 0.5") is the share of heads whose ``p0_mass``
+exceeds ``head_share_threshold`` (0.5), in its ``threshold`` column: per layer over the layer's
+heads, and for the model over every (layer, head) pair; ``n`` counts the heads.
+
 Not every row average skips row 0: the exposure probe's quiet and phantom mass
 (``probes/exposure.py``, SPEC.md "Quiet mass (exposure)") average over every query i >= 0, as
 seed 000's Tables 3 and 11 do.
@@ -27,10 +32,17 @@ import torch
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
 
 
-@register_probe("p0_mass", metrics={
+def _share_threshold(value: float) -> str | None:
+    return None if 0.0 <= value < 1.0 else "must lie in [0, 1)"
+
+
+@register_probe("p0_mass", params=(
+    Param("head_share_threshold", float, 0.5, "sink_head_share counts the heads whose p0_mass exceeds this",
+          check=_share_threshold),
+), metrics={
     "p0_mass": MetricInfo(
         "Position-0 mass", "share of real-key mass",
         "p0 = w_i0 = a_i0 / sum_j a_ij: the share of query i's attention on real keys that lands on "
@@ -49,6 +61,12 @@ from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, r
         "share of queries i >= 1 that cannot see key 0 (i - 0 >= W on a sliding layer of window W)",
         "seed 002 (sliding windows)",
         "a property of the window and the length: how much of p0_mass is zero by construction"),
+    "sink_head_share": MetricInfo(
+        "Share of sink heads", "share of heads",
+        "the share of heads whose p0_mass exceeds the threshold column (head_share_threshold, 0.5): per layer over "
+        "its heads, the model row over every (layer, head) pair; n = the heads counted",
+        "SPEC.md 'Share of sink heads'; the Megatron / PaddleFormers sink monitors",
+        "higher = more heads park most of their attention on the first token", per="layer"),
 })
 class P0Mass(Probe):
     """Share of each head's real-key attention on position 0."""
@@ -68,7 +86,7 @@ class P0Mass(Probe):
             self.out_of_reach.add(layer, masked[:, :, 1:].to(torch.float32), item_dims=(0, 2))
 
     def rows(self) -> list[Row]:
-        rows = self.acc.rows(self.name, "p0_mass")
+        rows = self.acc.rows(self.name, "p0_mass") + self._head_share_rows()
         windowed = [layer for layer in range(self.spec.n_layers) if self.out_of_reach.seen[layer]]
         if not windowed:
             return rows
@@ -85,4 +103,21 @@ class P0Mass(Probe):
             rows.append(Row(self.name, "p0_mass_in_reach", layer, None, layer_values[-1], sum(counts)))
             total += sum(counts)
         rows.append(Row(self.name, "p0_mass_in_reach", None, None, sum(layer_values) / len(layer_values), total))
+        return rows
+
+    def _head_share_rows(self) -> list[Row]:
+        """``sink_head_share`` per layer and for the model, from the per-head means (module docstring)."""
+        condition = (("threshold", float(self.head_share_threshold)),)
+        p0 = self.acc.means()  # (L, H)
+        rows, sinks, heads = [], 0, 0
+        for layer in range(self.spec.n_layers):
+            present = self.acc.counts[layer] > 0  # (H,): the layer's own heads
+            if not self.acc.seen[layer] or not bool(present.any()):
+                continue
+            above = int((p0[layer][present] > self.head_share_threshold).sum())
+            n = int(present.sum())
+            rows.append(Row(self.name, "sink_head_share", layer, None, above / n, n, condition))
+            sinks, heads = sinks + above, heads + n
+        if heads:
+            rows.append(Row(self.name, "sink_head_share", None, None, sinks / heads, heads, condition))
         return rows

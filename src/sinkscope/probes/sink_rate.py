@@ -8,8 +8,9 @@ Per head and sequence the importance of key k is
 cannot see key k contribute 0). ``Sink_k^eps`` is the fraction of (layer, head) pairs with
 alpha_k > eps. We evaluate it per sequence and average over sequences, so the per-head row is
 the fraction of sequences in which that head is a sink, the layer row the mean over heads, and
-the model row the mean over layers = Sink_k^eps averaged over sequences. ``sink_rate[s:]``
-restricts the model mean to layers l >= s (seed 003 uses s = 2). ``sink_alpha`` is alpha_k
+the model row the mean over layers = Sink_k^eps averaged over sequences. ``sink_rate_from_layer``
+restricts the model mean to layers l >= s, s in its ``layer_start`` column (seed 003's
+``Sink_0^eps[2:]`` is s = 2; a parameter is a column, never part of a metric's name). ``sink_alpha`` is alpha_k
 itself, averaged over sequences. Defaults: k = 0, eps = 0.3.
 
 On a sliding-window layer of window W, queries t >= k + W cannot see key k, so alpha_k mixes the
@@ -54,7 +55,7 @@ def key_importance_in_reach(record: AttentionRecord, k: int = 0) -> torch.Tensor
               check=lambda v: None if 0.0 < v < 1.0 else "must lie in (0, 1)"),
         Param("key", int, 0, "the key position k whose importance alpha_k is thresholded",
               check=lambda v: None if v >= 0 else "must be at least 0"),
-        Param("layer_start", int, 2, "first layer of the sink_rate[s:] row (None: no such row)",
+        Param("layer_start", int, 2, "first layer of the sink_rate_from_layer row (None: no such row)",
               check=lambda v: None if v >= 0 else "must be at least 0", optional=True),
     ),
     metrics={
@@ -65,9 +66,9 @@ def key_importance_in_reach(record: AttentionRecord, k: int = 0) -> torch.Tensor
             "it is the fraction of windows in which the head is a sink",
             "SPEC.md 'Sink rate'; Gu et al. 2025; seed 003 Table 1",
             "higher = more heads act as sinks"),
-        "sink_rate[2:]": MetricInfo(
-            "Sink rate, layers 2 on", "fraction of heads",
-            "Sink_0^eps restricted to layers l >= 2 (the start is --sink-layer-start)",
+        "sink_rate_from_layer": MetricInfo(
+            "Sink rate from a layer on", "fraction of heads",
+            "Sink_0^eps restricted to layers l >= s, s in the layer_start column (--sink-layer-start; default 2)",
             "SPEC.md 'Sink rate'; seed 003 Table 1 (Sink_0^eps[2:])",
             "higher = more heads act as sinks", per="model"),
         "sink_alpha": MetricInfo(
@@ -122,5 +123,6 @@ class SinkRate(Probe):
         late = [r for r in self.hits.rows(self.name, "sink_rate",
                                            layers=[l for l in self.spec.attention_layers if l >= self.layer_start])
                 if r.layer is None]
-        rows += [Row(self.name, f"sink_rate[{self.layer_start}:]", None, None, r.value, r.n) for r in late]
+        start = (("layer_start", self.layer_start),)
+        rows += [Row(self.name, "sink_rate_from_layer", None, None, r.value, r.n, start) for r in late]
         return rows

@@ -76,7 +76,7 @@ def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, posit
     },
     params=(
         Param("policies", tuple, ("full", "window", "sinks", "h2o"), "reading policies", choices=POLICIES),
-        Param("caches", tuple, (256,), "past keys kept between chunks", check=_positive),
+        Param("caches", tuple, (256,), "keys the cache holds when a token arrives (an exact bound at any chunk)", check=_positive),
         Param("sink_tokens", tuple, (4,), "first tokens kept by the sinks policy"),
         Param("positions", tuple, ("cache",), "position convention(s)", choices=POSITIONS),
         Param("chunk", int, 64, "tokens read per forward pass (evict after each)", check=lambda v: _positive((v,))),

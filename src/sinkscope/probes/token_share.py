@@ -11,7 +11,7 @@ positions of all windows (N values; n_t of them at token t, with mean g_t; grand
 
 pooled exactly so: the per-head row is between_h / total_h, the layer row pools the layer's
 heads, the model row pools every head of every layer (it is *not* a mean of head shares).
-``token_share[n>=50]`` is the same share over the positions whose token occurs at least 50
+``token_share_frequent`` (column ``min_count`` = 50) is the same share over the positions whose token occurs at least 50
 times in the run (``min_count``), with the grand mean of those positions. A gate that is a
 function of the token id alone has share 1; a gate independent of the token has, for K
 distinct tokens among N values, expected share (K - 1) / (N - 1), so a share is only read
@@ -26,7 +26,7 @@ because E[n_t (mean_t - mean)^2] = s^2 (1 - n_t / N) under sampling without repl
 (s^2 = total SS / (N - 1)); for iid normal values between/total is Beta((K-1)/2, (N-K)/2).
 The excess is the share of the variance *left over by chance* that token identity explains:
 0 on average for a token-blind gate, 1 for a function of the token; it equals the adjusted R^2
-of the one-way model with K - 1 token indicators (epsilon^2-like). For ``[n>=min_count]`` K
+of the one-way model with K - 1 token indicators (epsilon^2-like). For ``token_share_frequent`` K
 and N count only the positions of the tokens kept (K = tokens seen at least min_count times,
 N = their occurrences), the same positions the share uses. Layer and model rows pool the
 chance levels as they pool the shares: sum_h c_h total_h / sum_h total_h (the permutation
@@ -204,7 +204,7 @@ def sums_of_squares(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray,
 @register_probe(
     "token_share",
     params=(Param("min_count", int, DEFAULT_MIN_COUNT,
-                  "the token_share[n>=K] row and the token tables count only tokens seen at least K times",
+                  "the token_share_frequent rows and the token tables count only tokens seen at least K times",
                   check=lambda v: None if v >= 1 else "must be at least 1"),),
     metrics={
         "token_share": MetricInfo(
@@ -228,19 +228,19 @@ def sums_of_squares(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray,
             "SPEC.md 'Token-identity variance share', Resolved (2026-12)",
             "0 = no more than a token-blind gate; 1 = the gate is a function of the token id",
             per="layer x KV head"),
-        f"token_share[n>={DEFAULT_MIN_COUNT}]": MetricInfo(
+        "token_share_frequent": MetricInfo(
             "Token-identity share, frequent tokens", "share of gate variance",
-            f"token_share over the positions whose token occurs at least {DEFAULT_MIN_COUNT} times in the run "
-            "(min_count), pooled the same way",
+            "token_share over the positions whose token occurs at least K times in the run, K in the min_count "
+            f"column (--min-count; default {DEFAULT_MIN_COUNT}), pooled the same way",
             SOURCE, "as token_share, less inflated by tokens seen a few times", per="layer x KV head"),
-        f"token_share_chance[n>={DEFAULT_MIN_COUNT}]": MetricInfo(
+        "token_share_chance_frequent": MetricInfo(
             "Token-identity share at chance, frequent tokens", "share of gate variance",
             "(K - 1) / (N - 1) with K the tokens seen at least min_count times and N their positions only",
             "SPEC.md 'Token-identity variance share', Resolved (2026-12)",
-            "the floor token_share[n>=K] is read against", per="layer x KV head"),
-        f"token_share_excess[n>={DEFAULT_MIN_COUNT}]": MetricInfo(
+            "the floor token_share_frequent is read against", per="layer x KV head"),
+        "token_share_excess_frequent": MetricInfo(
             "Token-identity share above chance, frequent tokens", "share of the variance left by chance",
-            "(token_share[n>=K] - its chance) / (1 - its chance), on the same positions",
+            "(token_share_frequent - its chance) / (1 - its chance), on the same positions",
             "SPEC.md 'Token-identity variance share', Resolved (2026-12)",
             "0 = chance; 1 = a function of the token id", per="layer x KV head"),
         "token_gate": MetricInfo(
@@ -275,23 +275,19 @@ class TokenShare(Probe):
                              f"{tuple(record.value_gate.shape)}")
         self.sums.add(layer, ids, record.value_gate.float())  # (B, Hkv, S) at (B, S)
 
-    @property
-    def frequent_metric(self) -> str:
-        return f"token_share[n>={self.min_count}]"
-
     def rows(self) -> list[Row]:
         rows: list[Row] = []
         layers = self.sums.layers
-        suffix = f"[n>={self.min_count}]"
-        for metric, threshold in (("token_share", 1), (self.frequent_metric, self.min_count)):
-            tail = suffix if threshold != 1 else ""
-            chance_metric, excess_metric = f"token_share_chance{tail}", f"token_share_excess{tail}"
+        for threshold in (1, self.min_count):
+            tail, cond = ("_frequent", (("min_count", self.min_count),)) if threshold != 1 else ("", ())
+            metric, chance_metric, excess_metric = (f"token_share{tail}", f"token_share_chance{tail}",
+                                                    f"token_share_excess{tail}")
             shares, chances, excesses = [], [], []
 
             def emit(layer, head, share, chance, n):
-                shares.append(Row(self.name, metric, layer, head, share, n))
-                chances.append(Row(self.name, chance_metric, layer, head, chance, n))
-                excesses.append(Row(self.name, excess_metric, layer, head, excess_share(share, chance), n))
+                shares.append(Row(self.name, metric, layer, head, share, n, cond))
+                chances.append(Row(self.name, chance_metric, layer, head, chance, n, cond))
+                excesses.append(Row(self.name, excess_metric, layer, head, excess_share(share, chance), n, cond))
 
             pooled_between = pooled_total = pooled_chance = 0.0
             pooled_n = 0

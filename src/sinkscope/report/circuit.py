@@ -41,7 +41,7 @@ DRAWN = ("p0_norm", "p0_cosine", "attn_z_norm", "attn_out_norm", "pca_separation
 FOLDED = ("other_norm", "p0_norm_ratio", "p0_norm_separates", "later_cosine", "attn_z_norm_p0_ratio",
           "attn_z_norm_trend", "attn_out_norm_p0_ratio", "attn_out_norm_trend", "pca_explained_pc1",
           "pca_explained_pc2", "pca_separation_best", "pca_separation_best_pc", "pca_scatter_pc1", "pca_scatter_pc2",
-          "p0_outlier_z", "p0_outlier_channel", "bos_repeat_loss", "bos_sink_rate[2:]")
+          "p0_outlier_z", "p0_outlier_channel", "bos_repeat_loss", "bos_sink_rate_from_layer")
 #: the model-level value shown in the summary for a drawn metric (a function of one run's table).
 MODEL_VALUE_NOTE = {
     "p0_norm": "first layer with ratio > threshold",
@@ -438,7 +438,7 @@ def _bos_sink(runs, keep) -> dict:
             ax.plot(series.index, series.values, marker="o", markersize=3, linestyle=style,
                     label=f"{prefix}{setting} BOS")
             model = rows[rows.layer.isna() & (rows["bos"].astype(str) == setting)]["value"]
-            late = _rows(run.table, "bos_sink_rate[2:]")
+            late = _rows(run.table, "bos_sink_rate_from_layer")  # whatever its layer_start
             late = late[late["bos"].astype(str) == setting]["value"] if "bos" in late else late["value"].iloc[0:0]
             body.append([run.label, setting, _fmt(model.iloc[0]) if len(model) else "—",
                          _fmt(late.iloc[0]) if len(late) else "—"])

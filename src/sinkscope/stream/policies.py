@@ -2,9 +2,11 @@
 
 A policy acts on one layer's cache after a chunk is read: the cache holds ``S`` slots in the order
 the tokens were read (slot order is reading order), and the policy returns the slots to keep,
-ascending, per key-value head. The budget ``cache`` counts the past keys kept between chunks; a
-query of the next chunk sees those plus the chunk's own keys up to itself (as StreamingLLM's
-evaluation, whose cache of 4 + 508 is pruned after each token is appended).
+ascending, per key-value head. The budget ``cache`` counts the past keys a query sees: read token by
+token, the cache holds ``cache`` keys when a token arrives and its query sees them and itself (as
+StreamingLLM's evaluation, whose cache of 4 + 508 is pruned after each token is appended). Read in
+chunks, each query is masked to exactly those keys (:func:`visible`), so the chunk is a speed
+setting only, for ``window`` and ``sinks``; ``h2o`` evicts after each chunk (SPEC.md).
 
 - ``full``: every key (the dense reference).
 - ``window``: the ``cache`` most recent keys.
@@ -36,7 +38,7 @@ class Policy:
 
     Attributes:
         name: ``full`` | ``window`` | ``sinks`` | ``h2o``.
-        cache: past keys kept between chunks (None for ``full``).
+        cache: the keys the cache holds when a token arrives (None for ``full``); its query sees them and itself.
         sink_tokens: the first tokens ``sinks`` always keeps (0 otherwise).
         positions: ``cache`` (positions counted within the cache, keys re-rotated: StreamingLLM) or
             ``original`` (every token keeps its position in the document: kvpress).
@@ -118,19 +120,23 @@ def last_slots(n_slots: int, keep: int, n_kv: int, device) -> Tensor | None:
     return torch.arange(n_slots - keep, n_slots, device=device).unsqueeze(0).expand(n_kv, -1)
 
 
-def masked_keep(policy: Policy, chunk_start: int) -> list[int] | range:
-    """The past keys (original positions) the cache holds when the chunk starting at ``chunk_start`` is read.
+def visible(policy: Policy, queries: Tensor, keys: Tensor) -> Tensor:
+    """Which keys each query sees when read token by token under a static policy (SPEC.md "A bounded cache
+    of N keys (exact)"): the ``cache`` keys the cache holds when the query's token arrives, and itself.
 
-    For the static policies (full, window, sinks) this is the policy applied once to every earlier
-    token, which is what evicting after every chunk leaves: ``read_masked`` builds its mask from it.
+    queries (k,) and keys (S,) are original positions; returns (k, S) bool. ``window``: the ``C`` keys
+    before the query, ``t - C <= p <= t``; ``sinks``: the first ``n`` and the ``C - n`` before it,
+    ``p < n or t - (C - n) <= p <= t``; ``full``: every ``p <= t``. Before the cache fills (``t <= C``)
+    every earlier key is visible under each rule. A chunk's mask is this, whatever the chunk's size.
     """
-    t = chunk_start
-    if policy.name == "full" or t <= policy.cache:
-        return range(t)
+    t, p = queries.unsqueeze(1), keys.unsqueeze(0)  # (k, 1), (1, S)
+    causal = p <= t  # (k, S)
+    if policy.name == "full":
+        return causal
     if policy.name == "window":
-        return range(t - policy.cache, t)
+        return causal & (p >= t - policy.cache)
     if policy.name == "sinks":
         n = policy.sink_tokens
-        return [*range(n), *range(t - (policy.cache - n), t)]
-    raise SinkscopeError("h2o's cache depends on the attention it reads, so it has no mask-based reading; "
+        return causal & ((p < n) | (p >= t - (policy.cache - n)))
+    raise SinkscopeError("h2o's cache depends on the attention it reads, so it has no per-query mask; "
                          "use the streaming mode.")

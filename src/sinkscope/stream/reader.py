@@ -1,10 +1,12 @@
 """Read one document through a bounded key-value cache; the per-token negative log-likelihood (SPEC.md "Streaming").
 
 Streaming (:func:`read_stream`): the document's tokens are read ``chunk`` at a time through
-transformers' ``DynamicCache``. Each chunk's queries see the keys the cache holds plus the chunk's
-own keys up to themselves (a 4D mask handed to the model, which transformers passes through
-unchanged); after the chunk, every layer's cache is cut back to the policy's budget
-(``policies.keep_slots``). Memory is bounded by the cache and the chunk, never by the text.
+transformers' ``DynamicCache``. Each query of a chunk sees exactly the keys token-by-token reading
+would show it (``policies.visible``: the keys an N-key cache holds when its token arrives, and
+itself), through a 4D mask handed to the model, which transformers passes through unchanged; so the
+chunk is a speed setting only (``h2o`` excepted: it evicts after each chunk, SPEC.md). After the
+chunk, every layer's cache is cut back to the policy's budget (``policies.keep_slots``). Memory is
+bounded by the cache and the chunk, never by the text.
 
 Layers with a sliding window W shorter than the document keep the model's own rule, their last
 W - 1 keys, whatever the policy (the model never reads further back on them); the policy acts on
@@ -19,7 +21,7 @@ Every condition's forward passes run under sinkscope's fused attention (``captur
 attention records it makes (each key's attention summed over the chunk's queries).
 
 Mask-based (:func:`read_masked`): one dense forward pass whose mask shows each query exactly the
-keys the streaming cache would hold (``policies.masked_keep``), with original positions. It is
+keys the streaming cache would show it (``policies.visible``), with original positions. It is
 the reference the streaming mode must equal (tests: at chunk 1 and at larger chunks), for the
 static policies only (full, window, sinks).
 
@@ -40,7 +42,7 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import layer_windows
 from sinkscope.errors import SinkscopeError
 from sinkscope.stream import heap, rotary
-from sinkscope.stream.policies import Policy, keep_slots, last_slots, masked_keep
+from sinkscope.stream.policies import Policy, keep_slots, last_slots, visible
 
 
 @dataclass
@@ -140,13 +142,30 @@ def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
     return mask.masked_fill(~visible, torch.finfo(dtype).min).view(1, 1, *visible.shape)
 
 
-def _chunk_masks(layout: Layout, slots: list[_Slots | None], t0: int, k: int, dtype, device):
-    """The masks for a chunk of ``k`` queries at original positions t0..t0+k-1: a tensor, or a dict per layer type."""
+def _chunk_masks(layout: Layout, slots: list[_Slots | None], t0: int, k: int, dtype, device, policy: Policy,
+                 copies: int = 0):
+    """The masks for a chunk of ``k`` queries at original positions t0..t0+k-1: a tensor, or a dict per layer type.
+
+    Full layers: under a static policy each query sees exactly the keys token-by-token reading would show
+    it (``policies.visible``: the cached keys it may still see, the chunk's keys up to itself); under
+    ``h2o`` every cached key and the chunk up to itself. ``copies`` sink keys per query (``--positions
+    cache`` with ``sinks``, :func:`_sink_copies`) sit between the cached keys and the chunk's: query i sees
+    its own ``copies`` only, and the cached sink slots they stand for are hidden.
+    """
     queries = torch.arange(t0, t0 + k, device=device)  # (k,)
-    causal = queries.unsqueeze(0) <= queries.unsqueeze(1)  # (k, k): key b <= query a
     full = layout.full_layers[0]
-    n_full = 0 if slots[full] is None else slots[full].orig.shape[1]
-    full_mask = _additive(torch.cat([torch.ones(k, n_full, dtype=torch.bool, device=device), causal], dim=1), dtype)
+    cached_pos = queries[:0] if slots[full] is None else slots[full].orig[0]  # (S,) original positions
+    if policy.name == "h2o":
+        cached = torch.ones(k, cached_pos.numel(), dtype=torch.bool, device=device)  # (k, S)
+        own = queries.unsqueeze(0) <= queries.unsqueeze(1)  # (k, k): key b <= query a
+    else:
+        cached = visible(policy, queries, cached_pos)  # (k, S)
+        own = visible(policy, queries, queries)  # (k, k)
+    parts = [cached]
+    if copies:
+        cached = cached & (cached_pos >= copies).unsqueeze(0)  # the sink slots: seen through the copies instead
+        parts = [cached, torch.eye(k, dtype=torch.bool, device=device).repeat_interleave(copies, dim=1)]  # (k, k*n)
+    full_mask = _additive(torch.cat([*parts, own], dim=1), dtype)
     W = layout.sliding_window
     if W is None:
         return full_mask
@@ -157,6 +176,45 @@ def _chunk_masks(layout: Layout, slots: list[_Slots | None], t0: int, k: int, dt
     masks = {"full_attention": full_mask, "sliding_attention": _additive(seen, dtype)}
     return {kind: masks["sliding_attention" if "sliding" in str(kind) else "full_attention"]
             for kind in set(layout.layer_types)}
+
+
+def _copies_needed(policy: Policy, t0: int, k: int) -> bool:
+    """``--positions cache`` with ``sinks``: does a query of this chunk see the sink keys at a distance its
+    position in the chunk cannot give (a query past the first ``cache`` tokens)?"""
+    return policy.name == "sinks" and policy.positions == "cache" and t0 + k - 1 > policy.cache
+
+
+def _sink_copies(cache, slots: list[_Slots | None], layout: Layout, policy: Policy, t0: int, k: int,
+                 query_positions: Tensor) -> None:
+    """Append, to every full layer's cache, one copy of the ``n`` sink keys per query of the chunk.
+
+    Under ``--positions cache`` a query reading token t sees, token by token, ``min(t, C)`` keys in slots
+    0..min(t, C) - 1 and sits at position ``min(t, C)``: sink j at distance ``min(t, C) - j``, every other
+    key at its document distance ``t - p``. One rotary position per key cannot give the sink distances to
+    every query of a chunk at once, so query i reads its own copies, rotated to ``Q_i - (min(t, C) - j)``
+    (``Q_i`` its position), masked from the other queries (:func:`_chunk_masks`); the copies are dropped
+    after the forward pass (:func:`_drop_copies`). k * n extra keys, n = 4 by default.
+    """
+    n, C = policy.sink_tokens, policy.cache
+    t = torch.arange(t0, t0 + k, device=query_positions.device)  # (k,)
+    j = torch.arange(n, device=query_positions.device)  # (n,)
+    target = (query_positions.unsqueeze(1) - (t.clamp(max=C).unsqueeze(1) - j.unsqueeze(0))).reshape(-1)  # (k*n,)
+    R = 2 * layout.inv_freq.numel()
+    for layer in layout.full_layers:
+        store, state = cache.layers[layer], slots[layer]
+        pre = state.pre[:, :, :n].repeat(1, 1, k, 1)  # (1, H_kv, k*n, R): copy i*n + j of sink j
+        rest = store.keys[:, :, :n, R:].repeat(1, 1, k, 1)  # (1, H_kv, k*n, D - R)
+        keys = torch.cat([rotary.rotate(pre, target, layout.inv_freq).to(store.keys.dtype), rest], dim=-1)
+        store.keys = torch.cat([store.keys, keys], dim=2)
+        store.values = torch.cat([store.values, store.values[:, :, :n].repeat(1, 1, k, 1)], dim=2)
+
+
+def _drop_copies(cache, layout: Layout, n_cached: dict[int, int], n_copies: int) -> None:
+    """Remove :func:`_sink_copies`'s keys: each full layer holds [cached][copies][chunk] -> [cached][chunk]."""
+    for layer in layout.full_layers:
+        store, S = cache.layers[layer], n_cached[layer]
+        store.keys = torch.cat([store.keys[:, :, :S], store.keys[:, :, S + n_copies:]], dim=2)
+        store.values = torch.cat([store.values[:, :, :S], store.values[:, :, S + n_copies:]], dim=2)
 
 
 def _gather(x: Tensor, keep: Tensor, shared: bool) -> Tensor:
@@ -242,21 +300,31 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     # memory); only h2o reads the records, the others' records are dropped unread
     observer = _ColumnMass(layout.full_layers if policy.name == "h2o" else [])
     with capture(model, observer, mode="fused"):
-        for t0 in range(0, L, chunk):
+        t0 = 0
+        while t0 < L:
             k = min(chunk, L - t0)
+            if _copies_needed(policy, t0, k) and t0 < policy.sink_tokens:
+                k = policy.cache + 1 - t0  # the sinks enter the cache first: this chunk's queries see them in place
             full = slots[layout.full_layers[0]]
             n_full = 0 if full is None else full.orig.shape[1]
             start = t0 if policy.positions == "original" else n_full
             positions = torch.arange(start, start + k, device=device)  # (k,)
-            masks = _chunk_masks(layout, slots, t0, k, dtype, device)
+            copies = policy.sink_tokens if _copies_needed(policy, t0, k) else 0
+            n_cached = {layer: cache.layers[layer].keys.shape[2] for layer in layout.full_layers} if copies else {}
+            if copies:
+                _sink_copies(cache, slots, layout, policy, t0, k, positions)
+            masks = _chunk_masks(layout, slots, t0, k, dtype, device, policy, copies)
             out = model(input_ids=ids[:, t0:t0 + k], attention_mask=masks, position_ids=positions.unsqueeze(0),
                         use_cache=True, **{layout.cache_kwarg: cache})
             targets = ids[0, t0 + 1:t0 + k + 1]  # (m,), m = k or k - 1 at the end
             nll = F.cross_entropy(out.logits[0, :targets.numel()].float(), targets, reduction="none")  # (m,)
             del out
+            if copies:
+                _drop_copies(cache, layout, n_cached, k * copies)
             _evict(cache, slots, policy, layout, t0, k, positions, observer.columns)
             observer.columns.clear()
             yield ChunkRead(t0, nll, [state.orig for state in slots])
+            t0 += k
 
 
 def read_stream(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int) -> Tensor:
@@ -271,13 +339,8 @@ def read_masked(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     L = ids.shape[1]
     device = ids.device
     dtype = next(model.parameters()).dtype
-    visible = torch.zeros(L, L, dtype=torch.bool, device=device)  # (query, key)
-    for t0 in range(0, L, chunk):
-        t1 = min(L, t0 + chunk)
-        past = torch.as_tensor(list(masked_keep(policy, t0)), dtype=torch.long, device=device)
-        visible[t0:t1, past] = True
-        visible[t0:t1, t0:t1] = torch.ones(t1 - t0, t1 - t0, dtype=torch.bool, device=device).tril()
-    full_mask = _additive(visible, dtype)
+    positions = torch.arange(L, device=device)
+    full_mask = _additive(visible(policy, positions, positions), dtype)  # (1, 1, L, L): exact at any chunk
     masks = full_mask
     W = layout.sliding_window
     if W is not None:

@@ -553,7 +553,7 @@ def test_the_data_driven_sink_set_equals_high_attention_and_low_value_norm_on_ea
         out = model(ids, output_attentions=True, use_cache=False)
     for h in handles:
         h.remove()
-    implicit, n_keys, not_first = {}, {}, 0
+    implicit, n_keys, key0, empty, not_first = {}, {}, {}, {}, 0
     for layer, A in zip(spec.attention_layers, out.attentions):
         A = A.double().numpy()  # (B, H, T, S): a_ij, rows sum to 1 - phi_i
         B, H, T, S = A.shape
@@ -565,15 +565,18 @@ def test_the_data_driven_sink_set_equals_high_attention_and_low_value_norm_on_ea
         seen = (j <= i) & (i >= 1) & ((i - j < window) if sliding else True)  # (T, S)
         alpha = (A * seen).sum(2) / np.maximum(seen.sum(0), 1)  # (B, H, S)
         median = np.array([[np.sort(n)[(len(n) - 1) // 2] for n in heads] for heads in norms])  # torch's lower median
-        keys = (alpha > above) & (seen.sum(0) > 0) & (norms < ratio * median[..., None])  # (B, H, S)
+        enough = seen.sum(0) >= min(16, -(-seen.sum(0).max() // 2))  # 16 scoring queries (half the most at most)
+        keys = (alpha > above) & enough & (norms < ratio * median[..., None])  # (B, H, S)
         not_first += int((keys & (j[0] > 0)).sum())
         G = 1.0 - (A * keys[:, :, None, :]).sum(-1) - spec.has_phantom * (1.0 - A.sum(-1))  # (B, H, T)
         implicit[layer] = G[:, :, 1:].mean(axis=(0, 2))
         n_keys[layer] = keys.sum(-1).mean(0)  # (H,)
+        key0[layer], empty[layer] = keys[..., 0].mean(0), (~keys.any(-1)).mean(0)  # (H,) shares of windows
     assert not_first > 0  # the set is not just key 0
     for mode in ("explicit", "fused"):
         got = as_cells(probe_table(model, ids, mode, sink_set="data", sink_attention=above, sink_value_ratio=ratio))
-        for metric, ref in (("implicit_gate", implicit), ("sink_keys", n_keys)):
+        for metric, ref in (("implicit_gate", implicit), ("sink_keys", n_keys), ("sink_set_key0", key0),
+                            ("sink_set_empty", empty)):
             for layer, heads in ref.items():
                 for h, value in enumerate(heads):
                     assert abs(got[metric][(layer, h)] - value) <= TOL, (mode, metric, layer, h)

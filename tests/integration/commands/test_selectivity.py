@@ -29,6 +29,7 @@ from sinkscope.probes.token_share import TokenSums
 from sinkscope.results import MetricInfo, Row, rows_to_frame
 from sinkscope.runner import run_probes
 from sinkscope.train.model import SINK_LOGIT_RANGE, GPT, GPTConfig
+from checkpoints import trainer_checkpoint
 from repo_paths import REPO
 
 VALUE_GATED = ["normgate", "projgate", "sink+norm", "sink+proj", "routing-norm"]
@@ -159,7 +160,7 @@ def reference(model: GPT, ids: np.ndarray, min_count: int = MIN_COUNT) -> dict[s
         tokens = ids.ravel()
         counts = np.bincount(tokens, minlength=VOCAB)
         for metric, suffix, keep in (("token_share", "", np.ones(B * T, bool)),
-                                     (f"token_share[n>={min_count}]", f"[n>={min_count}]",
+                                     ("token_share_frequent", "_frequent",
                                       counts[tokens] >= min_count)):
             cells, pooled = {}, np.zeros(2)
             # the chance level from the kept positions alone: K distinct tokens among them, N of them
@@ -306,8 +307,8 @@ def test_a_gate_of_the_token_id_alone_has_token_share_one(attention):
     with torch.no_grad():
         model.transformer.wpe.weight.zero_()
     frame = measured(model, windows(8, 24), attention)
-    for names in (("token_share", f"token_share[n>={MIN_COUNT}]"),  # a share of 1 is 1 above chance too
-                  ("token_share_excess", f"token_share_excess[n>={MIN_COUNT}]")):
+    for names in (("token_share", "token_share_frequent"),  # a share of 1 is 1 above chance too
+                  ("token_share_excess", "token_share_excess_frequent")):
         shares = frame[frame.metric.isin(names)]
         assert len(shares) == 2 * (H + 1 + 1)
         np.testing.assert_allclose(shares["value"].to_numpy(), 1.0, rtol=0, atol=1e-9)
@@ -367,7 +368,7 @@ def test_the_chance_level_is_the_mean_share_of_shuffled_gates_and_the_excess_sub
 
     rng = np.random.default_rng(0)
     counts = np.bincount(tokens)
-    for suffix, keep in (("", np.ones_like(tokens, bool)), (f"[n>={MIN_COUNT}]", counts[tokens] >= MIN_COUNT)):
+    for suffix, keep in (("", np.ones_like(tokens, bool)), ("_frequent", counts[tokens] >= MIN_COUNT)):
         x, t = g[..., 0].ravel()[keep], tokens[keep]
         assert 1 < len(np.unique(t)) < len(t)
         shuffled = np.array([share(rng.permutation(x), t) for _ in range(2000)])
@@ -492,15 +493,7 @@ def test_the_fused_path_keeps_memory_linear_in_the_sequence_length():
 # ---- the command ----------------------------------------------------------------------------------------
 
 
-def _checkpoint(folder, variant: str, tokenizer, seed: int = 0, tier: str = "test", **fields):
-    from sinkscope.train.checkpoint import save_checkpoint
-
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=len(tokenizer), block_size=64, n_layer=2, n_head=2, n_embd=32,
-                          variant=variant, **fields))
-    save_checkpoint(folder, model, None, step=0, train_state=None, tokenizer=tokenizer,
-                    meta={"tier": tier, "seed": seed})
-    return folder
+_checkpoint = trainer_checkpoint
 
 
 def test_two_checkpoints_give_one_comparison_report(tmp_path, text_file, tokenizer):
@@ -515,7 +508,7 @@ def test_two_checkpoints_give_one_comparison_report(tmp_path, text_file, tokeniz
     for name, variant in (("normgate-s0", "normgate"), ("sink+proj-s0", "sink+proj")):
         table = pd.read_csv(out / name / "results.csv")
         assert set(table.variant) == {variant}
-        assert {"gate_selectivity", "gate_mean", "token_share", "token_share[n>=3]", "token_gate", "read_gate_mean",
+        assert {"gate_selectivity", "gate_mean", "token_share", "token_share_frequent", "token_gate", "read_gate_mean",
                 "gated_value_norm_ratio"} <= set(table.metric)
         tokens = table[table.metric == "token_gate"]
         assert tokens["token_id"].notna().all() and tokens["token"].notna().all()

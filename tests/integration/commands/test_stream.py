@@ -9,6 +9,7 @@ positions within the cache (keys cached unrotated and rotated at their slot at a
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -62,6 +63,42 @@ def test_streaming_equals_the_mask_based_reading(family, chunk):
         masked = read_masked(model, ids, policy, layout, chunk=chunk)
         assert torch.allclose(streamed, masked, atol=TOL), (family, policy, chunk)
         assert (streamed - dense).abs().max() > 1e-3  # evicting changed the predictions: the test has teeth
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "gemma3_text"])
+def test_the_chunk_is_only_a_speed_setting_for_window_and_sinks(family):
+    """--cache N is an exact bound at any chunk (SPEC.md "A bounded cache of N keys (exact)"): per-token NLL
+    at chunk 1 (token by token: N keys and the query itself) equals chunk 16 and 64, for both position
+    conventions; ``--positions cache`` with sinks reads per-query copies of the sink keys."""
+    model, ids, layout = _setup(family, length=36)
+    with torch.no_grad():  # sharper attention than a tiny random model's, so that evictions matter
+        for parameter in model.parameters():
+            parameter.mul_(2.0)
+    dense = plain_nll(model, ids)
+    positions = ("original", "cache") if layout.inv_freq is not None else ("original",)
+    for where in positions:
+        for policy in (Policy("window", 6, 0, where), Policy("sinks", 6, 2, where), Policy("sinks", 5, 4, where)):
+            one = read_stream(model, ids, policy, layout, chunk=1)
+            assert (one - dense).abs().max() > 1e-2, (family, policy)  # the bound bites
+            for chunk in (16, 64):
+                assert torch.allclose(read_stream(model, ids, policy, layout, chunk=chunk), one, atol=TOL), \
+                    (family, policy, chunk)
+            if where == "original":
+                assert torch.allclose(read_masked(model, ids, policy, layout, chunk=64), one, atol=TOL)
+
+
+def test_each_query_of_a_chunk_sees_n_cached_keys_and_itself():
+    """The mask of a chunk read after the cache filled: every query row shows exactly N + 1 keys."""
+    from sinkscope.stream.reader import _chunk_masks
+
+    model, ids, layout = _setup("llama")
+    for policy in (Policy("window", 6), Policy("sinks", 6, 2)):
+        reads = iter_chunks(model, ids, policy, layout, chunk=16)
+        next(reads)  # the first 16 tokens: the cache holds 6 of them now
+        slots = [SimpleNamespace(orig=kept) for kept in next(reads).kept]  # after tokens 16..31
+        mask = _chunk_masks(layout, slots, 32, 8, torch.float32, ids.device, policy)  # (1, 1, 8, 6 + 8)
+        seen = (mask[0, 0] == 0).sum(-1)
+        assert seen.tolist() == [7] * 8, policy
 
 
 def test_the_cache_holds_what_each_policy_keeps():

@@ -63,9 +63,9 @@ def test_the_probe_list_follows_the_options():
     assert plain == [("head_importance", {"sink_set": "auto", "dormant_below": 0.25})]
 
     data = heads_cmd.HEADS.probes(heads_cmd.HeadsOptions(sink_set="data", sink_attention=0.4,
-                                                         sink_value_ratio=0.7), spec)
+                                                         sink_value_ratio=0.7, sink_min_queries=8), spec)
     assert data == [("head_importance", {"sink_set": "data", "dormant_below": heads_cmd.DEFAULT_DORMANT_BELOW,
-                                         "sink_attention": 0.4, "sink_value_ratio": 0.7})]
+                                         "sink_attention": 0.4, "sink_value_ratio": 0.7, "sink_min_queries": 8})]
 
     # the data thresholds are only passed for the data sink set; the clean loss only with the ablation
     ablate = heads_cmd.HEADS.probes(heads_cmd.HeadsOptions(sink_set="first", sink_attention=0.4,

@@ -180,7 +180,8 @@ def _data_reference(layer, attention_above: float, value_ratio: float, phantom: 
     alpha = (a * counted).sum(-2) / np.maximum(seen, 1)  # (B, H, S)
     norms = np.repeat(np.linalg.norm(layer.v, axis=-1), layer.groups, axis=1)  # (B, H, S)
     lower_median = np.sort(norms, axis=-1)[..., (S - 1) // 2][..., None]  # (B, H, 1)
-    keys = (alpha > attention_above) & (seen > 0) & (norms < value_ratio * lower_median)  # (B, H, S)
+    enough = seen >= min(16, max(1, -(-seen.max() // 2)))  # (S,): scored by 16 queries, or half the most
+    keys = (alpha > attention_above) & enough & (norms < value_ratio * lower_median)  # (B, H, S)
     G = 1.0 - (a * keys[:, :, None, :]).sum(-1)
     if phantom:
         G = G - layer.phi

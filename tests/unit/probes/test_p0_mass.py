@@ -38,7 +38,7 @@ def test_p0_mass_rows_equal_the_reference(fused, sink):
     rows = probe.rows()
 
     assert_rows(rows, "p0_mass", expected_means({l: _p0_items(x) for l, x in layers.items()}))
-    assert {r.metric for r in rows} == {"p0_mass"}  # full layers: no reach rows
+    assert {r.metric for r in rows} == {"p0_mass", "sink_head_share"}  # full layers: no reach rows
     if sink is not None:  # the real-key share differs from a_i0 itself where the phantom holds mass
         a0 = layers[0].a[..., 0][:, :, 1:].mean()
         assert abs(by_key(rows, "p0_mass")[(0, None)].value - a0) > 1e-3
@@ -121,3 +121,23 @@ def test_in_reach_model_row_averages_the_sliding_layers_only():
         assert rows[(l, None)].value == pytest.approx(layer_means[-1], abs=1e-5)
     assert rows[(None, None)].value == pytest.approx(np.mean(layer_means), abs=1e-5)
     assert rows[(None, None)].n == rows[(0, None)].n + rows[(2, None)].n
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.2])
+def test_sink_head_share_counts_the_heads_above_the_threshold(threshold):
+    """SPEC.md "Share of sink heads": per layer the share of its heads whose p0_mass exceeds the threshold,
+    the model row over every (layer, head) pair; the threshold is a column, n counts the heads."""
+    probe = P0Mass(spec(n_layers=2), head_share_threshold=threshold)
+    layers = {l: make_layer(l, B=3, seed=40 + l, sink_strength=np.array([6.0, 0.0, 3.0, -2.0])) for l in range(2)}
+    for l, layer in layers.items():
+        probe.attention(l, layer.record)
+    p0 = {l: _p0_items(x).mean(axis=(0, 2)) for l, x in layers.items()}  # (H,) per layer
+    assert any((p > threshold).any() for p in p0.values()) and any((p <= threshold).any() for p in p0.values())
+    shares = by_key(probe.rows(), "sink_head_share")
+    for l, heads in p0.items():
+        row = shares[(l, None)]
+        assert row.value == pytest.approx(float((heads > threshold).mean()), abs=1e-12)
+        assert row.n == len(heads) and row.conditions == (("threshold", threshold),)
+    pooled = np.concatenate(list(p0.values()))
+    assert shares[(None, None)].value == pytest.approx(float((pooled > threshold).mean()), abs=1e-12)
+    assert shares[(None, None)].n == len(pooled)

@@ -458,7 +458,7 @@ def test_bos_sink_rate_and_repeat_loss_equal_direct_computation():
             np.testing.assert_allclose([sink[layer, h] for h in range(H)], hits[layer], rtol=1e-12)
             assert sink[layer, None] == pytest.approx(hits[layer].mean(), rel=1e-12)
         assert sink[None, None] == pytest.approx(hits.mean(), rel=1e-12)
-        late = one_row(rows, "bos_sink_rate[2:]", bos=setting)
+        late = one_row(rows, "bos_sink_rate_from_layer", bos=setting, layer_start=2)
         assert late.value == pytest.approx(hits[2:].mean(), rel=1e-12)
         for r in (1, 2, 4):
             loss = one_row(rows, "bos_repeat_loss", bos=setting, repeat=r)

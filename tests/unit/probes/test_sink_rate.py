@@ -3,7 +3,7 @@
 Checked: alpha_k = mean over queries t >= k of a_tk (phantom in the normaliser) per window and
 head; ``sink_rate`` = the share of windows with alpha_k > eps per head (layer row: mean over heads,
 model row: mean over layers, ``n`` windows), ``sink_alpha`` = alpha_k averaged over windows;
-``sink_rate[s:]`` restricted to attention layers l >= s (none when ``layer_start`` is None); the
+``sink_rate_from_layer`` (column ``layer_start`` = s) restricted to attention layers l >= s (none when ``layer_start`` is None); the
 parameters ``epsilon`` and ``key``; on a sliding-window layer ``sink_alpha`` counting the queries
 out of reach as 0, and the in-reach rows (alpha_k^reach over the queries that see key k) that
 full layers do not get; the module's ``key_importance`` helpers; and bad parameters refused.
@@ -55,8 +55,9 @@ def test_rates_and_alphas_equal_the_reference(fused, sink):
     assert_rows(rows, "sink_rate", expected_means({l: _as_items(h) for l, h in hits.items()}))
 
     late = [2, 3]  # layer_start defaults to 2
-    late_rows = by_key(rows, "sink_rate[2:]")
+    late_rows = by_key(rows, "sink_rate_from_layer")
     assert set(late_rows) == {(None, None)}
+    assert late_rows[(None, None)].conditions == (("layer_start", 2),)  # the parameter is a column
     assert late_rows[(None, None)].value == pytest.approx(np.mean([hits[l].mean() for l in late]), abs=1e-12)
     assert late_rows[(None, None)].n == sum(hits[l].size for l in late)
     assert not [r for r in rows if r.metric.endswith("in_reach")]  # full layers only
@@ -73,16 +74,16 @@ def test_epsilon_key_and_layer_start_parameters():
     hits = {l: (a > eps).astype(np.float64) for l, a in alphas.items()}
     assert_rows(rows, "sink_alpha", expected_means({l: _as_items(a) for l, a in alphas.items()}))
     assert_rows(rows, "sink_rate", expected_means({l: _as_items(h) for l, h in hits.items()}))
-    late = by_key(rows, "sink_rate[1:]")[(None, None)]
+    late = by_key(rows, "sink_rate_from_layer")[(None, None)]
     assert late.value == pytest.approx(np.mean([hits[1].mean(), hits[2].mean()]), abs=1e-12)
-    assert not by_key(rows, "sink_rate[2:]")
+    assert late.conditions == (("layer_start", 1),)  # one documented name under any start
 
 
 def test_no_late_row_without_layer_start():
     probe = SinkRate(spec(n_layers=3), layer_start=None)
     for l in range(3):
         probe.attention(l, make_layer(l, seed=80 + l).record)
-    assert not [r for r in probe.rows() if r.metric.startswith("sink_rate[")]
+    assert not [r for r in probe.rows() if r.metric == "sink_rate_from_layer"]
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["explicit", "fused"])

@@ -93,7 +93,8 @@ def circuit_rows(seed: int, *, pca: bool = True, bos: bool = True) -> Table:
                          for h in range(HEADS)]
                 rows.append(Row("bos_experiment", "bos_sink_rate", layer, None, hits[layer].mean(), 8, cond))
             rows += [Row("bos_experiment", "bos_sink_rate", None, None, hits.mean(), 24, cond),
-                     Row("bos_experiment", "bos_sink_rate[2:]", None, None, hits[2:].mean(), 8, cond)]
+                     Row("bos_experiment", "bos_sink_rate_from_layer", None, None, hits[2:].mean(), 8,
+                         cond + (("layer_start", 2),))]
             base = rng.uniform(2.0, 5.0)
             for r in (1, 2, 4):
                 loss = base if r == 1 else base + rng.uniform(-0.5, 0.5)
@@ -327,7 +328,7 @@ def test_bos_entries_show_the_sink_rate_and_loss_change_per_setting(one):
     for row, setting in zip(out["table"]["rows"], ("with", "without")):
         assert row[:2] == ["a", setting]
         assert_cells(row[2:], [table.value("bos_sink_rate", bos=setting),
-                               table.value("bos_sink_rate[2:]", bos=setting)])
+                               table.value("bos_sink_rate_from_layer", bos=setting, layer_start=2)])
     out, keep = entry([run], "bos_repeat_loss_delta")
     for line, setting in zip(keep.lines(0), ("with", "without")):
         np.testing.assert_array_equal(line.get_xdata(), [1, 2, 4])
