@@ -89,7 +89,7 @@ def chunked(model, ids, chunk: int, cache_size: int):
 def worker(kind: str, args) -> dict:
     import torch
 
-    from sinkscope.stream.policies import Policy
+    from sinkscope.cache import Policy
     from sinkscope.stream.reader import layout_of, read_stream
 
     n_tokens = args.long if kind == "memory-stream" else (args.cache if kind == "memory-plain" else args.tokens)

@@ -268,7 +268,7 @@ def stream_row(name: str, model, config, implementation: str, args, device: torc
     The plain forwards cover the same tokens in windows of the cache's size (what a reader bounded by
     that context must compute at least); issue 25/28's target is <= 1.5x on CPU.
     """
-    from sinkscope.stream.policies import Policy
+    from sinkscope.cache import Policy
     from sinkscope.stream.reader import layout_of, read_stream
 
     length = max(args.lengths)

@@ -11,9 +11,8 @@ measure; ``runner.py`` is the only forward loop; ``results.py`` is the table for
 ``report/`` turns tables into figures. ``sinkscope.measure(...)`` is the Python API.
 """
 
-__version__ = "0.1.0"
-
 from sinkscope.errors import SinkscopeError
+from sinkscope.version import __version__
 
 
 def measure(*args, **kwargs):

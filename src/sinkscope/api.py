@@ -34,15 +34,22 @@ def measure(
     texts: str | Sequence[str] | None = None,
     windows=None,
     params: dict[str, dict] | None = None,
+    revisions: str | Sequence[str] | None = None,
+    group_by: str | None = None,
     log=None,
     **options,
 ):
-    """Run a measuring command (or the named probes) on a model; returns a :class:`~sinkscope.pipeline.Result`.
+    """Run a measuring command (or the named probes) on a model; returns a :class:`~sinkscope.run_result.Result`,
+    or for several models or revisions a :class:`~sinkscope.run_result.ComparisonResult`.
 
     Args:
         what: a command name such as ``"sinks"``, or a probe name, or a list of probe names.
         model: hub id, folder, GGUF file, checkpoint folder, None (the bundled SmolLM2), or a
-            loaded ``torch.nn.Module`` (transformers model, trainer model, ``TransformerBridge``).
+            loaded ``torch.nn.Module`` (transformers model, trainer model, ``TransformerBridge``);
+            a list of names compares several models (as ``sinkscope sinks A B``).
+        revisions: hub revisions of one model (``["step0", "step1000"]`` or ``"step0,step1000"``): its
+            checkpoints through training, compared (as ``--revision step0,step1000``).
+        group_by: several models: the condition column whose runs the comparison page averages.
         tokenizer: the tokenizer of a loaded model (needed with ``texts`` or the corpus).
         texts: documents to cut into windows instead of the bundled corpus.
         windows: token ids (n_seqs, seq_len) to evaluate as they are.
@@ -54,7 +61,8 @@ def measure(
     from sinkscope.commands import discover
 
     try:
-        return _measure(what, model, tokenizer, texts=texts, windows=windows, params=params, log=log, **options)
+        return _measure(what, model, tokenizer, texts=texts, windows=windows, params=params, revisions=revisions,
+                        group_by=group_by, log=log, **options)
     except SinkscopeError as error:  # the pipeline's sentences name CLI flags; a notebook user passes keywords
         command = discover().get(what) if isinstance(what, str) else None
         error.args = (api_words(str(error), command.options if command else discover()["measure"].options),)
@@ -83,7 +91,7 @@ def api_words(message: str, options_cls: type) -> str:
     return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", swap, message)
 
 
-def _measure(what, model, tokenizer, *, texts, windows, params, log, **options):
+def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group_by, log, **options):
     import torch
 
     from sinkscope.commands import discover, get_command
@@ -109,9 +117,14 @@ def _measure(what, model, tokenizer, *, texts, windows, params, log, **options):
             raise SinkscopeError(f"{command.name} has no option {key!r}{suggest(key, known)}.")
     inputs = Inputs(texts=[texts] if isinstance(texts, str) else (list(texts) if texts is not None else None),
                     windows=windows)
-    if isinstance(model, (list, tuple, set)):
-        raise SinkscopeError(f"model= takes one model, not a {type(model).__name__} of {len(model)}; call measure once "
-                             "per model (the command line's `sinkscope sinks A B C` compares several on one page).")
+    if isinstance(model, (list, tuple, set)) or revisions is not None:
+        if tokenizer is not None or isinstance(model, set) or any(not isinstance(m, (str, os.PathLike))
+                                                                  for m in (model if isinstance(model, (list, tuple)) else [])):
+            raise SinkscopeError("several models are compared by name (hub ids or paths, in a list); a loaded model "
+                                 "is measured alone.")
+        several = list(model) if isinstance(model, (list, tuple)) else model
+        run_options = command.options(**{"progress": False, **_as_tuples(command.options, options)})
+        return _compare(command, run_options, several, revisions, group_by, inputs, log)
     if isinstance(model, torch.nn.Module):
         _check_loaded(model)
         inputs.model, inputs.tokenizer = model, tokenizer
@@ -123,6 +136,30 @@ def _measure(what, model, tokenizer, *, texts, windows, params, log, **options):
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     run_options = command.options(model=model, **{"progress": False, **_as_tuples(command.options, options)})
     return execute(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))
+
+
+def _compare(command, options, models, revisions, group_by, inputs, log):
+    """Several models, or one model's revisions: each run in memory, then a ComparisonResult (saved with
+    its page in ``options.out`` when given, as the command line does)."""
+    from pathlib import Path
+
+    from sinkscope.pipeline import run_plan
+    from sinkscope.plan import plan
+    from sinkscope.run_result import ComparisonResult
+
+    plans = plan(command, options, models=models, revisions=revisions, group_by=group_by, write=False)
+    say = log or (lambda _m: None)
+    results = [run_plan(p, inputs, write=False, log=say) for p in plans]
+    comparison = plans[0].comparison
+    if comparison is None:  # one model, one revision: a run alone
+        return results[0]
+    names = [Path(p.options.out).name for p in plans] if comparison is not None else [p.source.label for p in plans]
+    labels = list(comparison.labels) if comparison is not None and comparison.labels else names
+    outcome = ComparisonResult(results, names, labels, series=bool(comparison and comparison.series),
+                               group_by=group_by)
+    if options.out:
+        outcome.report(options.out, overwrite=options.overwrite)
+    return outcome
 
 
 def _check_loaded(model) -> None:

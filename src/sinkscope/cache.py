@@ -1,5 +1,8 @@
 """Which keys a bounded cache keeps (SPEC.md "Streaming"): full, window, sinks (StreamingLLM), h2o (H2O).
 
+A policy decides which cached keys to keep, nothing else (DESIGN.md); ``stream/`` reads a text
+through the cache, and the ``stream`` probe (``probes/stream_nll.py``) lists the conditions.
+
 A policy acts on one layer's cache after a chunk is read: the cache holds ``S`` slots in the order
 the tokens were read (slot order is reading order), and the policy returns the slots to keep,
 ascending, per key-value head. The budget ``cache`` counts the past keys a query sees: read token by

@@ -7,6 +7,7 @@ mistake costs a fraction of a second; ``pipeline.py`` runs the command.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -15,7 +16,7 @@ from sinkscope.paths import user_path
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
-    from sinkscope.sources import Source
+    from sinkscope.resolve import Source
 
 ATTENTION_MODES = ("fused", "explicit")
 BOS_POLICIES = ("auto", "add", "none")
@@ -205,3 +206,30 @@ def check_layer_start(start: int | None, n_layers: int | None, attention_layers=
     if attention_layers and start > max(attention_layers):
         raise SinkscopeError(f"{option} {start} is past the model's last softmax-attention layer "
                              f"({max(attention_layers)}); use at most {max(attention_layers)}.")
+
+
+# ---- parameter checks the command line runs before torch loads (probes take them too) ----------
+
+_HEAD = re.compile(r"^\d+\.\d+$")
+
+
+def check_heads(heads: tuple, example: str = "0.3") -> str | None:
+    """A ``Param`` check (and a command's option check): every item is a ``LAYER.HEAD`` pair.
+
+    The error phrase shows ``example`` as a well-formed pair (``sinkscope circuit`` subtracts heads of
+    layer 0, so its example is 0.3; head_ablation's is 3.1).
+    """
+    bad = [h for h in heads if not _HEAD.match(str(h))]
+    return f"takes LAYER.HEAD pairs such as {example}, not {bad[0]!r}" if bad else None
+
+
+def check_repeats(repeats: tuple) -> str | None:
+    """A ``Param`` check (also ``sinkscope circuit``'s ``--repeats`` check): positive integers including 1
+    (the reference)."""
+    try:
+        values = [int(r) for r in repeats]
+    except (TypeError, ValueError):
+        return "takes positive integers such as 1,2,4,8"
+    if not values or min(values) < 1 or 1 not in values:
+        return "takes positive integers including 1 (the reference), such as 1,2,4,8"
+    return None

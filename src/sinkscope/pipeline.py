@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -36,7 +34,12 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec, layer_windows
 from sinkscope.errors import Interrupted, SinkscopeError
 from sinkscope.fileio import check_inputs_outside
+from sinkscope.bridge import is_bridge, unbridged
+from sinkscope.commands import make_probes  # noqa: F401 - part of this module's interface
 from sinkscope.options import Command, RunOptions, check_options, seq_lens
+from sinkscope.plan import Plan as RunPlan
+from sinkscope.run_result import Result, _locked  # noqa: F401 - Result: part of this module's interface
+from sinkscope.plan import plan as plan_runs
 from sinkscope.probes import get_probe
 from sinkscope.probes.base import Probe
 from sinkscope.results import (
@@ -45,10 +48,7 @@ from sinkscope.results import (
     check_run_dir,
     default_run_dir,
     layer_type_rows,
-    lock_run_dir,
     rows_to_frame,
-    staged_run_dir,
-    write_tables,
 )
 from sinkscope.runner import check_capture, run_probes
 from sinkscope.statefile import load_state, read_header, save_state
@@ -65,88 +65,12 @@ from sinkscope.sources import (
     model_config_summary,
     resolve_device,
     resolve_dtype,
-    resolve_source,
     vocab_size,
 )
 
 DEFAULT_SEQ_LEN = 512
 #: options that change how a run is carried out, not any number (left out of the resume fingerprint).
 NOT_IN_FINGERPRINT = ("batch_size", "progress", "overwrite", "resume", "figures", "checkpoint_seconds", "out")
-
-
-# ---- the result --------------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    """What a measurement produced: the tidy table, the manifest and the exact token ids.
-
-    ``save(path)`` writes a run folder (atomically); ``report(path)`` writes it with its
-    ``report.html`` and returns the page's path.
-    """
-
-    table: pd.DataFrame
-    manifest: dict
-    tokens: np.ndarray
-    path: Path | None = None
-    #: further arrays of the run, written as ``<name>.npy`` (``stream_nll``: every token's NLL).
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-
-    def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
-        """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report).
-
-        The folder is locked while it is written (a second writer fails with one sentence);
-        ``overwrite`` replaces only a run folder or an empty folder.
-        """
-        out_dir = Path(path)
-        with contextlib.ExitStack() as stack:
-            if not _holds_lock(out_dir):
-                stack.enter_context(lock_run_dir(out_dir))
-            with staged_run_dir(out_dir, overwrite) as stage:
-                write_tables(stage, self.table, self.manifest, self.tokens, self.arrays)
-                if figures:
-                    from sinkscope.report import build_report
-
-                    build_report([stage], out=stage, labels=[out_dir.name], shown_paths=[out_dir])
-        self.path = out_dir
-        return out_dir
-
-    def report(self, path: str | Path | None = None, *, overwrite: bool = False) -> Path:
-        """The run's ``report.html``: writes the run folder at ``path`` first unless already saved there."""
-        if path is not None and (self.path is None or Path(path) != self.path):
-            self.save(path, overwrite=overwrite)
-        if self.path is None:
-            raise SinkscopeError("give report() a folder to write the run into.")
-        page = self.path / "report.html"
-        if not page.is_file():
-            from sinkscope.report import build_report
-
-            build_report([self.path], out=self.path, labels=[self.path.name])
-        return page
-
-    def __repr__(self) -> str:
-        return (f"Result({self.manifest.get('command')!r}, {len(self.table)} rows, "
-                f"tokens {tuple(self.tokens.shape)}{f', at {self.path}' if self.path else ''})")
-
-
-#: run folders whose lock this process holds (taken in plan, released when the run is written).
-_LOCKED: set[Path] = set()
-
-
-def _holds_lock(out_dir: Path) -> bool:
-    return Path(os.path.abspath(out_dir)) in _LOCKED
-
-
-@contextlib.contextmanager
-def _locked(out_dir: Path):
-    """``lock_run_dir`` for the whole run, remembered so that ``Result.save`` does not take it twice."""
-    key = Path(os.path.abspath(out_dir))
-    with lock_run_dir(out_dir):
-        _LOCKED.add(key)
-        try:
-            yield
-        finally:
-            _LOCKED.discard(key)
 
 
 # ---- plan ----------------------------------------------------------------------------------------
@@ -163,8 +87,8 @@ class Inputs:
 
 
 @dataclass
-class Plan:
-    """Everything resolved before the model loads."""
+class Prepared:
+    """A :class:`~sinkscope.plan.Plan` made ready to load: its lock taken, corpus read, lengths settled."""
 
     command: Command
     options: RunOptions
@@ -183,6 +107,8 @@ class Plan:
     conditions: dict = field(default_factory=dict)
     #: the sha256 of the token windows this run must measure (a series: the first revision's), or None.
     expect_tokens: str | None = None
+    #: the plan this run was prepared from (the manifest's ``plan``).
+    plan: RunPlan | None = None
 
     @property
     def progress_file(self) -> Path | None:
@@ -218,29 +144,48 @@ def _in_memory_source(model: torch.nn.Module) -> Source:
     return Source("object", f"<{type(model).__name__}>", None, label=Path(str(name)).name or type(model).__name__)
 
 
-def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *, write: bool = True,
-         cleanup: contextlib.ExitStack | None = None) -> Plan:
-    """Validate and resolve everything that can fail cheaply (the order a user's mistakes are found in).
+def _inputs_first(command: Command, options: RunOptions, inputs: Inputs) -> tuple[RunOptions, Inputs]:
+    """Windows handed over are checked and converted first: their shape decides ``n_seqs`` (and the
+    checks see it) and ``seq_len``."""
+    if inputs.windows is not None:
+        inputs = replace(inputs, windows=_given_windows(inputs.windows).tokens)
+        options = replace(options, n_seqs=int(inputs.windows.shape[0]))
+    return options, inputs
 
-    With ``write``, the run folder's lock is taken here (process 0) into ``cleanup`` and held
-    until the folder is written: a second writer fails now, and the place is proven writable.
-    """
+
+def plan_run(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
+             write: bool = True) -> tuple[RunPlan, Inputs]:
+    """The :class:`~sinkscope.plan.Plan` of one run (a model handed over as an object is its own source)."""
     inputs = inputs or Inputs()
     if options.revision is not None and "," in str(options.revision):
         raise SinkscopeError(f"revision {options.revision!r} names several; one run measures one revision (the command "
-                             "line's --revision A,B,... measures each into one folder: pipeline.execute_several with "
-                             "revisions= and series=True).")
-    if inputs.windows is not None:  # checked and converted first: its shape decides seq_len below
-        inputs = replace(inputs, windows=_given_windows(inputs.windows).tokens)
-        options = replace(options, n_seqs=int(inputs.windows.shape[0]))  # the checks see the windows' count
-    cleanup = cleanup if cleanup is not None else contextlib.ExitStack()
+                             "line's --revision A,B,... measures each into one folder: comparison.execute_several "
+                             "with revisions= and series=True).")
+    options, inputs = _inputs_first(command, options, inputs)
+    if inputs.model is None:
+        return plan_runs(command, options, write=write)[0], inputs
     check_options(options)
     command.check(options)
+    return RunPlan(command.name, options, _in_memory_source(inputs.model)), inputs
+
+
+def prepare(planned: RunPlan, inputs: Inputs | None = None, *, write: bool = True,
+            cleanup: contextlib.ExitStack | None = None) -> Prepared:
+    """Everything left before the model loads, in the order a user's mistakes are found in.
+
+    The plan's checks (``plan.plan``: options, command, model, text file, run folder) are not
+    repeated. Here: the run folder's lock (process 0, into ``cleanup``, held until the folder is
+    written: a second writer fails now, and the place is proven writable), the corpus, the device
+    and dtype, the model's config (its sizes, ``Command.check_source``), the lengths.
+    """
+    from sinkscope.commands import get_command
+
+    inputs = inputs or Inputs()
+    command, options, source = get_command(planned.command), planned.options, planned.source
+    cleanup = cleanup if cleanup is not None else contextlib.ExitStack()
     rank, world_size = distributed.world()
     if world_size > 1 and options.resume:
         raise SinkscopeError("--resume is not supported in a data-parallel (torchrun) run; run it in one process.")
-    source = _in_memory_source(inputs.model) if inputs.model is not None else resolve_source(options.model,
-                                                                                            options.revision)
     out_dir = None
     if write:
         out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed)
@@ -260,8 +205,8 @@ def plan(command: Command, options: RunOptions, inputs: Inputs | None = None, *,
     if inputs.model is None:
         check_model_size(source)  # sizes in config.json: positive, and a model that fits in memory
         command.check_source(options, source)
-    result = Plan(command, options, source, out_dir, corpus, device, rank, world_size, inputs, cleanup,
-                  checkpoint_split)
+    result = Prepared(command, options, source, out_dir, corpus, device, rank, world_size, inputs, cleanup,
+                      checkpoint_split, dict(planned.conditions), plan=planned)
     if out_dir is not None:
         if not options.resume:
             check_run_dir(out_dir, options.overwrite)
@@ -319,7 +264,7 @@ class Loaded:
     capture_check: dict = field(default_factory=dict)
 
 
-def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
+def _windows(plan_: Prepared, tokenizer, log) -> corpus_mod.Windows:
     options, corpus = plan_.options, plan_.corpus
     log(f"Tokenising the corpus {corpus.describe()} ...")
     bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
@@ -332,7 +277,7 @@ def _windows(plan_: Plan, tokenizer, log) -> corpus_mod.Windows:
                                    bos_id=bos_id)
 
 
-def _checkpoint_windows(plan_: Plan, log) -> corpus_mod.Windows:
+def _checkpoint_windows(plan_: Prepared, log) -> corpus_mod.Windows:
     """A trainer checkpoint's validation windows (``train.tasks.checkpoint_windows``); fixes seq_len."""
     from sinkscope.train.tasks import checkpoint_windows
 
@@ -369,43 +314,7 @@ def _given_windows(tokens) -> corpus_mod.Windows:
     return corpus_mod.Windows(array, None, [], int(array.size))
 
 
-def is_bridge(model) -> bool:
-    """A TransformerLens ``TransformerBridge`` (it wraps a Hugging Face model in ``original_model``)."""
-    return type(model).__name__ == "TransformerBridge" and isinstance(getattr(model, "original_model", None),
-                                                                        torch.nn.Module)
-
-
-@contextlib.contextmanager
-def unbridged(model: torch.nn.Module):
-    """The Hugging Face model inside a ``TransformerBridge``, as it was before the bridge, for the block.
-
-    Booting a bridge replaces the HF model's submodules in place by bridge components that
-    re-implement attention (so transformers' attention interface is never called); each keeps
-    the module it replaced in ``original_component``. Inside this block those are put back, so
-    the model runs its own code; on exit the bridge components return.
-    """
-    swaps: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
-
-    def restore(module: torch.nn.Module) -> None:
-        for name, child in list(module.named_children()):
-            original = getattr(child, "original_component", None)
-            if isinstance(original, torch.nn.Module) and original is not child:
-                setattr(module, name, original)
-                swaps.append((module, name, child))
-                restore(original)
-            else:
-                restore(child)
-
-    hf_model = model.original_model
-    restore(hf_model)
-    try:
-        yield hf_model
-    finally:
-        for module, name, child in reversed(swaps):
-            setattr(module, name, child)
-
-
-def load(plan_: Plan, log) -> Loaded:
+def load(plan_: Prepared, log) -> Loaded:
     """Tokenizer, windows, model (in the requested dtype), its spec; checks that need them."""
     options, inputs = plan_.options, plan_.inputs
     windows = _given_windows(inputs.windows) if inputs.windows is not None else None
@@ -452,7 +361,7 @@ def load(plan_: Plan, log) -> Loaded:
     return Loaded(loaded, windows, spec, load_s, check)
 
 
-def _check_same_windows(plan_: Plan, windows: corpus_mod.Windows | None) -> None:
+def _check_same_windows(plan_: Prepared, windows: corpus_mod.Windows | None) -> None:
     """A run of a series measures the first one's token windows, or stops in one sentence (before its model loads)."""
     if windows is None or plan_.expect_tokens is None or windows.sha256 == plan_.expect_tokens:
         return
@@ -461,7 +370,7 @@ def _check_same_windows(plan_: Plan, windows: corpus_mod.Windows | None) -> None
                          "tokenizer differs), so its numbers would not be comparable; measure it on its own.")
 
 
-def _check_measurable(plan_: Plan, model, spec: ModelSpec, seq_len: int) -> None:
+def _check_measurable(plan_: Prepared, model, spec: ModelSpec, seq_len: int) -> None:
     """One sentence, before the run, for a probe that could only write an empty table on this model."""
     windows = layer_windows(model, spec.n_layers)
     for name, _ in plan_.command.probes(plan_.options, spec):
@@ -484,7 +393,7 @@ def _warn_if_unfinished(source: Source, log) -> None:
             "for (stopped or interrupted); it is measured as it is (continue it with `sinkscope train --resume`).")
 
 
-def _fill_bos_token_id(plan_: Plan, tokenizer, windows: corpus_mod.Windows) -> None:
+def _fill_bos_token_id(plan_: Prepared, tokenizer, windows: corpus_mod.Windows) -> None:
     """A command whose options have ``bos_token_id`` (``circuit``) gets the tokenizer's BOS id there, if unset.
 
     Else the windows' BOS; it stays None when neither has one. Filled before the run, so the
@@ -499,11 +408,6 @@ def _fill_bos_token_id(plan_: Plan, tokenizer, windows: corpus_mod.Windows) -> N
 
 
 # ---- run -------------------------------------------------------------------------------------------
-
-
-def make_probes(command: Command, options: RunOptions, spec: ModelSpec) -> list[Probe]:
-    """The command's probes, built with their parameters."""
-    return [get_probe(name)(spec, **params) for name, params in command.probes(options, spec)]
 
 
 def _fingerprint(options: RunOptions, tokens_sha256: str, source: Source) -> str:
@@ -555,7 +459,7 @@ def _progress_tree(tree, path: Path) -> dict:
     return tree
 
 
-def run(plan_: Plan, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
+def run(plan_: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
     """Run the probes; returns (probes with merged accumulators, seconds), or None on processes > 0.
 
     A command with a ``followup`` runs in two stages over the same windows: the first stage's
@@ -672,7 +576,7 @@ def run_conditions(source: Source) -> dict:
     return {key: meta.get(key) for key in ("variant", "seed", "step", "tier")}
 
 
-def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, rows: list | None = None) -> Result:
+def assemble(plan_: Prepared, loaded: Loaded, probes: list[Probe], run_s: float, rows: list | None = None) -> Result:
     """The table and the manifest of a finished run (``rows``: the table's rows, if not the probes')."""
     options, windows, source = plan_.options, loaded.windows, plan_.source
     conditions = {**run_conditions(source), **plan_.conditions}
@@ -715,6 +619,7 @@ def assemble(plan_: Plan, loaded: Loaded, probes: list[Probe], run_s: float, row
         capture_check=loaded.capture_check,
         timing={"load_s": round(loaded.load_s, 3), "run_s": round(run_s, 3),
                 "tokens_per_s": round(windows.tokens.size / max(run_s, 1e-9), 1)},
+        plan=None if plan_.plan is None else plan_.plan.to_dict(),  # what produced the run (plan.Plan)
     )
     arrays = {name: array for probe in probes for name, array in probe.arrays().items()}
     return Result(frame, manifest, windows.tokens, arrays=arrays)
@@ -729,7 +634,7 @@ def prefix_windows(windows: corpus_mod.Windows, seq_len: int) -> corpus_mod.Wind
                               windows.n_corpus_tokens)
 
 
-def run_lengths(plan_: Plan, loaded: Loaded, lengths: tuple[int, ...], log) -> list | None:
+def run_lengths(plan_: Prepared, loaded: Loaded, lengths: tuple[int, ...], log) -> list | None:
     """Run the command's probes once per length on prefixes of the same windows.
 
     The windows are drawn once at the longest length (``load``); the run at length n sees the
@@ -749,7 +654,7 @@ def run_lengths(plan_: Plan, loaded: Loaded, lengths: tuple[int, ...], log) -> l
     return out if plan_.rank == 0 else None
 
 
-def assemble_lengths(plan_: Plan, loaded: Loaded, finished: list) -> Result:
+def assemble_lengths(plan_: Prepared, loaded: Loaded, finished: list) -> Result:
     """One table over the lengths (a ``seq_len`` column on every row) plus the leak-model fit.
 
     The manifest is the run's at its longest length (its tokens are the longest windows; the
@@ -809,7 +714,7 @@ def decode_token_ids(frame: pd.DataFrame, tokenizer) -> None:
     frame.insert(frame.columns.get_loc("token_id") + 1, "token", pd.Series(texts, dtype="string", index=frame.index))
 
 
-def _corpus_record(plan_: Plan, windows: corpus_mod.Windows) -> dict | None:
+def _corpus_record(plan_: Prepared, windows: corpus_mod.Windows) -> dict | None:
     corpus = plan_.corpus
     if plan_.checkpoint_split:
         return {"kind": "checkpoint validation split", "checkpoint": plan_.source.location,
@@ -820,7 +725,7 @@ def _corpus_record(plan_: Plan, windows: corpus_mod.Windows) -> dict | None:
             "n_tokens": windows.n_corpus_tokens}
 
 
-def _window_rule(plan_: Plan) -> str:
+def _window_rule(plan_: Prepared) -> str:
     if plan_.checkpoint_split:
         return ("the checkpoint's validation split under the window policy it was trained with "
                 "(sinkscope.train.tasks.checkpoint_windows, seeded by seed); the BOS policy is the task's")
@@ -832,23 +737,26 @@ def _window_rule(plan_: Plan) -> str:
 
 def execute(command: Command, options: RunOptions, inputs: Inputs | None = None, *, write: bool = True,
             log: Callable[[str], None] | None = None) -> Result | None:
-    """plan -> load -> run -> assemble -> (write): the whole pipeline.
+    """plan -> load -> run -> assemble -> (write): one run, the whole pipeline.
 
     Returns the :class:`Result` (saved in ``options.out`` or ``reports/<run-id>`` when
-    ``write``), or None on data-parallel processes other than 0.
+    ``write``), or None on data-parallel processes other than 0. Several models or revisions:
+    ``plan.plan`` then ``executors.execute``.
     """
+    planned, inputs = plan_run(command, options, inputs, write=write)
+    return run_plan(planned, inputs, write=write, log=log)
+
+
+def run_plan(planned: RunPlan, inputs: Inputs | None = None, *, write: bool = True,
+             log: Callable[[str], None] | None = None) -> Result | None:
+    """Prepare, load, run and write one plan (``plan.plan``'s checks are not repeated)."""
     log = log or (lambda message: print(message, file=sys.stderr))
     with contextlib.ExitStack() as cleanup:  # the run folder's lock; a bridge's components set aside
-        return _execute(command, options, inputs, write, log, cleanup)
+        prepared = prepare(planned, inputs, write=write, cleanup=cleanup)
+        return carry_out(prepared, write, log)
 
 
-def _execute(command: Command, options: RunOptions, inputs: Inputs | None, write: bool, log,
-             cleanup: contextlib.ExitStack) -> Result | None:
-    plan_ = plan(command, options, inputs, write=write, cleanup=cleanup)
-    return _carry_out(plan_, write, log)
-
-
-def _carry_out(plan_: Plan, write: bool, log, *, finish: bool = True) -> Result | None:
+def carry_out(plan_: Prepared, write: bool, log, *, finish: bool = True) -> Result | None:
     """load -> run -> assemble -> (write) for a plan; ``finish`` ends the data-parallel group after."""
     if plan_.world_size > 1:
         distributed.init()
@@ -872,213 +780,6 @@ def _carry_out(plan_: Plan, write: bool, log, *, finish: bool = True) -> Result 
     if plan_.world_size > 1 and finish:
         distributed.finish()
     return result
-
-
-# ---- several models, one comparison ------------------------------------------------------------------
-
-
-def run_folder_names(sources: list[Source]) -> list[str]:
-    """One folder name per model: its label (a checkpoint's folder name), made safe and distinct."""
-    names: list[str] = []
-    for source in sources:
-        base = re.sub(r"[^A-Za-z0-9._+-]+", "-", source.label or source.location).strip("-.") or "model"
-        name, k = base, 2
-        while name in names:
-            name, k = f"{base}-{k}", k + 1
-        names.append(name)
-    return names
-
-
-def execute_several(command: Command, options: RunOptions, models: list[str], *, group_by: str | None = None,
-                    labels: list[str] | None = None, log: Callable[[str], None] | None = None,
-                    revisions: list[str | None] | None = None, series: bool = False) -> Path | None:
-    """Run ``command`` on each of ``models`` and compare them on one page (``MODEL [MODEL ...]``).
-
-    ``options.out`` (default ``reports/<time>-<command>-s<seed>-<hex>``) becomes a folder holding
-    one run folder per model, named after the model (``<out>/<checkpoint folder name>/``: tables,
-    manifest and tokens; ``sinkscope report <out>/<model>`` draws its own page), and the
-    comparison ``<out>/report.html`` with its ``figures/``, built from them
-    (``report.build_report``; ``group_by`` a condition column such as ``variant`` or ``tier``
-    averages the runs sharing its value). Every model is resolved and checked
-    (``Command.check_sources``, then each one's own checks and run folder) before the first
-    loads. ``resume`` keeps the runs already written, continues an interrupted one and runs the
-    rest. Under torchrun every process takes part in each run; process 0 writes.
-
-    A **series** (``series``: the checkpoints of one model through training) is the same with
-    three more rules (``docs/monitor.md``): ``revisions`` pairs a hub revision with each model
-    (``--revision step0,step1000``; each run folder is named after its revision) and every
-    revision is checked to exist before the first loads; every run measures the first run's
-    token windows (a tokenizer that makes other windows stops the series in one sentence before
-    its model loads); and every row gets the columns ``step`` (the checkpoint's own step, or the
-    one the revision's name gives, :func:`~sinkscope.resolve.revision_step`, else empty) and
-    ``revision`` (the revision, or the checkpoint's folder name). ``<out>/steps.csv`` and
-    ``steps.parquet`` are the runs' tables as one, and the page draws every metric against the
-    step. A run that fails keeps the runs finished before it; ``resume`` continues from there.
-
-    The folder follows every writer's rules (:func:`check_comparison_dir`): absent or empty, it is
-    written; one written by an earlier comparison needs ``overwrite`` (each run folder in it is
-    then replaced under the run folder's own rules) or ``resume``; a folder holding anything
-    sinkscope did not write, or a model being measured, is refused. Its own files (the page,
-    ``figures/``, a series' ``steps.*``) are recorded in its inventory (writer ``comparison``), at
-    the start and at the end.
-
-    Returns:
-        The comparison page (the folder with ``figures`` off), or None on processes other than 0.
-    """
-    from sinkscope.resolve import revision_step
-    from sinkscope.results import is_run_folder
-
-    log = log or (lambda message: print(message, file=sys.stderr))
-    check_options(options)
-    command.check(options)
-    if labels is not None and len(labels) != len(models):
-        raise SinkscopeError(f"give one label per model ({len(models)}), not {len(labels)}.")
-    revisions = list(revisions) if revisions is not None else [options.revision] * len(models)
-    sources = [resolve_source(model, revision) for model, revision in zip(models, revisions)]
-    command.check_sources(options, sources)
-    parent = Path(options.out) if options.out else default_run_dir(command.name, options.seed)
-    if is_run_folder(parent):
-        raise SinkscopeError(f"--out {parent} is a run folder; several models need a folder of their own "
-                             "(each model's run goes into a subfolder).")
-    for source in sources:  # a run folder replaced in the parent could be the model, or hold it
-        check_inputs_outside(parent, {"the model": source.path})
-    check_comparison_dir(parent, options.overwrite, options.resume)
-    by_revision = series and any(source.revision is not None for source in sources)
-    if by_revision:
-        from sinkscope.sources import check_revisions
-
-        check_revisions(sources)  # a missing revision: one sentence before anything loads
-    names = run_folder_names([replace(source, label=source.revision) if by_revision else source
-                              for source in sources])
-    if series and labels is None:
-        labels = [source.revision if by_revision else name for source, name in zip(sources, names)]
-    rank, world_size = distributed.world()
-    children = [parent / name for name in names]
-    with contextlib.ExitStack() as cleanup:
-        plans: list[Plan | None] = []
-        for source, child, name in zip(sources, children, names):
-            # the figures are drawn once, on the comparison page (`sinkscope report <out>/<model>` draws a run's own)
-            each = replace(options, model=source.location, revision=source.revision, out=str(child), figures=False)
-            if options.resume:
-                progress = progress_path(child)
-                if is_run_folder(child) and not progress.is_file():
-                    log(f"Keeping the finished run {child}.")
-                    plans.append(None)
-                    continue
-                each = replace(each, resume=progress.is_file())
-            plan_ = plan(command, each, write=True, cleanup=cleanup)
-            if series:
-                plan_.conditions = ({"step": revision_step(source.revision), "revision": source.revision}
-                                    if by_revision else {"revision": name})
-            plans.append(plan_)
-        if world_size > 1:
-            distributed.init()  # every process has checked its folders: the parent is recorded after
-        if rank == 0:
-            _record_comparison(parent)
-        expected = _kept_tokens(children, plans) if series else None
-        for k, plan_ in enumerate(plans):
-            if plan_ is None:
-                continue
-            plan_.expect_tokens = expected
-            done = [child.name for child in children[:k]]  # each measured now or kept
-            kept = f"the runs finished before it ({', '.join(done)}) are kept in {parent}"
-            try:
-                result = _carry_out(plan_, True, log, finish=False)
-            except Interrupted:
-                raise
-            except KeyboardInterrupt:
-                if not done:
-                    raise
-                raise Interrupted(f"interrupted; {kept}: rerun the same command with --resume to continue.") from None
-            except SinkscopeError as error:
-                if not done:
-                    raise
-                raise SinkscopeError(f"{str(error).rstrip('.')}; {kept}: rerun the same command with --resume to "
-                                     "continue.") from error
-            if series and expected is None and result is not None:
-                expected = result.manifest["windows"]["tokens_sha256"]
-    if world_size > 1:
-        distributed.finish()
-    if rank != 0:
-        return None
-    if series:
-        write_series_table(parent, children)
-        _record_comparison(parent)  # the table is the comparison's own (checked free of others' files above)
-    if not options.figures:
-        _record_comparison(parent)
-        return parent
-    from sinkscope.report import build_report
-
-    # the parent was checked above: its own page is replaced (the report records the parent's files)
-    page = build_report(children, out=parent, labels=labels, group_by=group_by, overwrite=True)
-    log(f"Wrote the comparison {page}")
-    return page
-
-
-def _kept_tokens(children: list[Path], plans: list[Plan | None]) -> str | None:
-    """The token windows' sha256 of the first run a resumed series kept (its manifest), or None."""
-    for child, plan_ in zip(children, plans):
-        if plan_ is None:
-            from sinkscope.fileio import read_json
-
-            try:  # a damaged manifest (not JSON, [[[[...]]]]): no kept windows to compare with
-                return read_json(child / "manifest.json", "the run's manifest")["windows"]["tokens_sha256"]
-            except (SinkscopeError, KeyError, TypeError):
-                return None
-    return None
-
-
-#: the one table of a series: every run's rows, with their ``step`` and ``revision`` columns.
-SERIES_TABLE = "steps"
-
-
-def write_series_table(parent: Path, children: list[Path]) -> pd.DataFrame:
-    """``<parent>/steps.csv`` and ``steps.parquet``: the series' run tables as one (atomically)."""
-    import io
-
-    from sinkscope.fileio import atomic_write_bytes, atomic_write_text
-    from sinkscope.results import read_results
-
-    frame = pd.concat([read_results(child) for child in children], ignore_index=True)
-    if "step" in frame.columns:
-        frame["step"] = pd.array(frame["step"], dtype="Int64")
-    atomic_write_text(parent / f"{SERIES_TABLE}.csv", frame.to_csv(index=False, float_format="%.9g"))
-    buffer = io.BytesIO()
-    frame.to_parquet(buffer, index=False)
-    atomic_write_bytes(parent / f"{SERIES_TABLE}.parquet", buffer.getvalue())
-    return frame
-
-
-#: the writer of a folder holding one run folder per model and their comparison page.
-COMPARISON_WRITER = "comparison"
-
-
-def check_comparison_dir(parent: Path, overwrite: bool, resume: bool) -> None:
-    """Refuse a several-model ``--out`` that this comparison may not write (before any model loads).
-
-    Absent or empty: fine. Holding only what sinkscope wrote for an earlier comparison (its
-    inventory, or before inventories its page, figures and run folders): needs ``overwrite`` or
-    ``resume``. Holding anything else (a user's file, a model), or another writer's folder (a
-    report's, a checkpoint's, a sweep's): refused, with or without them.
-    """
-    from sinkscope.fileio import check_replaceable, read_inventory
-    from sinkscope.report.build import report_folder_legacy
-
-    parent = Path(parent)
-    inventory = read_inventory(parent) if parent.is_dir() and not parent.is_symlink() else None
-    if inventory is not None and inventory["writer"] != COMPARISON_WRITER:
-        raise SinkscopeError(f"--out {parent} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not "
-                             "by a comparison of several models; choose another --out.")
-    check_replaceable(parent, overwrite or resume, kind="comparison", legacy=report_folder_legacy(parent),
-                      hint="pass --overwrite to replace its runs, or --resume to keep the finished ones")
-
-
-def _record_comparison(parent: Path) -> None:
-    """The parent's inventory: its own files (run folders keep their own inventories)."""
-    from sinkscope.fileio import write_inventory
-
-    parent.mkdir(parents=True, exist_ok=True)
-    write_inventory(parent, COMPARISON_WRITER)
 
 
 def option_fields(options_cls: type[RunOptions]) -> list[str]:

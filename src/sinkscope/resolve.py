@@ -75,7 +75,7 @@ def _resolve_source(model: str | None) -> Source:
             raise SinkscopeError(f"no GGUF file at {model}.")
         return Source("gguf", model, str(path), label=path.stem)
     if path.is_dir():
-        from sinkscope.train.checkpoint import is_checkpoint
+        from sinkscope.checkpoint_folder import is_checkpoint
 
         if (path / "config.json").is_file():  # a damaged JSON file is named here, before transformers reads it
             check_model_files(path)
@@ -90,7 +90,7 @@ def _resolve_source(model: str | None) -> Source:
             f"the folder {model} holds neither a config.json (a save_pretrained model) nor a single .gguf file."
         )
     if not os.path.lexists(path):  # a save killed between its two renames left the checkpoint beside it
-        from sinkscope.train.checkpoint import interrupted_save_message
+        from sinkscope.checkpoint_folder import interrupted_save_message
 
         message = interrupted_save_message(path, model)
         if message:
@@ -184,7 +184,7 @@ def checkpoint_series(model: str | None) -> list[str] | None:
     path = Path(model).expanduser()
     if not path.is_dir() or (path / "config.json").exists() or any(path.glob("*.gguf")):
         return None
-    from sinkscope.train.checkpoint import is_checkpoint
+    from sinkscope.checkpoint_folder import is_checkpoint
 
     found = []
     for child in sorted(path.iterdir()):

@@ -632,7 +632,7 @@ def _formation_figures(formation: pd.DataFrame, out: Path) -> None:
     """``formation_<metric>.png``: the monitor's model value against the step, one line per variant (mean over
     seeds at the steps every seed measured); a metric that is 0 for a variant (phantom mass without a phantom
     key) is not drawn for it."""
-    from sinkscope.report.figures import metric_vs_step
+    from sinkscope.report.curves import metric_vs_step
 
     for metric, rows in formation.groupby("metric", sort=False):
         lines = {}

@@ -143,7 +143,9 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_
         (Path(stage) / "results.csv").write_text("half a tab")  # a partial write inside the stage ...
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(stage) / "results.parquet"))
 
-    monkeypatch.setattr(sinkscope.pipeline, "write_tables", disk_full)
+    import sinkscope.run_result
+
+    monkeypatch.setattr(sinkscope.run_result, "write_tables", disk_full)
     before = _snapshot(existing_run)
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(existing_run),
                               "--overwrite"))
@@ -534,7 +536,7 @@ def test_a_run_names_its_folder_keeps_the_umask_and_says_what_bos_did(tiny_llama
 
 
 def test_bos_summary_says_what_happened_at_position_0():
-    from sinkscope.report.build import bos_summary
+    from sinkscope.report.page import bos_summary
 
     assert bos_summary({"bos_policy": "auto", "bos_id": None, "tokenizer_bos_id": 1}) == (
         "auto: no BOS prepended (the tokenizer's BOS, id 1, is not added by default)")

@@ -139,22 +139,22 @@ def test_revision_names_give_steps():
 
 @pytest.fixture
 def drawn(monkeypatch) -> dict:
-    """Every figure ``figures.metric_vs_step`` draws while the test runs, by metric."""
-    from sinkscope.report import figures
+    """Every figure ``curves.metric_vs_step`` draws while the test runs, by metric."""
+    from sinkscope.report import curves
 
     figs = {}
-    original = figures.metric_vs_step
+    original = curves.metric_vs_step
 
     def spy(lines, metric, **kwargs):
         figs[metric] = original(lines, metric, **kwargs)
         return figs[metric]
 
-    monkeypatch.setattr(figures, "metric_vs_step", spy)
+    monkeypatch.setattr(curves, "metric_vs_step", spy)
     return figs
 
 
 def test_the_report_draws_every_metric_against_the_step_with_the_tables_numbers(series_run, drawn):
-    from sinkscope.report import build_report, figures
+    from sinkscope.report import build_report, curves
     from sinkscope.results import read_results
 
     figs = series_run / "figures"
@@ -173,7 +173,7 @@ def test_the_report_draws_every_metric_against_the_step_with_the_tables_numbers(
     model = [read_results(series_run / r).query("metric == 'p0_mass'")
              .loc[lambda t: t["layer"].isna() & t["head"].isna() & t["layer_type"].isna()
                   if "layer_type" in t else t["layer"].isna() & t["head"].isna(), "value"].iloc[0] for r in REVISIONS]
-    np.testing.assert_allclose(lines[figures.MODEL_LINE].get_ydata(), model)
+    np.testing.assert_allclose(lines[curves.MODEL_LINE].get_ydata(), model)
     floor = [line for line in drawn["p0_mass"].axes[0].lines if str(line.get_label()).startswith("uniform")]
     assert floor and np.allclose(floor[0].get_ydata(), np.mean([1 / (i + 1) for i in range(1, 32)]))
 
@@ -260,7 +260,7 @@ def trained(tmp_path_factory):
 
 @pytest.mark.slow  # trains
 def test_report_on_a_checkpoint_draws_the_monitors_formation_curves(trained, tmp_path, drawn):
-    from sinkscope.report import figures
+    from sinkscope.report import curves
 
     ckpt, _ = trained
     result = runner.invoke(app, ["report", str(ckpt), "--out", str(tmp_path / "rep")])
@@ -278,7 +278,7 @@ def test_report_on_a_checkpoint_draws_the_monitors_formation_curves(trained, tmp
         np.testing.assert_array_equal(lines[f"layer {layer}"].get_xdata(), rows["step"])
         np.testing.assert_allclose(lines[f"layer {layer}"].get_ydata(), rows["value"])
     model = monitor[(monitor.metric == "p0_mass") & monitor.layer.isna() & monitor["head"].isna()].sort_values("step")
-    np.testing.assert_allclose(lines[figures.MODEL_LINE].get_ydata(), model["value"])
+    np.testing.assert_allclose(lines[curves.MODEL_LINE].get_ydata(), model["value"])
 
 
 @pytest.mark.slow  # trains (its fixture)
@@ -305,18 +305,18 @@ def test_a_folder_of_trainer_checkpoints_is_a_series_with_their_steps(trained, t
 
 @pytest.mark.slow  # trains
 def test_sweep_overlays_the_formation_curves_per_variant(tmp_path, monkeypatch):
-    from sinkscope.report import figures
+    from sinkscope.report import curves
     from sinkscope.sweep import SweepOptions, sweep
 
     drawn = {}
-    original = figures.metric_vs_step
+    original = curves.metric_vs_step
 
     def spy(lines, metric, **kwargs):
         fig = original(lines, metric, **kwargs)
         drawn[metric] = (lines, fig)
         return fig
 
-    monkeypatch.setattr(figures, "metric_vs_step", spy)
+    monkeypatch.setattr(curves, "metric_vs_step", spy)
     out = tmp_path / "sweep"
     options = SweepOptions(variants=("baseline", "sinklogit"), seeds=(0,), task="trigger", out=str(out), steps=6,
                            batch_size=8, eval_windows=8, overrides=list(SMALL), n_seqs=4, probe=False,
@@ -342,18 +342,18 @@ def test_sweep_overlays_the_formation_curves_per_variant(tmp_path, monkeypatch):
 
 def test_a_revision_without_a_step_has_an_empty_step_and_the_report_orders_by_position(offline_hub, text_file,
                                                                                         tmp_path, monkeypatch):
-    from sinkscope.report import figures
+    from sinkscope.report import curves
 
     repo = offline_hub / f"models--{REPO.replace('/', '--')}"
     (repo / "refs" / "main").write_text((repo / "refs" / "step10").read_text())  # main = the step10 weights
     drawn = {}
-    original = figures.metric_vs_step
+    original = curves.metric_vs_step
 
     def spy(lines, metric, **kwargs):
         drawn[metric] = (original(lines, metric, **kwargs), kwargs)
         return drawn[metric][0]
 
-    monkeypatch.setattr(figures, "metric_vs_step", spy)
+    monkeypatch.setattr(curves, "metric_vs_step", spy)
     try:
         result = _sinks(REPO, "--revision", "step0,main", "--text-file", str(text_file), "--out", str(tmp_path / "s"))
     finally:
@@ -409,10 +409,10 @@ def test_a_folder_of_several_trainings_checkpoints_is_compared_not_a_series(trai
 
 
 def test_ctrl_c_in_a_series_names_the_runs_kept(offline_hub, text_file, tmp_path, monkeypatch):
-    from sinkscope import pipeline
+    from sinkscope import comparison
 
     calls = []
-    original = pipeline._carry_out
+    original = comparison.carry_out
 
     def carry_out(plan_, *args, **kwargs):
         calls.append(plan_.source.revision)
@@ -420,7 +420,7 @@ def test_ctrl_c_in_a_series_names_the_runs_kept(offline_hub, text_file, tmp_path
             raise KeyboardInterrupt
         return original(plan_, *args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "_carry_out", carry_out)
+    monkeypatch.setattr(comparison, "carry_out", carry_out)
     out = tmp_path / "s"
     result = _sinks(REPO, "--revision", "step0,step10", "--text-file", str(text_file), "--out", str(out),
                     "--no-figures")

@@ -90,10 +90,15 @@ def make_run(name: str, out: Path) -> None:
         assert result.exit_code == 0, result.output
 
 
-def main(names: list[str]) -> None:
-    for name in names or RUNS:
-        make_run(name, folder_of(name))
-        print(folder_of(name))
+def main(argv: list[str]) -> None:
+    """``[--into DIR] [NAME ...]``: regenerate the goldens (or, with ``--into``, write fresh runs into DIR)."""
+    into = None
+    if argv[:1] == ["--into"]:
+        into, argv = Path(argv[1]), argv[2:]
+    for name in argv or RUNS:
+        out = folder_of(name) if into is None else into / folder_of(name).name
+        make_run(name, out)
+        print(out)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def test_a_deep_inventory_is_one_sentence_and_no_inventory_is_none(tmp_path):
 
 
 def test_run_and_sweep_predicates_treat_a_deep_file_as_not_theirs(tmp_path):
-    from sinkscope.pipeline import _kept_tokens
+    from sinkscope.comparison import _kept_tokens
     from sinkscope.results import is_run_folder
     from sinkscope.sweep import _is_sweep_json
 

@@ -14,7 +14,7 @@ _EXPORTS = {
     "HookSink": "attention",
     "capture": "attention",
     "register_interfaces": "attention",
-    "QUIRKS": "families",
+    "QUIRKS": "discover",
     "Parts": "discover",
     "discover": "discover",
     "ModelSpec": "families",

@@ -18,7 +18,7 @@ numbers (tests: 1e-5 on every family). Either also applies a replacement of the 
 
 Everything outside the attention function (residual stream, norms, the output projection's
 input and per-head results, the MLP's first projection, Qwen3-Next's output gate) is read by
-forward hooks on the modules each family declares (``families.py``). :func:`capture` installs
+forward hooks on the modules discovery finds (``discover.py``). :func:`capture` installs
 only the hooks the sink asks for, and removes them, and restores the model's attention
 implementation, on exit. Outside the context the registered functions are inert: with no
 active capture they are the family's eager attention.
@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +37,10 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from sinkscope.capture import hooks as hp
-from sinkscope.capture.discover import LAYER_OF, Parts
-from sinkscope.capture.families import ModelSpec, family_of, find_submodule, get_submodule
+from sinkscope.capture.discover import LAYER_OF, Parts, _family_eager, find_submodule
+from sinkscope.capture.families import ModelSpec, family_of, get_submodule
 from sinkscope.capture.kernels import attention_with_lse
+from sinkscope.capture.masks import _additive, causal_additive_mask, fold_into_mask
 from sinkscope.capture.record import AttentionRecord, sink_rows
 from sinkscope.errors import SinkscopeError
 
@@ -148,14 +148,6 @@ class _ActiveCapture:
         return value
 
 
-def _family_eager(module: nn.Module) -> Callable:
-    """The ``eager_attention_forward`` defined in the module's own modeling file."""
-    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
-    if eager is None:
-        raise RuntimeError(f"{type(module).__name__} has no eager_attention_forward to observe")
-    return eager
-
-
 def _sliding_window(module: nn.Module, kwargs: dict) -> int | None:
     return kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
 
@@ -193,43 +185,6 @@ def _layer(module: nn.Module) -> int | None:
     return index if isinstance(index, int) else LAYER_OF.get(module)
 
 
-def fold_into_mask(attention_mask: Tensor | None, kwargs: dict, query: Tensor, key: Tensor) -> Tensor | None:
-    """The mask with what some models pass beside it folded in: a sparse indexer's ``indices``, a ``position_bias``.
-
-    ``position_bias`` (Inkling's; (B or 1, H, T, S)) is added to every logit, as the model's eager
-    function adds it; folded into the additive mask, the fused kernel and the record's logits see it
-    too. Both are removed from ``kwargs``.
-    """
-    attention_mask = sparse_index_mask(attention_mask, kwargs.pop("indices", None), query, key)
-    bias = kwargs.pop("position_bias", None)
-    if isinstance(bias, Tensor):
-        S = key.shape[-2]
-        base = causal_additive_mask(query.shape[-2], S, query.dtype, query.device) if attention_mask is None \
-            else _additive(attention_mask[:, :, :, :S], query.dtype)
-        attention_mask = base + bias[..., :S].to(query.dtype)  # (B, H, T, S)
-    return attention_mask
-
-
-def sparse_index_mask(attention_mask: Tensor | None, indices: Tensor | None, query: Tensor, key: Tensor) -> Tensor | None:
-    """The mask with only the keys a sparse indexer selected visible (DeepSeek V3.2's DSA, GLM-MoE-DSA, ...).
-
-    Such models hand a registered attention implementation the top-k key positions of each query
-    as ``indices`` (B, T, k) and leave the selection to it (only "eager" and "sdpa" get it folded
-    into the mask). Returns an additive float mask (B, 1, T, S) hiding every other key, or the mask
-    unchanged when there are no indices.
-    """
-    if not isinstance(indices, Tensor):
-        return attention_mask
-    T, S = query.shape[-2], key.shape[-2]
-    if attention_mask is None:
-        base = causal_additive_mask(T, S, query.dtype, query.device)  # (1, 1, T, S)
-    else:
-        base = _additive(attention_mask[:, :, :, :S], query.dtype)  # (B, 1, T, S)
-    hidden = torch.ones(indices.shape[0], T, S, dtype=torch.bool, device=query.device)
-    hidden = hidden.scatter(-1, indices.long().clamp(min=0, max=S - 1), False).unsqueeze(1)  # (B, 1, T, S)
-    return base.masked_fill(hidden, torch.finfo(query.dtype).min)
-
-
 def sinkscope_attention(
     module: nn.Module,
     query: Tensor,
@@ -247,10 +202,10 @@ def sinkscope_attention(
     active = _ACTIVE.get()
     layer = _layer(module)
     if active is not None and layer is None:  # not a decoder layer's attention: computed, not observed
-        return _family_eager(module)(module, query, key, value, attention_mask, **kwargs)
+        return _family_eager(module, required=True)(module, query, key, value, attention_mask, **kwargs)
     if active is not None:
         value = active.values(layer, value)  # (B, Hkv, S, D)
-    out, weights = _family_eager(module)(module, query, key, value, attention_mask, **kwargs)
+    out, weights = _family_eager(module, required=True)(module, query, key, value, attention_mask, **kwargs)
     if active is not None and active.records_now():
         mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
         record = AttentionRecord(
@@ -278,13 +233,6 @@ def sinkscope_attention(
 def _scale(query: Tensor, kwargs: dict) -> float:
     scale = kwargs.get("scaling")
     return float(query.shape[-1] ** -0.5 if scale is None else scale)  # GPT-2 / Gemma eager default
-
-
-def causal_additive_mask(T: int, S: int, dtype: torch.dtype, device) -> Tensor:
-    """0 where key j <= i + S - T (query i may see it), the dtype's minimum elsewhere; (1, 1, T, S)."""
-    rows = torch.arange(T, device=device).unsqueeze(-1) + (S - T)  # (T, 1)
-    hidden = torch.arange(S, device=device).unsqueeze(0) > rows  # (T, S)
-    return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min).view(1, 1, T, S)
 
 
 def sinkscope_fused_attention(
@@ -315,7 +263,8 @@ def sinkscope_fused_attention(
     active = _ACTIVE.get()
     layer = _layer(module)
     if layer is None:  # not a decoder layer's attention (a residual-mixing module, a vision tower): its own
-        return _family_eager(module)(module, query, key, value, attention_mask, **kwargs)  # eager, unobserved
+        eager = _family_eager(module, required=True)  # eager, unobserved
+        return eager(module, query, key, value, attention_mask, **kwargs)
     if active is not None:
         value = active.values(layer, value)  # (B, Hkv, S, D)
     S = key.shape[-2]
@@ -361,13 +310,6 @@ def _attention_with_columns(query: Tensor, key: Tensor, value: Tensor, scale: fl
     q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (query, key, v))  # (B, H|Hkv, T|S, W)
     out, lse = attention_with_lse(q, k, v, scale, mask)  # (B, H, T, W), (B, H, T)
     return out[..., :D], lse, out[..., D:D + K].float()
-
-
-def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """A boolean keep-mask (sdpa_mask) as an additive float mask; float masks pass through."""
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-    return mask.to(dtype)
 
 
 def implementation_for(model: nn.Module, mode: str) -> str:

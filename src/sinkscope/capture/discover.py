@@ -28,7 +28,7 @@ and forward hooks on every module of the decoder layers, and reads off, per laye
   (gpt-oss: the eager rows sum to 1 - phi) or an output rescaling by sigmoid(LSE - b) (Granite-SWA:
   the eager rows sum to 1). Any other parameter named like a sink is refused, never read as 0.
 
-What cannot be found goes in ``families.QUIRKS`` (empty today), each with
+What cannot be found goes in :data:`QUIRKS` (empty today), each with
 the reason. A model whose attention never calls the interface gets the eager fallback
 (``Parts.interface`` False: the attention weights come from ``output_attentions``), and one with
 no softmax attention at all one sentence.
@@ -45,6 +45,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from sinkscope.capture.masks import fold_into_mask
 from sinkscope.errors import SinkscopeError
 
 #: the name under which the recording attention function is registered during discovery.
@@ -88,7 +89,7 @@ class Parts:
             eager ``output_attentions`` fallback).
         gate_module: path of a module whose output holds an output gate: found (a projection of
             the attention's input whose sigmoid times the attention output is what W_O reads,
-            ``families.sigmoid_gate``) or declared (``families.QUIRKS``).
+            :func:`sigmoid_gate`) or declared (:data:`QUIRKS`).
         gate_unread: why an output gate could not be read, when W_O reads the attention output
             changed by something else (a scaled or softplus gate, a gate packed into another
             projection); None otherwise.
@@ -232,8 +233,15 @@ def _same(a: Tensor | None, b: Tensor | None) -> bool:
             and a.dtype == b.dtype)
 
 
-def _family_eager(module: nn.Module) -> Callable | None:
-    return getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+def _family_eager(module: nn.Module, required: bool = False) -> Callable | None:
+    """The ``eager_attention_forward`` defined in the module's own modeling file.
+
+    None when it has none, unless ``required`` (the capture's registered functions): then a RuntimeError.
+    """
+    eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if eager is None and required:
+        raise RuntimeError(f"{type(module).__name__} has no eager_attention_forward to observe")
+    return eager
 
 
 def _trace(model: nn.Module, layers: nn.ModuleList, prefix: str):
@@ -270,8 +278,6 @@ def _trace(model: nn.Module, layers: nn.ModuleList, prefix: str):
             current.pop()
 
     def recording(module, query, key, value, attention_mask, **kwargs):
-        from sinkscope.capture.attention import fold_into_mask
-
         attention_mask = fold_into_mask(attention_mask, kwargs, query, key)
         sink = kwargs.get("s_aux")
         if not isinstance(sink, Tensor):
@@ -368,9 +374,12 @@ def _relative(path: str, layer: int | None = None) -> str:
     return path.split(".", 1)[1] if "." in path else ""
 
 
-def find_path(root: nn.Module, dotted: str) -> nn.Module | None:
+def find_submodule(root: nn.Module, dotted: str | None) -> nn.Module | None:
+    """``root.a.b.c``, or None when ``dotted`` is None or any part is missing."""
+    if dotted is None:
+        return None
     module = root
-    for part in dotted.split(".") if dotted else ():
+    for part in dotted.split("."):
         module = getattr(module, part, None)
         if module is None:
             return None
@@ -429,6 +438,56 @@ def _sink_form(module: nn.Module, sink: Tensor, qk_dim: int, v_dim: int, n_heads
                          "phantom mass rather than report it wrong.")
 
 
+# ---- output gates, and what cannot be found ---------------------------------------------------------------
+
+
+def packed_sigmoid_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
+    """An output gate packed into ``q_proj`` (Qwen3-Next, Qwen3.5, Qwen4-exp), as ``sigmoid(gate)``.
+
+    ``q_proj`` emits [query, gate] per head: (B, T, H * 2D) -> view (B, T, H, 2D) -> second
+    half (modeling_qwen3_next.Qwen3NextAttention.forward, which then applies
+    ``attn_output * sigmoid(gate)`` before ``o_proj``). ``discover`` keeps this reader only after
+    checking on its traced pass that it gives exactly what W_O reads.
+    """
+    b, t, _ = q_proj_out.shape
+    gate = q_proj_out.view(b, t, n_heads, 2 * head_dim)[..., head_dim:]  # (B, T, H, D)
+    return torch.sigmoid(gate.float())
+
+
+def sigmoid_gate(gate_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
+    """An output gate read from its own projection, ``sigmoid(g)``, as (B, T, H, D).
+
+    The projection emits one logit per head channel (B, T, H * D: AFMoE, Muse Spark, NeoMME,
+    HY-V4) or one per head (B, T, H: LFM3, Dots3, Bailing; broadcast over the head's D channels,
+    stride 0). ``discover`` keeps this reader only after checking, on its traced pass, that
+    ``sigmoid(g) * attention output`` is exactly what W_O reads.
+    """
+    b, t, _ = gate_proj_out.shape
+    gate = torch.sigmoid(gate_proj_out.float()).view(b, t, n_heads, -1)  # (B, T, H, D|1)
+    return gate.expand(b, t, n_heads, head_dim)  # (B, T, H, D)
+
+
+@dataclass(frozen=True)
+class Quirk:
+    """What discovery cannot find in a model type, declared, with the reason.
+
+    Attributes:
+        gate_module: path (from a decoder layer) of the module whose output holds an output gate.
+        gate_reader: turns that output into (B, T, H, D) gate values in (0, 1).
+        why: why it cannot be found by watching the forward pass.
+    """
+
+    gate_module: str | None = None
+    gate_reader: Callable[[Tensor, int, int], Tensor] | None = None
+    why: str = ""
+
+
+#: the true quirks, by ``config.model_type``; everything else is found. Empty today: the output gate packed
+#: into q_proj (Qwen3-Next), its one entry until 2026-12, is found and verified by :func:`_output_gate` like
+#: every other sigmoid output gate.
+QUIRKS: dict[str, Quirk] = {}
+
+
 def _output_gate(in_layer: list[_Call], attn_call: _Call, record: _AttentionCall, out_proj: _Call, first: int,
                  n_heads: int) -> tuple[str | None, Callable | None, str | None]:
     """(gate module path, reader, None), or (None, None, why unread), or all None: W_O reads the attention output.
@@ -440,8 +499,6 @@ def _output_gate(in_layer: list[_Call], attn_call: _Call, record: _AttentionCall
     (Dory's scaled sigmoid, Laguna's softplus, AXK2's gate split from a fused projection) is named
     unread, so no command reports the model as ungated.
     """
-    from sinkscope.capture.families import packed_sigmoid_gate, sigmoid_gate
-
     a, z = record.output, out_proj.input
     if a is None or z is None or a.dim() != 4 or z.shape[:-1] != a.shape[:2] or z.shape[-1] != a[0, 0].numel():
         return None, None, None
@@ -477,8 +534,6 @@ def _unknown_sink_parameters(module: nn.Module, known: Tensor | None) -> list[st
 
 
 def _discover(model: nn.Module) -> Parts:
-    from sinkscope.capture.families import QUIRKS
-
     config = model.config
     model_type = getattr(config, "model_type", type(model).__name__)
     layers_path, layers = find_layers(model)
@@ -498,7 +553,7 @@ def _discover(model: nn.Module) -> Parts:
     attention = _relative(path_of[id(record.module)])
     attention_layers: dict[int, _AttentionCall] = {}
     for layer, records in by_layer.items():  # the same module path (or class) in every layer; others are not it
-        here = find_path(layers[layer], attention)
+        here = find_submodule(layers[layer], attention) if attention else layers[layer]
         chosen = next((r for r in records if r.module is here), None) or next(
             (r for r in records if type(r.module) is type(record.module)), None)
         if chosen is not None:

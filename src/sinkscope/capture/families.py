@@ -1,74 +1,24 @@
-"""What the capture cannot find in a model, declared; and the sizes every probe needs (``ModelSpec``).
+"""A model's discovered parts (``family_of``) and the sizes every probe needs (``ModelSpec``).
 
 Attention is observed through transformers' attention interface (``attention.py``); the parts
 outside it (the decoder layers, the attention module, its output projection, the norms, the
 residual order, the MLP's first projections, the softmax-attention layers, a learned sink and its
-form) are **found** by watching one forward pass (``discover.py``), for any causal LM. This module
-keeps the true quirks (``QUIRKS``, each with the reason it cannot be found; none is left today:
-output gates, packed into ``q_proj`` or from their own projection, are found too) and
-:class:`ModelSpec`.
+form) are **found** by watching one forward pass (``discover.py``, which also declares the true
+quirks, ``discover.QUIRKS``, each with the reason it cannot be found; none is left today). This module is
+discovery's facade for the rest of sinkscope: :func:`family_of`, :class:`ModelSpec` (the sizes every
+probe needs) and the sliding windows per layer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from sinkscope.errors import SinkscopeError
 
 if TYPE_CHECKING:  # torch is imported where it is used, so `sinkscope ls families` starts in a blink
-    from torch import Tensor, nn
+    from torch import nn
 
-
-def packed_sigmoid_gate(q_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
-    """An output gate packed into ``q_proj`` (Qwen3-Next, Qwen3.5, Qwen4-exp), as ``sigmoid(gate)``.
-
-    ``q_proj`` emits [query, gate] per head: (B, T, H * 2D) -> view (B, T, H, 2D) -> second
-    half (modeling_qwen3_next.Qwen3NextAttention.forward, which then applies
-    ``attn_output * sigmoid(gate)`` before ``o_proj``). ``discover`` keeps this reader only after
-    checking on its traced pass that it gives exactly what W_O reads.
-    """
-    import torch
-
-    b, t, _ = q_proj_out.shape
-    gate = q_proj_out.view(b, t, n_heads, 2 * head_dim)[..., head_dim:]  # (B, T, H, D)
-    return torch.sigmoid(gate.float())
-
-
-def sigmoid_gate(gate_proj_out: Tensor, n_heads: int, head_dim: int) -> Tensor:
-    """An output gate read from its own projection, ``sigmoid(g)``, as (B, T, H, D).
-
-    The projection emits one logit per head channel (B, T, H * D: AFMoE, Muse Spark, NeoMME,
-    HY-V4) or one per head (B, T, H: LFM3, Dots3, Bailing; broadcast over the head's D channels,
-    stride 0). ``discover`` keeps this reader only after checking, on its traced pass, that
-    ``sigmoid(g) * attention output`` is exactly what W_O reads.
-    """
-    import torch
-
-    b, t, _ = gate_proj_out.shape
-    gate = torch.sigmoid(gate_proj_out.float()).view(b, t, n_heads, -1)  # (B, T, H, D|1)
-    return gate.expand(b, t, n_heads, head_dim)  # (B, T, H, D)
-
-
-@dataclass(frozen=True)
-class Quirk:
-    """What discovery (``discover.py``) cannot find in a model type, declared, with the reason.
-
-    Attributes:
-        gate_module: path (from a decoder layer) of the module whose output holds an output gate.
-        gate_reader: turns that output into (B, T, H, D) gate values in (0, 1).
-        why: why it cannot be found by watching the forward pass.
-    """
-
-    gate_module: str | None = None
-    gate_reader: Callable[[Tensor, int, int], Tensor] | None = None
-    why: str = ""
-
-
-#: the true quirks, by ``config.model_type``; everything else is found (``discover.py``). Empty today: the
-#: output gate packed into q_proj (Qwen3-Next), its one entry until 2026-12, is found and verified by
-#: ``discover._output_gate`` like every other sigmoid output gate.
-QUIRKS: dict[str, Quirk] = {}
 
 #: the model types sinkscope was first written for (named in messages; every causal LM is tried).
 FIRST_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gpt_neox", "gpt2", "gpt_oss", "qwen3_next")
@@ -94,18 +44,6 @@ def get_submodule(root: nn.Module, dotted: str) -> nn.Module:
     module = root
     for part in dotted.split("."):
         module = getattr(module, part)
-    return module
-
-
-def find_submodule(root: nn.Module, dotted: str | None) -> nn.Module | None:
-    """``root.a.b.c``, or None when ``dotted`` is None or any part is missing."""
-    if dotted is None:
-        return None
-    module = root
-    for part in dotted.split("."):
-        module = getattr(module, part, None)
-        if module is None:
-            return None
     return module
 
 

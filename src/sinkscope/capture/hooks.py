@@ -23,8 +23,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from sinkscope.errors import SinkscopeError, suggest
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -102,3 +106,26 @@ def parse(name: str) -> tuple[str, int | None]:
     if match and f"blocks.{{l}}.{match.group(2)}" in HOOK_POINTS:
         return f"blocks.{{l}}.{match.group(2)}", int(match.group(1))
     raise SinkscopeError(f"unknown hook point {name!r}{suggest(name, HOOK_POINTS)}; see `sinkscope ls hooks`.")
+
+
+class HookSink(Protocol):
+    """What receives the hook points: the runner's dispatcher, for a captured model and for the trainer's.
+
+    ``observed`` and ``intervened`` are the hook-point templates (above) asked for; ``emit``
+    receives an observed point's value, ``replace`` returns the value to use in place of an
+    intervened one (the same object when nothing changes). A sink that runs several passes
+    through one capture (the runner's pass switch) may also have ``live_observed`` and
+    ``live_intervened``, the current pass's subsets: the capture installs hooks for ``observed``
+    but computes a point, or builds an attention record, only where the current pass reads it.
+    A sink with ``attention_function`` set runs sinkscope's attention function even when it
+    observes no record (a command's second stage, whose loss is compared with the first stage's).
+    ``record_columns`` (optional) names the extra columns a fused attention record should carry
+    (``"value_gate"``, ``"quiet"``).
+    """
+
+    observed: frozenset[str]
+    intervened: frozenset[str]
+
+    def emit(self, template: str, layer: int | None, value) -> None: ...
+
+    def replace(self, template: str, layer: int, value: Tensor) -> Tensor: ...

@@ -1,8 +1,9 @@
 """The measuring commands: each module declares one command (its options, probes and checks).
 
-A command is a :class:`~sinkscope.pipeline.Command` registered with :func:`register_command`;
+A command is a :class:`~sinkscope.options.Command` registered with :func:`register_command`;
 every module of this package is imported on first use, so a new command is one module here
-plus one thin function in ``cli.py``. The pipeline (``pipeline.py``) does the rest.
+plus its declaration in the command line (``cli.py``). The plan (``plan.py``) checks it, the
+pipeline (``pipeline.py``) does the rest.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ def discover() -> dict[str, Command]:
             importlib.import_module(f"{__name__}.{module.name}")
         _discovered = True
     return COMMANDS
+
+
+def make_probes(command: Command, options, spec) -> list:
+    """The command's probes for a model of ``spec``, built with their parameters."""
+    from sinkscope.probes import get_probe
+
+    return [get_probe(name)(spec, **params) for name, params in command.probes(options, spec)]
 
 
 def get_command(name: str) -> Command:

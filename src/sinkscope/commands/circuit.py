@@ -1,7 +1,7 @@
 """``sinkscope circuit``: how a model makes position 0 special (SPEC.md "The position-zero circuit"; seed 003 §2-3).
 
-Probes (``probes/circuit.py``), all reading named hook points only, so every family the spine
-supports and every trainer checkpoint runs them the same way:
+Probes (one module each under ``probes/``, named as the probe), all reading named hook points only,
+so every family the spine supports and every trainer checkpoint runs them the same way:
 
 1. ``p0_norm``: per layer the L2 norm of ``hook_resid_post`` at position 0 against the median
    over the other positions, the first layer whose ratio exceeds ``--norm-ratio`` (2), and the
@@ -41,7 +41,6 @@ Decisions where SPEC.md leaves things open (also under "Decisions" in docs/comma
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -83,27 +82,9 @@ class CircuitOptions(RunOptions):
     bos_token_id: int | None = None
 
 
-_HEAD = re.compile(r"^\d+\.\d+$")
-
-
-def check_heads(heads: tuple) -> str | None:
-    """An error phrase for anything but LAYER.HEAD pairs (also the probes' parameter check)."""
-    bad = [h for h in heads if not _HEAD.match(str(h))]
-    return f"takes LAYER.HEAD pairs such as 0.3, not {bad[0]!r}" if bad else None
-
-
-def check_repeats(repeats: tuple) -> str | None:
-    """An error phrase unless the repeats are positive integers including 1 (the reference)."""
-    try:
-        values = [int(r) for r in repeats]
-    except (TypeError, ValueError):
-        return "takes positive integers such as 1,2,4,8"
-    if not values or min(values) < 1 or 1 not in values:
-        return "takes positive integers including 1 (the reference), such as 1,2,4,8"
-    return None
-
-
 def _check(options: CircuitOptions) -> None:
+    from sinkscope.options import check_heads, check_repeats
+
     if options.later_position < 1:
         raise SinkscopeError(f"--later-position must be at least 1 (got {options.later_position}).")
     if options.norm_ratio <= 0:
@@ -134,7 +115,7 @@ def _check_model(options: CircuitOptions, spec: ModelSpec) -> None:
         if spec.mlp_kind is None:
             raise SinkscopeError(f"{spec.family} has no MLP pre-activation point (a mixture-of-experts or fused MLP), "
                                  "so there is no PCA to subtract heads from; run without --subtract-head.")
-        from sinkscope.probes.circuit import parse_subtracted
+        from sinkscope.probes.mlp_pca import parse_subtracted
 
         parse_subtracted(options.subtract_head, 0, spec.n_heads)
 

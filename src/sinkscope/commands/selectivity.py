@@ -66,7 +66,7 @@ class SelectivityOptions(RunOptions):
 
 def gate_kind(source: Source) -> str | None:
     """``"value"``, ``"output"`` or ``"none"`` from the model's config file; None when there is none to read yet."""
-    from sinkscope.capture.families import QUIRKS
+    from sinkscope.capture.discover import QUIRKS
     from sinkscope.sources import config_file_dict
 
     config = config_file_dict(source)

@@ -141,6 +141,6 @@ SINKS = register_command(Command(
 
 def sinks_probes(spec: ModelSpec, **options) -> list:
     """The probes of a ``sinks`` run on a model of ``spec`` (``options``: ``SinksOptions`` fields)."""
-    from sinkscope.pipeline import make_probes
+    from sinkscope.commands import make_probes
 
     return make_probes(SINKS, SinksOptions(**options), spec)

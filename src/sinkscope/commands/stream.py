@@ -26,7 +26,7 @@ from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError
 from sinkscope.options import Command, RunOptions, split_values
 
-POLICIES = ("full", "window", "sinks", "h2o")  # stream.policies.POLICIES, without importing torch
+POLICIES = ("full", "window", "sinks", "h2o")  # cache.POLICIES, without importing torch
 POSITIONS = ("cache", "original")
 MODES = ("stream", "mask")
 #: the mask-based mode materialises an L x L mask: longer documents are refused.

@@ -96,8 +96,8 @@ def _eager_reference(model, ids, outputs_of: dict | None = None):
     """
     import torch
 
-    from sinkscope.capture.discover import discover
-    from sinkscope.capture.families import find_submodule, get_submodule
+    from sinkscope.capture.discover import discover, find_submodule
+    from sinkscope.capture.families import get_submodule
 
     parts = discover(model)
     layers = get_submodule(model, parts.layers)
@@ -161,7 +161,8 @@ def check_output_projection(model, ids) -> tuple[bool, str]:
     """
     import torch
 
-    from sinkscope.capture.families import find_submodule, get_submodule
+    from sinkscope.capture.discover import find_submodule
+    from sinkscope.capture.families import get_submodule
 
     outputs: dict = {}
     parts, _ = _eager_reference(model, ids, outputs)
@@ -207,7 +208,7 @@ def check_p0_and_phantom(model, ids) -> tuple[bool, str]:
     import numpy as np
     import torch
 
-    import sinkscope
+    from sinkscope.api import measure
 
     parts, seen = _eager_reference(model, ids)
     if not parts.interface:  # the eager fallback reads output_attentions: the check is of the reduction and layers
@@ -233,7 +234,7 @@ def check_p0_and_phantom(model, ids) -> tuple[bool, str]:
                              "sink_alpha": a0.mean(dim=2).mean(dim=0).double()}  # Gu et al.'s alpha_0, t >= 0
     worst = 0.0
     for attention in ("fused", "explicit") if parts.interface else ("fused",):
-        table = sinkscope.measure(["p0_mass", "phantom_mass", "sink_rate"], model, windows=ids.numpy(),
+        table = measure(["p0_mass", "phantom_mass", "sink_rate"], model, windows=ids.numpy(),
                                   attention=attention).table
         for layer, wanted in references.items():
             for metric, reference in wanted.items():
@@ -258,8 +259,8 @@ def check_hooks(model, ids) -> tuple[bool, str, list[str]]:
 
     from sinkscope.capture import capture
     from sinkscope.capture import hooks as hp
-    from sinkscope.capture.discover import discover
-    from sinkscope.capture.families import find_submodule, get_submodule
+    from sinkscope.capture.discover import discover, find_submodule
+    from sinkscope.capture.families import get_submodule
     from sinkscope.errors import SinkscopeError
 
     parts = discover(model)
@@ -321,7 +322,7 @@ def check_hooks(model, ids) -> tuple[bool, str, list[str]]:
 
 def check_commands(model, ids, gated: bool) -> tuple[bool, str]:
     """Each command runs on the tiny model, or refuses a hook point it lacks in one sentence."""
-    import sinkscope
+    from sinkscope.api import measure
     from sinkscope.errors import SinkscopeError
 
     done = []
@@ -330,7 +331,7 @@ def check_commands(model, ids, gated: bool) -> tuple[bool, str]:
         if command == "circuit":
             options = {"repeats": (1,), "bos_token_id": 1}
         try:
-            sinkscope.measure(command, model, windows=ids.numpy(), **options)
+            measure(command, model, windows=ids.numpy(), **options)
             done.append(command)
         except SinkscopeError as error:
             text = str(error)

@@ -69,6 +69,7 @@ from torch import Tensor
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec
 from sinkscope.errors import SinkscopeError, suggest
+from sinkscope.options import check_heads  # noqa: F401 - a Param check probes take from here
 from sinkscope.results import MetricInfo, Row
 
 __all__ = ["Accumulator", "HeadMeans", "MetricInfo", "Param", "Probe", "Row", "intervenes", "observes",
@@ -203,6 +204,18 @@ def register_probe(name: str, *, metrics: dict[str, MetricInfo], params: tuple[P
 def _accumulate_dtype(device: torch.device) -> torch.dtype:
     """float64 where the device has it (MPS does not)."""
     return torch.float32 if device.type == "mps" else torch.float64
+
+
+def grow(t: Tensor, shape: tuple[int, ...], device) -> Tensor:
+    """``t`` where it is needed: zeros of ``shape`` on ``device`` the first time (an empty placeholder).
+
+    For accumulators whose shape is known only from the first hook value (the hidden width, the
+    window length): ``setup`` makes an empty tensor, the first observation grows it (see
+    :class:`LazyTensors`).
+    """
+    if t.numel() == 0:
+        return torch.zeros(shape, dtype=_accumulate_dtype(torch.device(device)), device=device)
+    return t if t.device == device else t.to(device)
 
 
 class Accumulator:
@@ -586,6 +599,18 @@ class Probe:
 
     def _added(self, mine: Tensor, theirs: Tensor) -> Tensor:
         """A tensor accumulator merged with another share's."""
+        return mine + theirs.to(mine.device)
+
+
+class LazyTensors(Probe):
+    """A probe whose tensor accumulators are created on first use (empty placeholders before, :func:`grow`)."""
+
+    def _added(self, mine: Tensor, theirs: Tensor) -> Tensor:
+        """An empty placeholder takes the other share's tensor; an empty other adds nothing."""
+        if theirs.numel() == 0:
+            return mine
+        if mine.numel() == 0:
+            return theirs.clone()
         return mine + theirs.to(mine.device)
 
 

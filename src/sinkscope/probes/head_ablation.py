@@ -24,23 +24,15 @@ loss change of a second stage").
 
 from __future__ import annotations
 
-import re
-
 from torch import Tensor
 
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import MetricInfo, Param, Row, intervenes, register_probe
+from sinkscope.probes.base import MetricInfo, Param, Row, check_heads, intervenes, register_probe
 from sinkscope.probes.loss_change import CLEAN_PARAMS, LossChange
 
-_HEAD = re.compile(r"^\d+\.\d+$")
 #: the label of the pass with the heads zeroed (None is the clean pass).
 ABLATED = "ablated"
-
-
-def _check_heads(heads: tuple) -> str | None:
-    bad = [h for h in heads if not _HEAD.match(str(h))]
-    return f"takes LAYER.HEAD pairs such as 3.1, not {bad[0]!r}" if bad else None
 
 
 def parse_heads(heads, n_layers: int, n_heads: int, attention_layers) -> dict[int, list[int]]:
@@ -59,7 +51,8 @@ def parse_heads(heads, n_layers: int, n_heads: int, attention_layers) -> dict[in
 
 @register_probe(
     "head_ablation",
-    params=(Param("heads", tuple, (), "heads to zero, as LAYER.HEAD pairs (comma-separated)", check=_check_heads),
+    params=(Param("heads", tuple, (), "heads to zero, as LAYER.HEAD pairs (comma-separated)",
+                  check=lambda v: check_heads(v, example="3.1")),
             *CLEAN_PARAMS),
     metrics={
         "loss_clean": MetricInfo(

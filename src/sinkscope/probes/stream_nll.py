@@ -2,7 +2,7 @@
 
 Unlike every other probe it reads no hook point of one forward pass: ``sinkscope stream``'s
 window reader (``commands/stream.py``) reads each window, a document of ``--length`` tokens,
-once per reading condition (``stream.policies.Policy``: policy x cache x sink tokens x
+once per reading condition (``cache.Policy``: policy x cache x sink tokens x
 positions) through ``stream.reader`` and hands the probe the per-token NLL. The probe keeps every
 token's NLL, ``nll`` (conditions, windows, L - 1) float32 on the CPU, so the table, the figures and
 ``stream_nll.npy`` come from the same numbers; a run's share of the windows fills its rows, so
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, register_probe
-from sinkscope.stream.policies import POLICIES, POSITIONS, Policy
+from sinkscope.cache import POLICIES, POSITIONS, Policy
 
 SOURCE = "SPEC.md Streaming; Xiao et al. 2023 (StreamingLLM) Fig. 3; Zhang et al. 2023 (H2O)"
 

@@ -25,14 +25,15 @@ outlier ranks, ``bos_repeat_loss``) get no entry of their own; their numbers sta
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
 from sinkscope.report import figures
+from sinkscope.report.page import Page, fmt
+from sinkscope.report.runs import RunData
 
 #: metrics this module draws (an entry each).
 DRAWN = ("p0_norm", "p0_cosine", "attn_z_norm", "attn_out_norm", "pca_separation", "p0_outlier_max_z",
@@ -49,8 +50,33 @@ MODEL_VALUE_NOTE = {
 }
 
 
-def handles(metric: str) -> bool:
+# ---- the section protocol (page.py) ------------------------------------------------------------------
+
+
+def handles(probe: str, metric: str, runs: list[RunData]) -> bool:
+    """The circuit metrics, by name (rows with condition columns the generic figures do not fit)."""
     return metric in DRAWN or metric in FOLDED
+
+
+def entry(page: Page, metric: str) -> dict | None:
+    """A drawn metric's summary row and entry; None for a metric folded into another's."""
+    if metric not in DRAWN:
+        return None
+    info = page.info(metric)
+    page.add_summary(metric, SUMMARY_LABEL[metric], info.direction,
+                     [fmt(summary_value(r.table, metric)) for r in page.runs])
+    return {"metric": metric, "info": info, **draw(page.runs, metric, page.keep)}
+
+
+def note(probe: str, metrics: list[str]) -> str | None:
+    return None
+
+
+def tables(page: Page, probe: str) -> list[dict]:
+    return []
+
+
+# ---- the measurements --------------------------------------------------------------------------------
 
 
 def _fmt(value) -> str:
@@ -125,7 +151,7 @@ SUMMARY_LABEL = {
 }
 
 
-def entry(runs: list, metric: str, fig_dir: Path, keep: Callable[[Figure, str, str], dict]) -> dict:
+def draw(runs: list, metric: str, keep: Callable[[Figure, str, str], dict]) -> dict:
     """{figures, table, note} for a drawn metric (``keep(fig, file stem, title)`` saves a figure)."""
     draw = {"p0_norm": _norms, "p0_cosine": _cosines, "attn_z_norm": _attn_z, "attn_out_norm": _attn_out,
             "pca_separation": _pca,

@@ -19,6 +19,10 @@ importing this module does not disturb an interactive session. Style
 settings are applied through :func:`matplotlib.rc_context` while a figure is
 built, so the global rcParams are left untouched.
 
+Metric names become human labels only through a :class:`MetricLabels` handed in (one per
+page, from the runs' metric documentation); there is no module-level state. Curves against
+anything but the layer (training loss, dose, length, step) live in ``report/curves.py``.
+
 Colour maps default to ``viridis`` (perceptually uniform, monotone in
 lightness, so heatmaps stay readable in greyscale print). Missing (NaN) cells
 are drawn as hatched light grey, which remains distinguishable from every
@@ -30,6 +34,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -44,36 +49,44 @@ from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import atomic_write_bytes
 
 __all__ = [
-    "KV_HEAD_METRICS",
-    "METRIC_LABELS",
+    "MetricLabels",
     "layer_head_grid",
     "layer_head_heatmap",
     "metric_axis_label",
-    "metric_vs_length",
-    "metric_vs_step",
     "model_value_plot",
     "per_layer_bars",
     "per_layer_line",
-    "register_metric_docs",
     "save_figure",
     "write_run_figures",
 ]
 
-#: Human-readable label and unit for each known metric: ``metric -> (label, unit)``, filled from
-#: the metric documentation a run's manifest carries (``register_metric_docs``); the report never
-#: imports the probes (or torch). Unknown metrics fall back to the raw metric name without a unit.
-METRIC_LABELS: dict[str, tuple[str, str]] = {}
 
-#: Metrics whose head axis indexes key/value heads (GQA) rather than query heads.
-KV_HEAD_METRICS: set[str] = set()
+@dataclass(frozen=True)
+class MetricLabels:
+    """Human-readable label and unit of each metric, and the metrics whose head axis indexes KV heads.
+
+    Made from the metric documentation the runs' manifests carry (:meth:`from_docs`; the report
+    never imports the probes, or torch), once per page, and handed to each figure that names a
+    metric. Unknown metrics fall back to the raw metric name, without a unit, over query heads.
+    """
+
+    #: ``metric -> (label, unit)``.
+    names: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    #: metrics whose head axis indexes key/value heads (GQA) rather than query heads.
+    kv_heads: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_docs(cls, docs: Mapping[str, object]) -> MetricLabels:
+        """From ``MetricInfo``-like documentation by metric name (``label``, ``unit``, ``per``)."""
+        return cls({metric: (info.label, info.unit) for metric, info in docs.items()},
+                   frozenset(metric for metric, info in docs.items() if info.per == "layer x KV head"))
 
 
-def register_metric_docs(docs: Mapping[str, object]) -> None:
-    """Learn labels, units and head kinds from ``MetricInfo``-like documentation, by metric name."""
-    for metric, info in docs.items():
-        METRIC_LABELS[metric] = (info.label, info.unit)
-        if info.per == "layer x KV head":
-            KV_HEAD_METRICS.add(metric)
+def _names(labels: MetricLabels | Mapping[str, tuple[str, str]] | None) -> Mapping[str, tuple[str, str]]:
+    if labels is None:
+        return {}
+    return labels.names if isinstance(labels, MetricLabels) else labels
+
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("metric", "layer", "head", "value")
 
@@ -113,7 +126,7 @@ _STYLE: dict[str, object] = {
 
 def metric_axis_label(
     metric: str,
-    labels: Mapping[str, tuple[str, str]] | None = None,
+    labels: MetricLabels | Mapping[str, tuple[str, str]] | None = None,
     *,
     wrap: bool = False,
 ) -> str:
@@ -121,15 +134,15 @@ def metric_axis_label(
 
     Args:
         metric: Metric name as it appears in the ``metric`` column.
-        labels: Optional mapping ``metric -> (label, unit)``; defaults to
-            :data:`METRIC_LABELS`.
+        labels: The page's :class:`MetricLabels`, or a mapping ``metric -> (label, unit)``;
+            none: every metric is unknown.
         wrap: Put the unit on a second line (for short axes).
 
     Returns:
         ``"label (unit)"`` for known metrics, the bare label when the unit is
         empty, and the metric name itself for unknown metrics.
     """
-    table = METRIC_LABELS if labels is None else labels
+    table = _names(labels)
     if metric not in table:
         return metric
     label, unit = table[metric]
@@ -138,8 +151,8 @@ def metric_axis_label(
     return f"{label}\n({unit})" if wrap else f"{label} ({unit})"
 
 
-def _metric_title(metric: str) -> str:
-    label = METRIC_LABELS.get(metric, (metric, ""))[0]
+def _metric_title(metric: str, labels: MetricLabels | None = None) -> str:
+    label = _names(labels).get(metric, (metric, ""))[0]
     return label if label == metric else f"{label} [{metric}]"
 
 
@@ -228,6 +241,7 @@ def layer_head_heatmap(
     vmax: float | None = None,
     cmap: str = "viridis",
     reference: float | None = None,
+    labels: MetricLabels | None = None,
 ) -> Figure:
     """Draw a layer x head heatmap of one metric.
 
@@ -248,6 +262,8 @@ def layer_head_heatmap(
             greyscale printing.
         reference: A value to mark on the colourbar (e.g. the p0 mass of
             uniform attention), drawn as a dashed line when inside the scale.
+        labels: The page's metric labels (title, colourbar, a KV-head axis); default the
+            metric's name over query heads.
 
     Returns:
         The figure. The image is ``fig.axes[0].images[0]``; its array is the
@@ -265,7 +281,7 @@ def layer_head_heatmap(
         vmin, vmax = 0.0, 1.0  # nothing to scale; avoid a degenerate norm
 
     colormap = matplotlib.colormaps[cmap].with_extremes(bad=(0.0, 0.0, 0.0, 0.0))
-    head_label = "KV head" if metric in KV_HEAD_METRICS else "head"
+    head_label = "KV head" if labels is not None and metric in labels.kv_heads else "head"
     # Cell (layer l, head h) is centred on data coordinates (h, l).
     extent = (heads[0] - 0.5, heads[-1] + 0.5, layers[-1] + 0.5, layers[0] - 0.5)
 
@@ -305,7 +321,7 @@ def layer_head_heatmap(
             spine.set_visible(True)
         ax.set_xlabel(head_label)
         ax.set_ylabel("layer")
-        ax.set_title(title if title is not None else _metric_title(metric))
+        ax.set_title(title if title is not None else _metric_title(metric, labels))
 
         # Fixed physical colourbar width; aspect chosen so it spans the axes height.
         cbar = fig.colorbar(
@@ -316,7 +332,7 @@ def layer_head_heatmap(
             aspect=max(10.0, (fig_h - _HEATMAP_PAD_H) / _CBAR_W_IN),
         )
         # A long label does not fit along a short colourbar: unit on a second line.
-        cbar.set_label(metric_axis_label(metric, wrap=fig_h < _WRAP_BELOW_IN))
+        cbar.set_label(metric_axis_label(metric, labels, wrap=fig_h < _WRAP_BELOW_IN))
         cbar.outline.set_linewidth(0.5)
         if reference is not None and np.isfinite(reference):
             lo, hi = im.norm.vmin, im.norm.vmax
@@ -349,6 +365,7 @@ def per_layer_line(
     ax: Axes | None = None,
     reference: float | None = None,
     reference_label: str | None = None,
+    labels: MetricLabels | None = None,
 ) -> Figure:
     """Plot a metric's per-layer aggregate against layer.
 
@@ -369,6 +386,7 @@ def per_layer_line(
             attention, so a reader sees at once whether there is a sink);
             dashed grey, in the legend as ``reference_label``.
         reference_label: Legend entry of the reference line.
+        labels: The page's metric labels (title, y axis); default the metric's name.
 
     Returns:
         The (root) figure holding the axes. The aggregate line is the first
@@ -414,7 +432,7 @@ def per_layer_line(
         if ax is None:
             fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
             ax = fig.add_subplot()
-            ax.set_title(_metric_title(metric))
+            ax.set_title(_metric_title(metric, labels))
         else:
             fig = _root_figure(ax)
 
@@ -450,7 +468,7 @@ def per_layer_line(
                        gid="reference")
         ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", integer=True))
         ax.set_xlabel("layer")
-        ax.set_ylabel(metric_axis_label(metric))
+        ax.set_ylabel(metric_axis_label(metric, labels))
         ax.grid(True, linewidth=0.4, alpha=0.4)
         if label is not None or band is not None or has_se or reference_label is not None:
             # Below the axes: the band would hide an inside legend, and
@@ -473,7 +491,7 @@ def per_layer_line(
     return fig
 
 
-def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str) -> Figure:
+def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: MetricLabels | None = None) -> Figure:
     """Bars of a metric's per-layer rows, one bar per layer and run (grouped, one colour per run).
 
     Made for per-layer shares (the token-identity share of gate variance): the bar height is
@@ -482,6 +500,7 @@ def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str) -> Figure:
     Args:
         tables: ``label -> tidy table`` of each run (one run: a single entry).
         metric: the metric to draw.
+        labels: the page's metric labels (title, y axis); default the metric's name.
 
     Returns:
         The figure; bars of run k are ``fig.axes[0].containers[k]``, in layer order.
@@ -504,21 +523,22 @@ def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str) -> Figure:
     with matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
         ax = fig.add_subplot()
-        ax.set_title(_metric_title(metric))
+        ax.set_title(_metric_title(metric, labels))
         for k, (label, values) in enumerate(series.items()):
             x = np.array([layers.index(layer) for layer in values.index], dtype=float)
             ax.bar(x + (k - (len(series) - 1) / 2) * width, values.to_numpy(), width=width * 0.95,
                    label=label if len(series) > 1 else None, zorder=3)
         ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
         ax.set_xlabel("layer")
-        ax.set_ylabel(metric_axis_label(metric, wrap=True))
+        ax.set_ylabel(metric_axis_label(metric, labels, wrap=True))
         ax.grid(True, axis="y", linewidth=0.4, alpha=0.4)
         if len(series) > 1:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=min(4, len(series)), borderaxespad=0.0)
     return fig
 
 
-def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run") -> Figure:
+def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run",
+                     labels: MetricLabels | None = None) -> Figure:
     """Model-level values of one metric across runs (seed 000 Fig. 1d: selectivity by tier and variant).
 
     Args:
@@ -528,6 +548,7 @@ def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run")
             an error bar; NaN for none).
         metric: the metric (axis label, title).
         x_label: the x axis's name (``tier``, ``run``, ...).
+        labels: the page's metric labels (title, y axis); default the metric's name.
 
     Returns:
         The figure; series k is ``fig.axes[0].lines[k]`` (x positions 0, 1, ...).
@@ -536,7 +557,7 @@ def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run")
     with matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
         ax = fig.add_subplot()
-        ax.set_title(_metric_title(metric))
+        ax.set_title(_metric_title(metric, labels))
         groups = list(dict.fromkeys(points["series"].astype(str)))
         for name in groups:
             rows = points[points["series"].astype(str) == name]
@@ -554,7 +575,7 @@ def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run")
                       if max(map(len, xs)) > 10 else "center")
         ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.set_xlabel(x_label)
-        ax.set_ylabel(metric_axis_label(metric, wrap=True))
+        ax.set_ylabel(metric_axis_label(metric, labels, wrap=True))
         ax.grid(True, axis="y", linewidth=0.4, alpha=0.4)
         if len(groups) > 1:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=min(4, len(groups)), borderaxespad=0.0)
@@ -611,7 +632,7 @@ def _file_stem(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", metric).strip("._") or "metric"
 
 
-def write_run_figures(df: pd.DataFrame, out_dir: Path) -> list[Path]:
+def write_run_figures(df: pd.DataFrame, out_dir: Path, labels: MetricLabels | None = None) -> list[Path]:
     """Write the standard figure set for one run.
 
     For every metric with per-(layer, head) rows, writes a heatmap
@@ -623,6 +644,7 @@ def write_run_figures(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     Args:
         df: Tidy results table of a single run.
         out_dir: Run output directory; ``figures/`` is created inside it.
+        labels: Metric labels for titles and axes; default the metrics' names.
 
     Returns:
         Paths of all written files, heatmaps first, metrics in sorted order.
@@ -641,232 +663,7 @@ def write_run_figures(df: pd.DataFrame, out_dir: Path) -> list[Path]:
 
     written: list[Path] = []
     for m in heat_metrics:
-        written += save_figure(layer_head_heatmap(df, m), fig_dir / f"heatmap_{_file_stem(m)}")
+        written += save_figure(layer_head_heatmap(df, m, labels=labels), fig_dir / f"heatmap_{_file_stem(m)}")
     for m in line_metrics:
-        written += save_figure(per_layer_line(df, m), fig_dir / f"layers_{_file_stem(m)}")
+        written += save_figure(per_layer_line(df, m, labels=labels), fig_dir / f"layers_{_file_stem(m)}")
     return written
-
-
-def loss_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
-    """Training curves of one or more checkpoints: validation loss (solid, markers) and
-    training loss (thin, same colour) against optimizer step, one colour per checkpoint.
-
-    Args:
-        logs: ``label -> log.csv`` table with columns ``step``, ``train_loss``, ``val_loss``
-            (empty cells where a row has no evaluation).
-
-    Returns:
-        The figure.
-    """
-    with matplotlib.rc_context(_STYLE):
-        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
-        ax = fig.add_subplot()
-        ax.set_title("Training curves")
-        for label, log in logs.items():
-            log = log.sort_values("step")
-            val = log.dropna(subset=["val_loss"])
-            (line,) = ax.plot(val["step"], val["val_loss"], marker="o", markersize=3, linewidth=1.4,
-                              label=f"{label}: validation", zorder=3)
-            train = log.dropna(subset=["train_loss"])
-            ax.plot(train["step"], train["train_loss"], linewidth=0.8, alpha=0.6, color=line.get_color(),
-                    linestyle="--", label=f"{label}: training", zorder=2)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("cross-entropy (nats / token)")
-        ax.grid(True, linewidth=0.4, alpha=0.4)
-        ax.legend(loc="upper right")
-    return fig
-
-
-def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
-    """Head load imbalance against optimizer step (seed 004 Fig. 5), one colour per checkpoint:
-    the model's imbalance (mean over layers of the CV of head importance; solid, markers) and
-    each layer's CV (thin, same colour).
-
-    Args:
-        logs: ``label -> log.csv`` table with ``step``, ``load_imbalance`` and
-            ``load_imbalance_l{l}`` columns (empty cells where a row has no evaluation).
-
-    Returns:
-        The figure.
-    """
-    with matplotlib.rc_context(_STYLE):
-        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
-        ax = fig.add_subplot()
-        ax.set_title("Head load imbalance")
-        for label, log in logs.items():
-            log = log.sort_values("step")
-            rows = log.dropna(subset=["load_imbalance"])
-            (line,) = ax.plot(rows["step"], rows["load_imbalance"], marker="o", markersize=3, linewidth=1.4,
-                              label=f"{label}: mean over layers", zorder=3)
-            layers = sorted((c for c in log.columns if re.fullmatch(r"load_imbalance_l\d+", str(c))),
-                            key=lambda c: int(str(c).rsplit("_l", 1)[1]))
-            for i, column in enumerate(layers):
-                ax.plot(rows["step"], rows[column], linewidth=0.7, alpha=0.45, color=line.get_color(),
-                        label=f"{label}: per layer" if i == 0 else None, zorder=2)
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("CV of head importance")
-        ax.grid(True, linewidth=0.4, alpha=0.4)
-        ax.legend(loc="upper left")
-    return fig
-
-
-def dose_response(points: pd.DataFrame, junk: str) -> Figure:
-    """Loss increase against dose for one junk type (seed 000 §5.1): one line per cutoff (and run).
-
-    Args:
-        points: columns ``run``, ``cutoff``, ``dose``, ``value`` (the loss increase in nats) and
-            optionally ``se`` (its standard error over windows; NaN or absent: no error bar).
-        junk: the junk type, for the title.
-
-    The y axis is logarithmic; increases <= 0 (junk that did not hurt) cannot be drawn on it and
-    are left out (the table beside the figure has every number). Error bars span value ± se (a
-    lower end <= 0 is clipped by the log axis).
-
-    Returns:
-        The figure.
-    """
-    with matplotlib.rc_context(_STYLE):
-        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
-        ax = fig.add_subplot()
-        ax.set_title(f"Injected junk: {junk}")
-        runs = list(dict.fromkeys(points["run"]))
-        styles = {c: s for c, s in zip(("median", "q25"), ("-", "--"))}
-        drawn = False
-        for i, run in enumerate(runs):
-            color = f"C{i % 10}"
-            for cutoff in dict.fromkeys(points[points["run"] == run]["cutoff"]):
-                rows = points[(points["run"] == run) & (points["cutoff"] == cutoff)].sort_values("dose")
-                rows = rows[rows["value"] > 0]
-                if rows.empty:
-                    continue
-                label = f"{run}: {cutoff}" if len(runs) > 1 else f"cutoff {cutoff}"
-                style = dict(marker="o", markersize=3.5, linewidth=1.4, color=color, linestyle=styles.get(cutoff, ":"),
-                             label=label)
-                if "se" in rows.columns and rows["se"].notna().any():
-                    ax.errorbar(rows["dose"], rows["value"], yerr=rows["se"].fillna(0.0).to_numpy(), capsize=2.5,
-                                elinewidth=0.9, **style)
-                else:
-                    ax.plot(rows["dose"], rows["value"], **style)
-                drawn = True
-        if drawn:
-            ax.set_yscale("log")
-            ax.legend(loc="upper left")
-        else:
-            ax.text(0.5, 0.5, "no positive loss increase to draw", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel("dose eps (junk norm / the head's median read norm)")
-        ax.set_ylabel("loss increase (nats / token)")
-        ax.grid(True, which="both", linewidth=0.4, alpha=0.4)
-    return fig
-
-
-def metric_vs_length(points: pd.DataFrame, metric: str, *, predicted: pd.DataFrame | None = None,
-                     floor: Mapping[int, float] | None = None) -> Figure:
-    """A metric's per-layer value against context length, one line per layer (``--seq-len A,B,C``).
-
-    Args:
-        points: rows ``layer, seq_len, value`` (the per-layer aggregates at each length).
-        metric: the metric drawn (axis label).
-        predicted: optional rows ``layer, seq_len, value`` drawn dashed in the layer's colour
-            (the fixed-gap leak model's prediction, fitted at the shortest length).
-        floor: optional ``seq_len -> value`` drawn as a grey dotted line (p0's uniform floor).
-
-    Returns:
-        The figure; x is the length on a log2 axis, colours run through the layers (viridis).
-    """
-    from matplotlib import cm, colors, ticker
-
-    with matplotlib.rc_context(_STYLE):
-        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
-        ax = fig.add_subplot()
-        layers = sorted(int(v) for v in points["layer"].unique())
-        cmap = matplotlib.colormaps["viridis"]
-        for k, layer in enumerate(layers):
-            color = cmap(k / max(len(layers) - 1, 1))
-            rows = points[points["layer"] == layer].sort_values("seq_len")
-            ax.plot(rows["seq_len"], rows["value"], marker="o", markersize=3, linewidth=1.2, color=color,
-                    label=f"layer {layer}" if len(layers) <= 12 else None)
-            if predicted is not None:
-                pred = predicted[predicted["layer"] == layer].sort_values("seq_len")
-                if len(pred):
-                    ax.plot(pred["seq_len"], pred["value"], linestyle="--", linewidth=0.9, color=color, alpha=0.8)
-        if floor:
-            xs = sorted(floor)
-            ax.plot(xs, [floor[x] for x in xs], linestyle=":", color="0.4", linewidth=1.0, label="uniform attention")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted(int(v) for v in points["seq_len"].unique()))
-        ax.get_xaxis().set_major_formatter(ticker.ScalarFormatter())
-        ax.set_xlabel("context length (tokens per window)")
-        ax.set_ylabel(metric)
-        title = f"{metric} against length, per layer"
-        if predicted is not None:
-            title += " (dashed: fixed-gap fit)"
-        ax.set_title(title, fontsize=9)
-        ax.grid(True, linewidth=0.4, alpha=0.4)
-        if len(layers) > 12:
-            norm = colors.Normalize(vmin=layers[0], vmax=layers[-1])
-            fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize=7)
-    return fig
-
-
-#: the label of the model-level line of :func:`metric_vs_step` (drawn black, on top of the layers').
-MODEL_LINE = "mean over layers"
-
-
-def metric_vs_step(lines: Mapping[str, pd.DataFrame], metric: str, *, floor: float | None = None,
-                   x_labels: Mapping[int, str] | None = None, title: str | None = None) -> Figure:
-    """A metric against the training step, one line per series (sink formation, issue 29).
-
-    Args:
-        lines: ``label -> rows with columns step, value``, drawn in order: labels ``layer k`` get
-            viridis colours through the layers, :data:`MODEL_LINE` is drawn black and thicker, any
-            other label (a checkpoint, a variant) the default colour cycle.
-        metric: the metric drawn (axis label).
-        floor: a value drawn as a grey dotted line (p0's uniform floor at the windows' length).
-        x_labels: ``x -> text`` tick labels, for a series whose x is the revisions' position
-            because their names give no step (then x is 0, 1, 2, ...).
-        title: the title (default ``<metric> against the training step``).
-
-    Returns:
-        The figure; x is the step (or the position), linear.
-    """
-    from matplotlib import cm, colors
-
-    with matplotlib.rc_context(_STYLE):
-        fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
-        ax = fig.add_subplot()
-        layers = [label for label in lines if re.fullmatch(r"layer \d+", label)]
-        cmap = matplotlib.colormaps["viridis"]
-        others = 0
-        for label, rows in lines.items():
-            rows = rows.sort_values("step")
-            style: dict = {"marker": "o", "markersize": 2.5, "linewidth": 1.1}
-            if label in layers:
-                k = layers.index(label)
-                style["color"] = cmap(k / max(len(layers) - 1, 1))
-                style["label"] = label if len(layers) <= 12 else None
-            elif label == MODEL_LINE:
-                style.update(color="black", linewidth=1.8, label=label, zorder=3)
-            else:
-                style.update(color=f"C{others % 10}", label=label)
-                others += 1
-            ax.plot(rows["step"].to_numpy(dtype=float), rows["value"].to_numpy(dtype=float), **style)
-        if floor is not None and np.isfinite(floor):
-            ax.axhline(floor, linestyle=":", color="0.4", linewidth=1.0, label=f"uniform attention ({floor:.3g})")
-        if x_labels:
-            ax.set_xticks(sorted(x_labels), [x_labels[x] for x in sorted(x_labels)], rotation=30, ha="right")
-            ax.set_xlabel("revision")
-        else:
-            ax.set_xlabel("training step")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(metric_axis_label(metric))
-        ax.set_title(title or f"{metric} against the training step", fontsize=9)
-        ax.grid(True, linewidth=0.4, alpha=0.4)
-        if len(layers) > 12:
-            numbers = [int(label.split()[1]) for label in layers]
-            norm = colors.Normalize(vmin=min(numbers), vmax=max(numbers))
-            fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc="best", fontsize=7)
-    return fig

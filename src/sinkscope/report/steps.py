@@ -13,8 +13,12 @@ Two sources of the same curves:
   of p0 mass, phantom mass and value-norm ratio are drawn per layer for one checkpoint, and the
   model values of several checkpoints (a sweep's variants) overlaid, one line per checkpoint.
 
+The "Training" section of a trainer checkpoint (:func:`training_section`) puts its ``log.csv``
+loss curves (and head-imbalance curves), a table of its losses and the monitor's formation
+curves together.
+
 p0 mass carries the uniform floor of its windows' length as a dotted line
-(``build.uniform_p0``: what p0 would be if every query spread its attention evenly): a sink forms
+(``runs.uniform_p0``: what p0 would be if every query spread its attention evenly): a sink forms
 where the curve leaves it.
 """
 
@@ -24,7 +28,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from sinkscope.results import NOT_CONDITIONS
+from sinkscope.report import curves as plots
+from sinkscope.report import figures
+from sinkscope.report.page import COLLAPSE_ROWS, _keeper, _metric_docs, fmt
+from sinkscope.report.runs import TrainingLog, _seq_len, uniform_p0
+from sinkscope.results import NOT_CONDITIONS, MetricInfo
 
 #: the monitor's table and manifest in a checkpoint folder (``monitor.py``'s TABLE and MANIFEST).
 MONITOR_TABLE, MONITOR_MANIFEST = "monitor.csv", "monitor.json"
@@ -51,8 +59,6 @@ def curves(table: pd.DataFrame, metric: str, x: pd.Series | None = None) -> dict
 
     ``x`` maps each row's step to the position drawn (a series without steps); default the step.
     """
-    from sinkscope.report.figures import MODEL_LINE
-
     rows = plain_rows(table, metric)
     step = rows["step"] if x is None else x.loc[rows.index]
     frame = pd.DataFrame({"layer": rows["layer"], "step": pd.to_numeric(step), "value": rows["value"].astype(float)})
@@ -60,14 +66,12 @@ def curves(table: pd.DataFrame, metric: str, x: pd.Series | None = None) -> dict
            for layer, part in frame.dropna(subset=["layer"]).groupby("layer", sort=True)}
     model = frame[frame["layer"].isna()]
     if len(model):
-        out[MODEL_LINE] = model[["step", "value"]].reset_index(drop=True)
+        out[plots.MODEL_LINE] = model[["step", "value"]].reset_index(drop=True)
     return out
 
 
 def _steps_table(lines: dict[str, pd.DataFrame], names: dict[float, str] | None) -> dict:
     """The figure's numbers as the page's table: one row per step, one column per line."""
-    from sinkscope.report.build import COLLAPSE_ROWS, fmt
-
     steps = sorted(set().union(*[set(rows["step"]) for rows in lines.values()])) if lines else []
     by_line = {label: dict(zip(rows["step"], rows["value"])) for label, rows in lines.items()}
     first = "revision" if names else "step"
@@ -112,16 +116,19 @@ STEPS_NOTE = ("Every checkpoint is measured on the same token windows (the first
               "carries the uniform floor (dotted).")
 
 
-def series_section(runs: list, metrics: list[str], fig_dir: Path, keep) -> dict | None:
-    """The page's "against the step" section of a series: one figure and one table per metric."""
-    from sinkscope.report import figures
-    from sinkscope.report.build import MetricInfo, _metric_docs, _seq_len, uniform_p0
+def series_section(runs: list, metrics: list[str], fig_dir: Path, keep,
+                   labels: figures.MetricLabels | None = None) -> dict | None:
+    """The page's "against the step" section of a series: one figure and one table per metric.
 
+    ``labels``: the page's metric labels (default: from the runs' documentation).
+    """
     placed = series_positions(runs)
     if placed is None:
         return None
     xs, names = placed
     docs = _metric_docs(runs)
+    if labels is None:
+        labels = figures.MetricLabels.from_docs(docs)
     entries = []
     for metric in metrics:
         frames = []
@@ -134,8 +141,8 @@ def series_section(runs: list, metrics: list[str], fig_dir: Path, keep) -> dict 
             continue
         seq_len = _seq_len(runs[0])
         floor = uniform_p0(seq_len) if metric == "p0_mass" and seq_len else None
-        fig = figures.metric_vs_step(lines, metric, floor=floor, x_labels=names,
-                                     title=f"{metric} against the {'revision' if names else 'training step'}")
+        fig = plots.metric_vs_step(lines, metric, floor=floor, x_labels=names, labels=labels,
+                                   title=f"{metric} against the {'revision' if names else 'training step'}")
         info = docs.get(metric, MetricInfo(metric, "", "", ""))
         entries.append({"metric": f"{metric}_vs_step",
                         "info": MetricInfo(f"{info.label or metric} against the step", info.unit, info.formula,
@@ -183,11 +190,12 @@ FORMATION_NOTE = ("The trainer's monitor (--monitor-every) measured these on the
                   "phantom key has no phantom-mass curve (it is 0 by construction).")
 
 
-def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep) -> list[dict]:
-    """The training section's formation figures: per layer for one checkpoint, overlaid for several."""
-    from sinkscope.report import figures
-    from sinkscope.report.build import uniform_p0
+def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep,
+                      labels: figures.MetricLabels | None = None) -> list[dict]:
+    """The training section's formation figures: per layer for one checkpoint, overlaid for several.
 
+    ``labels``: metric labels for the y axes (default: the metrics' names).
+    """
     drawn = []
     present = [m for m in FORMATION_METRICS if any((t["metric"] == m).any() for t, _ in monitors.values())]
     present += sorted({str(m) for t, _ in monitors.values() for m in t["metric"].unique()} - set(present))
@@ -202,15 +210,38 @@ def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep
             (label, (table, _)), = monitors.items()
             lines = curves(table, metric)
             if lines:
-                fig = figures.metric_vs_step(lines, metric, floor=floor, title=f"{metric} through training ({label})")
+                fig = plots.metric_vs_step(lines, metric, floor=floor, labels=labels,
+                                           title=f"{metric} through training ({label})")
                 drawn.append(keep(fig, f"formation_{stem}", f"{metric} against the step, per layer (monitor.csv)"))
             continue
-        from sinkscope.report.figures import MODEL_LINE
-
-        lines = {label: curves(table, metric).get(MODEL_LINE) for label, (table, _) in monitors.items()}
+        lines = {label: curves(table, metric).get(plots.MODEL_LINE) for label, (table, _) in monitors.items()}
         lines = {label: rows for label, rows in lines.items() if rows is not None}
         if lines:
-            fig = figures.metric_vs_step(lines, metric, floor=floor, title=f"{metric} through training")
+            fig = plots.metric_vs_step(lines, metric, floor=floor, labels=labels, title=f"{metric} through training")
             drawn.append(keep(fig, f"formation_{stem}",
                               f"{metric} against the step, model value, one line per checkpoint (monitor.csv)"))
     return drawn
+
+
+# ---- a trainer checkpoint's log: the "Training" section -------------------------------------------------
+
+
+def training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
+    """Loss (and head-imbalance) curves of every checkpoint, a table of their losses, their formation curves."""
+    keep = _keeper(fig_dir)
+    drawn = [keep(plots.loss_curves({t.label: t.log for t in logs}), "training_loss", "loss curves")]
+    with_cv = {t.label: t.log for t in logs if "load_imbalance" in t.log and t.log["load_imbalance"].notna().any()}
+    if with_cv:  # logs written before the trainer logged it have no such column
+        drawn.append(keep(plots.imbalance_curves(with_cv), "training_imbalance",
+                          "head load imbalance (CV of head importance) at each evaluation"))
+    rows = []
+    for t in logs:
+        val = t.log.dropna(subset=["val_loss"]).sort_values("step")
+        rows.append([t.label, str(t.config.get("variant", "—")), str(t.config.get("tier", "—")),
+                     str(t.config.get("seed", "—")), str(int(t.log["step"].max())),
+                     fmt(val["val_loss"].iloc[0]) if len(val) else "—", fmt(val["val_loss"].iloc[-1]) if len(val) else "—"])
+    monitors = {t.label: m for t in logs if (m := read_monitor(t.path)) is not None}
+    formation = formation_figures(monitors, keep) if monitors else []
+    return {"figures": drawn, "formation": formation, "formation_note": FORMATION_NOTE,
+            "table": {"columns": ["checkpoint", "variant", "tier", "seed", "steps", "first val loss", "last val loss"],
+                      "rows": rows}}

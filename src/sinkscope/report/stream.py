@@ -14,7 +14,6 @@ documents (their first max(cache) tokens, read densely) beside it.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import matplotlib
 import pandas as pd
@@ -22,6 +21,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
 
 from sinkscope.report import figures
+from sinkscope.report.page import Page
+from sinkscope.report.runs import RunData
 
 NOTE = ("Each document is read once per condition through a key-value cache cut back to its budget after every chunk "
         "(SPEC.md \"Streaming\"). full is the dense reading; window keeps only the most recent keys; sinks keeps the "
@@ -33,13 +34,36 @@ NOTE = ("Each document is read once per condition through a key-value cache cut 
 POLICY_ORDER = {"full": 0, "window": 1, "sinks": 2, "h2o": 3}
 
 
-def handles(probe: str) -> bool:
-    return probe == "stream"
+STREAM = "stream"
+
+
+# ---- the section protocol (page.py) ------------------------------------------------------------------
+
+
+def handles(probe: str, metric: str, runs: list[RunData]) -> bool:
+    """Every metric of the stream probe: one entry for all of them (under ``stream_ppl``)."""
+    return probe == STREAM
+
+
+def entry(page: Page, metric: str) -> dict | None:
+    """``stream_ppl``: the figures per run and convention, one table of every condition; the others: None."""
+    return _entry(page) if metric == "stream_ppl" else None
+
+
+def note(probe: str, metrics: list[str]) -> str | None:
+    return NOTE if probe == STREAM else None
+
+
+def tables(page: Page, probe: str) -> list[dict]:
+    return []
+
+
+# ---- rows and figures --------------------------------------------------------------------------------
 
 
 def points(table: pd.DataFrame, metric: str = "stream_nll") -> pd.DataFrame:
     """A run's stream rows of ``metric``: policy, cache, sink_tokens, positions, position_bucket, value, se, n, label."""
-    rows = table[(table["probe"] == "stream") & (table["metric"] == metric)].copy()
+    rows = table[(table["probe"] == STREAM) & (table["metric"] == metric)].copy()
     if rows.empty:
         return rows
     rows["sink_tokens"] = rows["sink_tokens"].fillna(0).astype(int)
@@ -144,11 +168,9 @@ def _model_row(table: pd.DataFrame, metric: str) -> float | None:
     return float(rows["value"].iloc[0]) if len(rows) else None
 
 
-def section(runs: list, docs: dict, fig_dir: Path, summary: list, embed) -> dict:
-    """The stream section: figures per run and convention, one table of every condition (``embed``: PNG -> data URI)."""
-    from sinkscope.results import MetricInfo
-
-    info = docs.get("stream_ppl", MetricInfo("stream_ppl", "", "", ""))
+def _entry(page: Page) -> dict:
+    """The stream entry: figures per run and convention, one table of every condition; the summary row."""
+    runs, info = page.runs, page.info("stream_ppl")
     figs = []
     per_run = {}
     for k, run in enumerate(runs):
@@ -164,9 +186,7 @@ def section(runs: list, docs: dict, fig_dir: Path, summary: list, embed) -> dict
                                      ("stream_ppl_cache", ppl_by_cache, "perplexity against cache size")):
                 source = mine if draw is log_ppl_by_position else ppl[(ppl["positions"] == where) | (ppl["policy"] == "full")]
                 fig = draw(source, f"{name}{what} ({where} positions)")
-                png, svg = figures.save_figure(fig, fig_dir / f"{stem}_{where}{suffix}")
-                figs.append({"title": f"{name}{what}, {where} positions", "src": embed(png),
-                             "files": [png.name, svg.name], "kind": "line"})
+                figs.append(page.keep(fig, f"{stem}_{where}{suffix}", f"{name}{what}, {where} positions"))
     conditions = []
     for ppl in per_run.values():
         overall = ppl[ppl["position_bucket"].isna()]
@@ -190,13 +210,12 @@ def section(runs: list, docs: dict, fig_dir: Path, summary: list, embed) -> dict
         values = [_model_row(run.table, metric) for run in runs]
         if any(v is not None for v in values):
             rows.append([f"{what} (first max(cache) tokens, dense)", "", "", *[figures_fmt(v) for v in values]])
-    summary.append({"metric": "stream_ppl", "label": "perplexity, full (dense) reading", "direction": info.direction,
-                    "values": [figures_fmt(_full_ppl(per_run[r.label])) for r in runs]})
-    entries = [{"metric": "stream_ppl", "info": info, "note": None, "figures": figs,
-                "table": {"columns": columns, "rows": rows, "collapsed": False,
-                          "caption": "Perplexity over every predicted token of every document (± standard error over "
-                                     "documents where there are several)"}}]
-    return {"probe": "stream", "entries": entries, "note": NOTE, "tables": []}
+    page.add_summary("stream_ppl", "perplexity, full (dense) reading", info.direction,
+                     [figures_fmt(_full_ppl(per_run[r.label])) for r in runs])
+    return {"metric": "stream_ppl", "info": info, "note": None, "figures": figs,
+            "table": {"columns": columns, "rows": rows, "collapsed": False,
+                      "caption": "Perplexity over every predicted token of every document (± standard error over "
+                                 "documents where there are several)"}}
 
 
 def _full_ppl(ppl: pd.DataFrame):

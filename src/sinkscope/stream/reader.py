@@ -2,10 +2,10 @@
 
 Streaming (:func:`read_stream`): the document's tokens are read ``chunk`` at a time through
 transformers' ``DynamicCache``. Each query of a chunk sees exactly the keys token-by-token reading
-would show it (``policies.visible``: the keys an N-key cache holds when its token arrives, and
+would show it (``cache.visible``: the keys an N-key cache holds when its token arrives, and
 itself), through a 4D mask handed to the model, which transformers passes through unchanged; so the
 chunk is a speed setting only (``h2o`` excepted: it evicts after each chunk, SPEC.md). After the
-chunk, every layer's cache is cut back to the policy's budget (``policies.keep_slots``). Memory is
+chunk, every layer's cache is cut back to the policy's budget (``cache.keep_slots``). Memory is
 bounded by the cache and the chunk, never by the text.
 
 Layers with a sliding window W shorter than the document keep the model's own rule, their last
@@ -21,7 +21,7 @@ Every condition's forward passes run under sinkscope's fused attention (``captur
 attention records it makes (each key's attention summed over the chunk's queries).
 
 Mask-based (:func:`read_masked`): one dense forward pass whose mask shows each query exactly the
-keys the streaming cache would show it (``policies.visible``), with original positions. It is
+keys the streaming cache would show it (``cache.visible``), with original positions. It is
 the reference the streaming mode must equal (tests: at chunk 1 and at larger chunks), for the
 static policies only (full, window, sinks).
 
@@ -42,7 +42,7 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import layer_windows
 from sinkscope.errors import SinkscopeError
 from sinkscope.stream import heap, rotary
-from sinkscope.stream.policies import Policy, keep_slots, last_slots, visible
+from sinkscope.cache import Policy, keep_slots, last_slots, visible
 
 
 @dataclass
@@ -147,7 +147,7 @@ def _chunk_masks(layout: Layout, slots: list[_Slots | None], t0: int, k: int, dt
     """The masks for a chunk of ``k`` queries at original positions t0..t0+k-1: a tensor, or a dict per layer type.
 
     Full layers: under a static policy each query sees exactly the keys token-by-token reading would show
-    it (``policies.visible``: the cached keys it may still see, the chunk's keys up to itself); under
+    it (``cache.visible``: the cached keys it may still see, the chunk's keys up to itself); under
     ``h2o`` every cached key and the chunk up to itself. ``copies`` sink keys per query (``--positions
     cache`` with ``sinks``, :func:`_sink_copies`) sit between the cached keys and the chunk's: query i sees
     its own ``copies`` only, and the cached sink slots they stand for are hidden.

@@ -27,7 +27,7 @@ from sinkscope.progress import progress_bar
 from sinkscope.capture.discover import input_device
 from sinkscope.runner import CHECK_TOLERANCE, is_native, run_probes
 from sinkscope.stream import rotary
-from sinkscope.stream.policies import Policy
+from sinkscope.cache import Policy
 from sinkscope.stream.reader import first_layer_keys, layout_of, plain_nll, read_masked, read_stream
 
 CHECK_TOKENS = 48

@@ -1,89 +1,33 @@
 """The bundled trainer's model: a GPT-2-style decoder with every attention variant of SPEC.md.
 
-One file, nanoGPT style. The decoder is the one of SPEC.md "Trainer variants" (seed 000,
-Appendix A): pre-norm LayerNorm without bias (``norm="rmsnorm"``: RMSNorm, seed 003's norm),
-GELU MLP of width 4C, no biases anywhere, learned absolute positions, token embedding tied to
-the LM head, no dropout, init N(0, 0.02) with N(0, 0.02/sqrt(2L)) for the output projections
-of attention and MLP.
-
-The attention variants (seed 000 Table 5 plus seed 001's output gate):
-
-    baseline      causal softmax attention
-    offbyone      a phantom key with logit fixed at 0 and value 0 ("softmax + 1")
-    sinklogit     a phantom key with a learned per-head logit b_h (init 0) and value 0
-    sinktoken     a learned vector prepended to every sequence; its output is dropped
-    normgate      value gate g_j = sigmoid(beta (||v_j||/sqrt(D) - tau_h)); the read is g_j v_j
-    projgate      value gate g_j = sigmoid(w_h . v_j + c_h); the read is g_j v_j
-    sink+norm     learned phantom and norm gate
-    sink+proj     learned phantom and projection gate
-    routing-norm  the norm gate in the routing slot: logits s_ij + log g_j, rows still sum to 1
-    outgate       seed 001's G1 gate: sigmoid(x W_g) multiplies each head's output before W_O,
-                  elementwise (H*D gates per token) or headwise (H gates per token)
-
-(The projection gate's bias is written c_h here so it is not confused with the sink logit b_h.)
-
-Variant flags that cannot compose are refused when a :class:`Variant` is built: the routing
-slot needs a value gate, and a routing-slot gate (rows sum to 1 over real keys) does not
-combine with a phantom (rows sum to 1 - phi_i); no seed trains that pair.
-
-Seed 002 (gpt-oss) in the trainer (SPEC.md "Training data (resolved)"):
-
-    layer_pattern  comma-separated per-layer kinds, repeated over the layers: ``"full"`` (every
-                   layer full causal attention, the default) or e.g. ``"sliding,full"`` (layer 0
-                   sliding, layer 1 full, layer 2 sliding, ... as gpt-oss). On a sliding layer
-                   query i sees key j iff 0 <= i - j < ``window``. The phantom stays visible to
-                   every query (it is not a position), and so does ``sinktoken``'s learned token
-                   (an abstention slot, like StreamingLLM's kept first tokens): the window counts
-                   real keys only. Composes with every variant.
-    sink clamp     the learned sink logit enters the forward pass as clamp(b_h, -10, 15)
-                   (``SINK_LOGIT_RANGE``), the parameter itself is never changed, so its gradient
-                   is zero while it lies outside the range.
+One file, nanoGPT style. SPEC.md "Trainer variants" defines the decoder and its init, the
+variants (``VARIANTS``; seed 000 Table 5 and seed 001's output gate) with their formulas, and the
+training-objective options of ``GPT.forward`` (``tnlm``, ``force_sink_k``, ``lb_lambda``); its
+"Training data (resolved)" adds seed 002's sliding layers (``layer_pattern``, ``window``; the
+phantom and ``sinktoken``'s token stay visible to every query) and the sink clamp
+(``SINK_LOGIT_RANGE``). Here the projection gate's bias is c_h, not to be confused with the sink
+logit b_h.
 
 Every variant runs on two paths that compute the same function (tests hold them to 1e-5):
+``explicit``, materialised logits and weights in float32 (the reference), and ``fused``,
+``F.scaled_dot_product_attention`` with the phantom as SPEC.md's extra key column (value 0) and
+extra q/k coordinate (q: sqrt(D), phantom key: b_h, real keys: 0; scale 1/sqrt(D)), q, k and v
+zero-padded to one width, a multiple of 8. A full layer with a phantom uses seed 000's dummy query
+row: one extra row before the real queries and the *causal* kernel on T+1 rows and S+1 keys, so
+real query i (row i + 1) sees the phantom and keys 0..i with no explicit mask (flash kernels
+apply); a sliding layer passes its boolean mask. routing-norm puts log g_j in the extra key
+coordinate. A probe run that observes ``blocks.{l}.attn`` takes the path it asks for (the fused
+record: :meth:`CausalSelfAttention.attend_recorded`, linear memory); the hook points
+(``capture/hooks.py``) leave through ``taps.py``.
 
-    fused     ``F.scaled_dot_product_attention``. The phantom rides along as an extra key
-              column with value 0 and one extra q/k coordinate: q gets the constant sqrt(D),
-              the phantom key gets b_h there and real keys 0, so with the scale set to
-              1/sqrt(D) the phantom logit is b_h and every other logit is unchanged (seed 000
-              appendix). q, k and v are zero-padded to one width, a multiple of 8. On a full
-              layer the phantom is kept visible by seed 000's dummy query row: one extra query
-              row is put before the real ones and the *causal* kernel runs on T+1 rows and S+1
-              keys, so row 0 (dropped) sees the phantom only and real query i, now row i + 1,
-              sees the phantom and real keys 0..i: exactly the phantom mask, with no explicit
-              mask, so flash kernels apply. A sliding layer passes its boolean mask (phantom
-              column visible). routing-norm folds log g_j into the extra key coordinate the
-              same way.
-    explicit  materialised logits and weights, in float32: the reference path.
-
-A probe run that observes the attention record (``blocks.{l}.attn``) takes the path it asks
-for: ``explicit`` hands over the weights; ``fused`` runs ``capture.kernels.attention_with_lse``
-in float32 on the real keys only (the phantom's share 1 - phi_i = 1 - sigmoid(b_h - LSE_i)
-is applied to the output afterwards, as for gpt-oss) and hands over the log-sum-exp, so memory
-stays linear in the sequence length. When a probe asks for the value gate's row moments
-(``record_columns``), the gate's centred values x_j and x_j^2 ride along as two extra value
-columns of that same kernel call (DESIGN.md "Probes: streaming reductions"). Both record paths
-give the same output and the same probe numbers (tests: 1e-5).
-
-Training-objective options of ``GPT.forward`` (SPEC.md; seeds 003 and 004): ``tnlm`` drops the
-cross-entropy term at position 0, ``config.force_sink_k`` partitions the residual channels
-between position 0 and the rest (the mask is applied after the embedding, after every residual
-add and after every norm, so LayerNorm's centring cannot leak into the reserved channels),
-``lb_lambda`` adds the sink-aware load-balancing loss.
-
-Where a block's activations live (the names DESIGN.md's hook points will take):
-``Block.forward`` holds resid_pre (its input x), ln1's output (``normed``), resid_mid,
-ln2's output and resid_post as named locals; ``CausalSelfAttention.forward`` the per-head output
-z before ``c_proj``; ``MLP.forward`` the ``c_fc`` output (``pre``).
-
-Shape letters as in ``capture/record.py``: B batch, H heads, T queries, S keys (S == T),
-D head dim, C width (channels), L layers, V vocabulary.
+Shape letters as in ``capture/record.py``: B batch, H heads, T queries, S keys (S == T), D head
+dim, C width (channels), L layers, V vocabulary.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -93,6 +37,7 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec
 from sinkscope import gates
 from sinkscope.capture.record import QUIET_CUTOFFS, AttentionRecord
+from sinkscope.train import taps
 
 #: ``ModelSpec.family`` of the trainer's model (it has no transformers ``model_type``).
 MODEL_TYPE = "sinkscope-gpt"
@@ -247,60 +192,6 @@ class GPTConfig:
         """The sliding window of ``layer`` (``layer_pattern`` repeated over the layers), None if full."""
         kinds = [k.strip() for k in self.layer_pattern.split(",")]
         return self.window if kinds[layer % len(kinds)] == "sliding" else None
-
-
-class Tap(Protocol):
-    """What receives the model's records (the runner's probe dispatcher)."""
-
-    def on_attention(self, record: AttentionRecord) -> None: ...
-
-    def on_residual(self, layer: int, hidden: Tensor) -> None: ...
-
-
-class HookSink(Protocol):
-    """What receives the model's named hook points (``capture/hooks.py``; the runner's dispatcher)."""
-
-    observed: frozenset[str]
-    intervened: frozenset[str]
-
-    def emit(self, template: str, layer: int | None, value) -> None: ...
-
-    def replace(self, template: str, layer: int, value: Tensor) -> Tensor: ...
-
-
-class TapHooks:
-    """A :class:`Tap` (``on_attention``/``on_residual``) seen as a hook sink of records and resid_post."""
-
-    observed = frozenset({hp.ATTN, hp.RESID_POST})
-    intervened = frozenset()
-
-    def __init__(self, tap: Tap):
-        self.tap = tap
-
-    def emit(self, template: str, layer: int | None, value) -> None:
-        if template == hp.ATTN:
-            self.tap.on_attention(value)
-        else:
-            self.tap.on_residual(layer, value)
-
-    def replace(self, template: str, layer: int, value: Tensor) -> Tensor:
-        return value
-
-
-def _emit(hooks: HookSink | None, template: str, layer: int | None, value: Tensor) -> None:
-    """Hand ``value`` (detached) to ``hooks`` if it observes ``template``."""
-    if hooks is not None and template in hooks.observed:
-        hooks.emit(template, layer, value.detach())
-
-
-def _replace(hooks: HookSink | None, template: str, layer: int, value: Tensor) -> Tensor:
-    """The value ``hooks`` puts in place of ``value`` at an intervenable point (``value`` itself if none)."""
-    if hooks is not None and template in hooks.intervened:
-        replaced = hooks.replace(template, layer, value)
-        if tuple(replaced.shape) != tuple(value.shape):
-            raise ValueError(f"a {template} replacement must keep the shape {tuple(value.shape)}")
-        return replaced.to(value.dtype)
-    return value
 
 
 # ---- helpers --------------------------------------------------------------------------------
@@ -566,7 +457,7 @@ class CausalSelfAttention(nn.Module):
     # -- forward -----------------------------------------------------------------------------------
 
     def forward(
-        self, x: Tensor, *, layer: int, explicit: bool, hooks: HookSink | None, want_importance: bool
+        self, x: Tensor, *, layer: int, explicit: bool, hooks: hp.HookSink | None, want_importance: bool
     ) -> tuple[Tensor, Tensor | None]:
         """Attention of the (pre-normed) stream ``x`` (B, T, C).
 
@@ -585,8 +476,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)  # (B, T, C) each
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, S, D)
-        v = _replace(hooks, hp.ATTN_V, layer, v.view(B, T, H, D))  # (B, S, H, D), before any gate
-        _emit(hooks, hp.ATTN_V, layer, v)
+        v = taps.replace(hooks, hp.ATTN_V, layer, v.view(B, T, H, D))  # (B, S, H, D), before any gate
+        taps.emit(hooks, hp.ATTN_V, layer, v)
         v = v.transpose(1, 2)  # (B, H, S, D)
         z = self.gate_logit(v)  # (B, H, S) float32, or None
         gate_out = self.output_gate(x)  # (B, H, T, D|1) float32, or None
@@ -637,10 +528,10 @@ class CausalSelfAttention(nn.Module):
                 ),
             )
 
-        y = _replace(hooks, hp.ATTN_Z, layer, y.transpose(1, 2))  # (B, T, H, D): z, what W_O reads
-        _emit(hooks, hp.ATTN_Z, layer, y)
+        y = taps.replace(hooks, hp.ATTN_Z, layer, y.transpose(1, 2))  # (B, T, H, D): z, what W_O reads
+        taps.emit(hooks, hp.ATTN_Z, layer, y)
         if hooks is not None and hp.ATTN_RESULT in hooks.observed:  # z_h W_O[h]; W_O is (C, H*D)
-            _emit(hooks, hp.ATTN_RESULT, layer, torch.einsum("bthd,chd->bthc", y, self.c_proj.weight.view(C, H, D)))
+            taps.emit(hooks, hp.ATTN_RESULT, layer, torch.einsum("bthd,chd->bthc", y, self.c_proj.weight.view(C, H, D)))
         out = self.c_proj(y.reshape(B, T, C))  # (B, T, C): heads side by side, projected
         if not want_importance:
             return out, None
@@ -654,9 +545,9 @@ class MLP(nn.Module):
         self.gelu = nn.GELU()
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
 
-    def forward(self, x: Tensor, *, layer: int = 0, hooks: HookSink | None = None) -> Tensor:
+    def forward(self, x: Tensor, *, layer: int = 0, hooks: hp.HookSink | None = None) -> Tensor:
         pre = self.c_fc(x)  # (B, T, 4C): the activation's input
-        _emit(hooks, hp.MLP_PRE, layer, pre)
+        taps.emit(hooks, hp.MLP_PRE, layer, pre)
         return self.c_proj(self.gelu(pre))  # (B, T, C)
 
 
@@ -671,7 +562,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, *, layer: int, explicit: bool, hooks: HookSink | None, want_importance: bool,
+        self, x: Tensor, *, layer: int, explicit: bool, hooks: hp.HookSink | None, want_importance: bool,
         keep: Tensor | None,
     ) -> tuple[Tensor, Tensor | None]:
         """One block; emits the residual-stream hook points (``capture/hooks.py``) ``hooks`` asks for.
@@ -680,19 +571,19 @@ class Block(nn.Module):
         every add, so the partition holds exactly under LayerNorm's centring too. ``hook_attn_out``
         is the attention output before that mask; ``hook_resid_mid`` the stream the MLP reads.
         """
-        _emit(hooks, hp.RESID_PRE, layer, x)
+        taps.emit(hooks, hp.RESID_PRE, layer, x)
         normed = _masked(self.ln_1(x), keep)  # (B, T, C): ln1's output, the attention's input
-        _emit(hooks, hp.LN1_NORMALIZED, layer, normed)
+        taps.emit(hooks, hp.LN1_NORMALIZED, layer, normed)
         a, importance = self.attn(
             normed, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance
         )  # (B, T, C), (H,) | None
-        _emit(hooks, hp.ATTN_OUT, layer, a)
+        taps.emit(hooks, hp.ATTN_OUT, layer, a)
         x = _masked(x + a, keep)  # (B, T, C): resid_mid
-        _emit(hooks, hp.RESID_MID, layer, x)
+        taps.emit(hooks, hp.RESID_MID, layer, x)
         normed = _masked(self.ln_2(x), keep)  # (B, T, C): ln2's output, the MLP's input
         x = _masked(x + self.mlp(normed, layer=layer, hooks=hooks), keep)  # (B, T, C): resid_post
-        x = _replace(hooks, hp.RESID_POST, layer, x)  # (B, T, C): what the next block reads
-        _emit(hooks, hp.RESID_POST, layer, x)
+        x = taps.replace(hooks, hp.RESID_POST, layer, x)  # (B, T, C): what the next block reads
+        taps.emit(hooks, hp.RESID_POST, layer, x)
         return x, importance
 
 
@@ -830,8 +721,8 @@ class GPT(nn.Module):
         targets: Tensor | None = None,
         *,
         attention: str = "fused",
-        hooks: HookSink | None = None,
-        tap: Tap | None = None,
+        hooks: hp.HookSink | None = None,
+        tap: taps.Tap | None = None,
         tnlm: bool = False,
         lb_lambda: float = 0.0,
         importance: bool = False,
@@ -867,7 +758,7 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of length {T} is longer than block_size {self.config.block_size}")
         if tap is not None:
-            hooks = TapHooks(tap)
+            hooks = taps.TapHooks(tap)
         explicit = attention == "explicit" or tap is not None  # the older tap always saw the weights
         want_importance = (lb_lambda > 0 and targets is not None) or importance
 

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from sinkscope.corpus import Windows
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, suggest
 from sinkscope.train import data as tdata
 
 #: ``--task`` names.
@@ -311,6 +311,39 @@ class TriggerBatches(tdata.SeededOrder):
 # ---- building a task from options --------------------------------------------------------------------
 
 
+def parse_fields(defaults, items: list[str] | None, flag: str, *, where: str = "") -> dict:
+    """``key=value`` strings (``flag``: ``--set``, ``--task-set``) as {field: value} for the dataclass ``defaults``.
+
+    A value is a Python literal (``ast.literal_eval``), else the raw text. It must have the type
+    of the field's value in ``defaults``: an int is taken for a float field, and a str field
+    takes the raw text. Unknown keys (``where`` names what they were given for) and values of
+    the wrong type raise a one-sentence :class:`SinkscopeError` that lists the valid keys.
+    """
+    names = [f.name for f in dataclasses.fields(defaults)]
+    valid = ", ".join(names)
+    out: dict = {}
+    for item in items or []:
+        key, sep, raw = str(item).partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or not key:
+            raise SinkscopeError(f"{flag} takes key=value, not {item!r}; valid keys: {valid}.")
+        if key not in names:
+            raise SinkscopeError(f"unknown {flag} key {key!r}{where}{suggest(key, names)}; valid keys: {valid}.")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        expected = type(getattr(defaults, key))
+        if expected is str and not isinstance(value, str):
+            value = raw
+        elif expected is float and type(value) is int:
+            value = float(value)
+        if type(value) is not expected:
+            raise SinkscopeError(f"{flag} {key} needs a {expected.__name__} value, not {raw!r}; valid keys: {valid}.")
+        out[key] = value
+    return out
+
+
 def parse_task_options(task: str, items: list[str] | None) -> dict:
     """``key=value`` strings (``--task-set``) checked against the task's options; one-sentence errors."""
     if task == "text":
@@ -318,31 +351,7 @@ def parse_task_options(task: str, items: list[str] | None) -> dict:
             raise SinkscopeError("--task-set is for synthetic tasks; the text task takes --text-file, --dataset, "
                                  "--tokenizer and --windows.")
         return {}
-    defaults = TriggerOptions()
-    names = [f.name for f in dataclasses.fields(TriggerOptions)]
-    valid = ", ".join(names)
-    out: dict = {}
-    for item in items or []:
-        key, sep, raw = str(item).partition("=")
-        key, raw = key.strip(), raw.strip()
-        if not sep or not key:
-            raise SinkscopeError(f"--task-set takes key=value, not {item!r}; valid keys: {valid}.")
-        if key not in names:
-            from sinkscope.train.loop import _did_you_mean
-
-            raise SinkscopeError(f"unknown --task-set key {key!r}{_did_you_mean(key, names)} for the {task} task; "
-                                 f"valid keys: {valid}.")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        expected = type(getattr(defaults, key))
-        if expected is float and type(value) is int:
-            value = float(value)
-        if type(value) is not expected:
-            raise SinkscopeError(f"--task-set {key} needs a {expected.__name__} value, not {raw!r}.")
-        out[key] = value
-    return out
+    return parse_fields(TriggerOptions(), items, "--task-set", where=f" for the {task} task")
 
 
 def make_task(task: str, block_size: int, *, corpus=None, tokenizer=None, windows: str | None = None,
@@ -352,9 +361,7 @@ def make_task(task: str, block_size: int, *, corpus=None, tokenizer=None, window
         return TextTask(corpus, tokenizer, block_size, windows=windows or "doc-start", val_tokens=val_tokens)
     if task == "trigger":
         return TriggerTask(TriggerOptions(**parse_task_options(task, task_options)), block_size)
-    from sinkscope.train.loop import _did_you_mean
-
-    raise SinkscopeError(f"unknown --task {task!r}{_did_you_mean(task, TASKS)}; tasks: {', '.join(TASKS)}.")
+    raise SinkscopeError(f"unknown --task {task!r}{suggest(task, TASKS)}; tasks: {', '.join(TASKS)}.")
 
 
 def checkpoint_windows(checkpoint_dir: str | os.PathLike, *, seq_len: int | None = None, n_seqs: int,

@@ -426,7 +426,7 @@ def test_shares_merge_and_checkpoints_restore_to_the_same_rows():
     """Two shares of the windows merged (torchrun), and a state_dict round trip (--resume), give the rows of
     one pass over all the windows: the custom accumulators (scatter sample, later position, BOS) included."""
     from sinkscope.commands.circuit import CIRCUIT, CircuitOptions
-    from sinkscope.pipeline import make_probes
+    from sinkscope.commands import make_probes
     from sinkscope.runner import run_probes
 
     model = build("llama")

@@ -732,11 +732,11 @@ def test_draws_appear_in_the_table_the_figures_and_the_report(tiny_llama_dir, te
 
 
 def test_the_dose_response_figure_draws_error_bars():
-    from sinkscope.report import figures
+    from sinkscope.report import curves
 
     points = pd.DataFrame({"run": ["a"] * 3, "cutoff": ["median"] * 3, "dose": [0.2, 0.4, 0.8],
                            "value": [0.1, 0.5, 2.0], "se": [0.01, 0.05, 0.2]})
-    fig = figures.dose_response(points, "gaussian")
+    fig = curves.dose_response(points, "gaussian")
     (ax,) = fig.axes
     bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
     assert len(bars) == 1

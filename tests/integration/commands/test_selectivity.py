@@ -23,7 +23,7 @@ from sinkscope.capture import ModelSpec
 from sinkscope.capture import hooks as hp
 from sinkscope.cli import app
 from sinkscope.commands.selectivity import SELECTIVITY, SelectivityOptions
-from sinkscope.pipeline import make_probes
+from sinkscope.commands import make_probes
 from sinkscope.probes import Probe, intervenes, register_probe
 from sinkscope.probes.token_share import TokenSums
 from sinkscope.results import MetricInfo, Row, rows_to_frame
@@ -652,7 +652,8 @@ def test_a_comparison_across_tiers_draws_one_line_per_variant():
     from pathlib import Path
 
     from sinkscope.report import figures
-    from sinkscope.report.build import RunData, _across_runs
+    from sinkscope.report.generic import _across_runs
+    from sinkscope.report.runs import RunData
 
     def run(variant, tier, value):
         rows = [Row("gate_selectivity", "gate_selectivity", 0, None, value - 0.01, 1),

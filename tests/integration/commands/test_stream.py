@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
 from sinkscope.stream import rotary
-from sinkscope.stream.policies import Policy, heavy_and_recent, keep_slots
+from sinkscope.cache import Policy, heavy_and_recent, keep_slots
 from sinkscope.stream.reader import (first_layer_keys, iter_chunks, layout_of, plain_nll, read_masked,
                                      read_stream)
 from tiny_models import build, random_ids

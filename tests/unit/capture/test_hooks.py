@@ -14,7 +14,8 @@ from collect import Collect
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.attention import head_results
-from sinkscope.capture.families import ModelSpec, find_submodule, get_submodule
+from sinkscope.capture.discover import find_submodule
+from sinkscope.capture.families import ModelSpec, get_submodule
 from sinkscope.errors import SinkscopeError
 from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 

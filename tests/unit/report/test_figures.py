@@ -14,7 +14,7 @@ from sinkscope.errors import SinkscopeError
 from sinkscope.probes import metric_info
 from sinkscope.report import figures
 
-figures.register_metric_docs(metric_info())  # a run's manifest hands these to the report
+LABELS = figures.MetricLabels.from_docs(metric_info())  # a run's manifest hands these to the report, per page
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 N_LAYERS, N_HEADS, N_KV_HEADS = 4, 6, 2
@@ -125,7 +125,7 @@ def test_heatmap_nan_cell_is_masked(tidy: pd.DataFrame) -> None:
 
 
 def test_heatmap_labels_orientation_and_colourbar(tidy: pd.DataFrame) -> None:
-    fig = figures.layer_head_heatmap(tidy, "p0_mass", title="custom", vmin=0, vmax=1, cmap="cividis")
+    fig = figures.layer_head_heatmap(tidy, "p0_mass", title="custom", vmin=0, vmax=1, cmap="cividis", labels=LABELS)
     ax, cax = fig.axes[0], fig.axes[1]
     assert ax.get_xlabel() == "head"
     assert ax.get_ylabel() == "layer"
@@ -137,10 +137,10 @@ def test_heatmap_labels_orientation_and_colourbar(tidy: pd.DataFrame) -> None:
     im = ax.images[0]
     assert im.get_clim() == (0, 1)
     assert im.get_cmap().name.startswith("cividis")
-    label, unit = figures.METRIC_LABELS["p0_mass"]
+    label, unit = LABELS.names["p0_mass"]
     # Short figure: the unit goes on a second line.
     assert cax.get_ylabel() == f"{label}\n({unit})"
-    assert figures.metric_axis_label("p0_mass") == f"{label} ({unit})"
+    assert figures.metric_axis_label("p0_mass", LABELS) == f"{label} ({unit})"
     # The NaN cell gets a legend entry.
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["no data (NaN)"]
 
@@ -150,8 +150,21 @@ def test_heatmap_without_nan_has_no_nan_legend(tidy: pd.DataFrame) -> None:
 
 
 def test_heatmap_kv_head_axis(tidy: pd.DataFrame) -> None:
-    ax = figures.layer_head_heatmap(tidy, "value_norm_ratio").axes[0]
-    assert "head" in ax.get_xlabel()
+    ax = figures.layer_head_heatmap(tidy, "value_norm_ratio", labels=LABELS).axes[0]
+    assert ax.get_xlabel() == "KV head"  # its documentation says "layer x KV head"
+    assert figures.layer_head_heatmap(tidy, "p0_mass", labels=LABELS).axes[0].get_xlabel() == "head"
+
+
+def test_labels_come_only_from_what_the_figure_is_handed(tidy: pd.DataFrame) -> None:
+    """No module-level registry: a figure drawn without labels names the metric, whatever was drawn before."""
+    assert not hasattr(figures, "METRIC_LABELS") and not hasattr(figures, "register_metric_docs")
+    figures.layer_head_heatmap(tidy, "value_norm_ratio", labels=LABELS)
+    plain = figures.layer_head_heatmap(tidy, "value_norm_ratio")
+    assert plain.axes[0].get_xlabel() == "head" and plain.axes[1].get_ylabel() == "value_norm_ratio"
+    assert figures.per_layer_line(tidy, "p0_mass").axes[0].get_ylabel() == "p0_mass"
+    own = figures.MetricLabels({"p0_mass": ("mine", "units")}, frozenset({"p0_mass"}))
+    assert figures.per_layer_line(tidy, "p0_mass", labels=own).axes[0].get_ylabel() == "mine (units)"
+    assert figures.layer_head_heatmap(tidy, "p0_mass", labels=own).axes[0].get_xlabel() == "KV head"
 
 
 def test_heatmap_unknown_metric_label_falls_back_to_name() -> None:
@@ -233,7 +246,7 @@ def _layer_aggregates(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def test_line_data_matches_layer_aggregates(tidy: pd.DataFrame) -> None:
-    fig = figures.per_layer_line(tidy, "p0_mass")
+    fig = figures.per_layer_line(tidy, "p0_mass", labels=LABELS)
     ax = fig.axes[0]
     expected = _layer_aggregates(tidy, "p0_mass")
     line = ax.lines[0]
@@ -341,9 +354,9 @@ def test_rcparams_not_modified(tidy: pd.DataFrame, tmp_path: Path) -> None:
 
 def test_metric_labels_cover_known_metrics() -> None:
     for metric in ("p0_mass", "sink_rate", "phantom_mass", "value_norm_ratio", "massive_activation"):
-        label, unit = figures.METRIC_LABELS[metric]
+        label, unit = LABELS.names[metric]
         assert label and unit
-    assert figures.METRIC_LABELS["p0_mass"][1] == "share of real-key mass"
-    assert figures.METRIC_LABELS["phantom_mass"][1] == "share of row mass"
-    assert figures.METRIC_LABELS["sink_rate"][1] == "fraction of heads"
-    assert figures.metric_axis_label("unknown") == "unknown"
+    assert LABELS.names["p0_mass"][1] == "share of real-key mass"
+    assert LABELS.names["phantom_mass"][1] == "share of row mass"
+    assert LABELS.names["sink_rate"][1] == "fraction of heads"
+    assert figures.metric_axis_label("unknown", LABELS) == "unknown"

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from sinkscope.report import circuit
-from sinkscope.report.build import RunData
+from sinkscope.report.page import Page
+from sinkscope.report.runs import RunData
 from sinkscope.results import Row, read_results, rows_to_frame
 
 LAYERS, HEADS, T = 3, 2, 20
@@ -145,8 +146,9 @@ def one(tmp_path) -> tuple[Table, RunData]:
 
 
 def entry(runs, metric):
+    """The metric's page entry through the section protocol (``circuit.entry(page, metric)``)."""
     keep = Keeper()
-    return circuit.entry(runs, metric, Path("unused"), keep), keep
+    return circuit.entry(Page(runs, Path("unused"), keep=keep), metric), keep
 
 
 # ---- what the module draws, and the summary ------------------------------------------------------------
@@ -154,8 +156,8 @@ def entry(runs, metric):
 
 def test_every_drawn_metric_has_a_summary_label_and_folded_ones_are_handled():
     assert set(circuit.SUMMARY_LABEL) == set(circuit.DRAWN)
-    assert all(circuit.handles(m) for m in (*circuit.DRAWN, *circuit.FOLDED))
-    assert not circuit.handles("p0_mass") and not circuit.handles("sink_rate")
+    assert all(circuit.handles("circuit", m, []) for m in (*circuit.DRAWN, *circuit.FOLDED))
+    assert not circuit.handles("p0_mass", "p0_mass", []) and not circuit.handles("sink_rate", "sink_rate", [])
     assert not set(circuit.DRAWN) & set(circuit.FOLDED)
 
 
@@ -176,6 +178,19 @@ def test_summary_values_are_the_designated_rows(tmp_path, fmt):
     for metric, value in want.items():
         assert circuit.summary_value(run.table, metric) == pytest.approx(value, rel=1e-8), metric
     assert circuit.summary_value(run.table, "other_norm") is None  # a folded metric has no summary row
+
+
+def test_an_entry_adds_its_summary_row_and_a_folded_metric_has_no_entry(tmp_path):
+    table = circuit_rows(1)
+    runs = [make_run(tmp_path / "a", table, "a"), make_run(tmp_path / "b", table, "b")]
+    page = Page(runs, Path("unused"), keep=Keeper())
+    assert circuit.entry(page, "other_norm") is None and page.summary == []
+    out = circuit.entry(page, "p0_norm")
+    assert out["metric"] == "p0_norm" and out["figures"]
+    (row,) = page.summary
+    assert row["metric"] == "p0_norm" and row["label"] == circuit.SUMMARY_LABEL["p0_norm"]
+    assert row["values"] == [f"{table.value('p0_norm_separates'):.6g}"] * 2  # page.fmt: 6 significant digits
+    assert circuit.note("circuit", ["p0_norm"]) is None and circuit.tables(page, "circuit") == []
 
 
 def test_summary_values_of_a_table_without_circuit_rows_are_none(tmp_path):

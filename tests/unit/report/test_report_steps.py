@@ -4,7 +4,7 @@ Runs are ``RunData`` built by hand (manifest conditions ``step`` / ``revision`` 
 from ``rows_to_frame`` with those run conditions); monitors are ``monitor.csv`` / ``monitor.json``
 files written into ``tmp_path`` with the monitor's columns. The reference is the rows put in: each
 figure line must carry exactly the per-layer (no head, no probe condition) or model values of its
-metric at the right x, each table cell the same number (``build.fmt``: 6 significant digits), p0
+metric at the right x, each table cell the same number (``page.fmt``: 6 significant digits), p0
 mass the uniform floor computed here as the mean over i = 1 .. T-1 of 1/(i+1), and anything that is
 not a series, or has nothing to draw, must give None or no figure.
 """
@@ -21,8 +21,8 @@ import pytest
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.report import steps
-from sinkscope.report.build import RunData
-from sinkscope.report.figures import MODEL_LINE
+from sinkscope.report.curves import MODEL_LINE
+from sinkscope.report.runs import RunData
 from sinkscope.results import Row, rows_to_frame
 
 LAYERS, HEADS, SEQ_LEN = 2, 2, 16

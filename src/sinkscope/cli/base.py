@@ -1,0 +1,143 @@
+"""The ``sinkscope`` app and its error policy: every anticipated failure is a
+:class:`~sinkscope.errors.SinkscopeError` whose one sentence is printed as ``error: ...`` with exit
+code 1 (never a traceback); Ctrl-C exits 130 and SIGTERM 143 wherever they land, with the sentence
+that says what was kept and how to resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+from typing import Annotated
+
+import typer
+
+from sinkscope.errors import Interrupted, SinkscopeError
+app = typer.Typer(
+    name="sinkscope",
+    help="Measure attention sinks in causal language models.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every command
+)
+# Examples in the commands' help are paragraphs that open with a line holding only ``\b``: click
+# prints such a paragraph as written instead of rewrapping it, so every example can be pasted.
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        number = version("sinkscope")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        from sinkscope.version import __version__ as number
+    typer.echo(f"sinkscope {number}")
+    raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", envvar="SINKSCOPE_DEBUG",
+                                        help="Print the traceback behind an error (a plugin's, say) before its sentence.")] = False,
+) -> None:
+    """Measure attention sinks in causal language models."""
+    _state["debug"] = debug
+
+
+#: what the global options set for the command that runs (the callback runs before each command).
+_state = {"debug": False}
+
+
+def _echo_traceback(error: BaseException) -> None:
+    """Under --debug: the error's traceback, with what caused it (a plugin's own frames)."""
+    if _state["debug"]:
+        import traceback
+
+        typer.echo("".join(traceback.format_exception(error)).rstrip(), err=True)
+
+
+
+class _Stop:
+    """The signal that stopped the command (None: Ctrl-C or still running)."""
+
+    signal_name: str | None = None
+
+
+def _on_stop_signal(signum, _frame):
+    _Stop.signal_name = signal.Signals(signum).name
+    raise KeyboardInterrupt  # the Ctrl-C paths: progress kept, the sentence that says how to resume
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """SIGTERM (a scheduler's stop, `kill`) ends a command as Ctrl-C does, with its sentence, exit 143."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _Stop.signal_name = None
+    previous = signal.signal(signal.SIGTERM, _on_stop_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted() -> tuple[str, int]:
+    """("interrupted", 130) after Ctrl-C; ("stopped by SIGTERM", 143) after SIGTERM (128 + 15)."""
+    name = _Stop.signal_name
+    return (f"stopped by {name}", 128 + signal.Signals[name].value) if name else ("interrupted", 130)
+
+
+def _friendly_errors(func):
+    """Turn anticipated failures into one sentence on stderr and a non-zero exit."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            with _stop_signals():
+                return func(*args, **kwargs)
+        except SinkscopeError as error:
+            _echo_traceback(error)
+            message, code = str(error), error.exit_code  # 1; 130 for an interrupted run (errors.Interrupted)
+            if isinstance(error, Interrupted) and _Stop.signal_name:
+                word, code = _interrupted()
+                message = message.replace("interrupted", word, 1)
+            typer.echo(f"error: {message}", err=True)
+            raise typer.Exit(code) from None
+        except KeyboardInterrupt:
+            word, code = _interrupted()
+            typer.echo(f"error: {word}; no run folder was written.", err=True)
+            raise typer.Exit(code) from None
+        except BrokenPipeError:  # `sinkscope ls probes | head`: the reader left, nothing is wrong
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(0) from None
+        except OSError as error:  # a full disk, a read-only or blocked output path, ...
+            _echo_traceback(error)
+            where = f" {error.filename}" if error.filename else ""
+            typer.echo(f"error: could not write or read{where} ({error.strerror or error}); "
+                       "results already written are unchanged.", err=True)
+            raise typer.Exit(1) from None
+        except Exception as error:
+            if not _is_out_of_memory(error):
+                raise
+            typer.echo("error: out of memory; lower --batch-size or --seq-len, or use a larger device.", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """torch.OutOfMemoryError, recognised without importing torch (commands import it lazily)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(error, torch.OutOfMemoryError)
+

@@ -1,0 +1,408 @@
+"""The measuring commands (``sinks``, ``selectivity``, ``heads``, ``inject``, ``circuit``, ``stream``,
+``measure``): each is its options and ``execute(plan(...))`` (:func:`_run`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from sinkscope.cli.base import _friendly_errors, app
+from sinkscope.cli.options import (ModelArg, OutOpt, TextFileOpt, DatasetOpt, SeqLenOpt, NSeqsOpt, BatchOpt, SeedOpt, BosOpt,
+                                   DeviceOpt, DtypeOpt, RevisionOpt, TrustOpt, OverwriteOpt, ProgressOpt, FiguresOpt, AttentionOpt,
+                                   ResumeOpt, DeviceMapOpt, CheckpointSecondsOpt)
+
+
+
+@app.command()
+@_friendly_errors
+def sinks(
+    model: ModelArg = None,
+    out: OutOpt = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
+    sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of the sink_rate_from_layer row (its layer_start column), a layer of the model [default: 2; no such row for a 2-layer model].")] = None,
+    massive_top_k: Annotated[int, typer.Option("--massive-top-k", help="The K largest residual entries per layer (distinct position and channel) with channel, position, token and Sun et al.'s criterion [default: 0 = none; 10 with --massive-intervention].")] = 0,
+    massive_min_abs: Annotated[float, typer.Option("--massive-min-abs", help="Massive: |h| above this (Sun et al.: 100).")] = 100.0,
+    massive_min_ratio: Annotated[float, typer.Option("--massive-min-ratio", help="Massive: |h| at least this times the window's median |h| (Sun et al.: 1000).")] = 1000.0,
+    massive_intervention: Annotated[Optional[str], typer.Option("--massive-intervention", help="zero | mean: then set the massive top-k entries (at their first layer) to 0 or their mean and report the loss change: a second pass, clean and intervened.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Measure position-0 mass, sink rate, phantom mass, value-norm ratio and massive activations.
+
+    Writes results.csv/.parquet, manifest.json, tokens.npy and figures into a run folder.
+
+    Examples:
+
+    \b
+        sinkscope sinks                                  # SmolLM2-135M on the bundled Austen corpus
+
+    \b
+        sinkscope sinks EleutherAI/pythia-1b --seq-len 1024 --n-seqs 64
+
+    \b
+        sinkscope sinks model.gguf --text-file book.txt --bos add --out runs/book
+
+    \b
+        sinkscope sinks openai/gpt-oss-20b --device-map auto --dtype bfloat16
+
+    \b
+        sinkscope sinks --massive-top-k 10 --massive-intervention zero   # Sun et al.: set them to 0, loss change
+
+    \b
+        torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
+    """
+    _run("sinks", locals())
+
+
+def _run(name: str, values: dict) -> None:
+    """``execute(plan(...))``: the command's plan (every check before torch is imported, the models
+    resolved once: ``plan.plan``), then the run (``executors.execute``); print the run folder, or
+    the comparison page of several models or revisions (``MODEL [MODEL ...]``, ``--revision A,B``)."""
+    from sinkscope.plan import plan
+
+    models = values.get("model")
+    given = list(models) if isinstance(models, list) else models  # a list (MODEL [MODEL ...]), one, or None
+    plans = plan(name, {k: v for k, v in values.items() if k != "model"}, models=given,
+                 revisions=values.get("revision"), group_by=values.get("group_by"))
+    from sinkscope.executors import execute, written_path
+
+    outcome = execute(plans)
+    if outcome is not None:  # None on data-parallel processes other than 0
+        typer.echo(str(written_path(outcome)))
+
+
+@app.command()
+@_friendly_errors
+def selectivity(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more gated models: trainer checkpoints with a value or output gate, or Hugging Face models with an output gate (Qwen3-Next). Several give one comparison page.")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 256,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    min_count: Annotated[int, typer.Option("--min-count", help="token_share_frequent (its min_count column) and the token tables count tokens seen at least K times.")] = 50,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Measure gates: selectivity, mean gate, token-identity share, per-token gates, output-gate statistics.
+
+    A trainer checkpoint without a text is measured on its own validation windows.
+
+    Examples:
+
+    \b
+        sinkscope selectivity ckpt/normgate
+
+    \b
+        sinkscope selectivity ckpt/normgate ckpt/sink+proj --out runs/gates
+
+    \b
+        sinkscope selectivity ckpt/*-s0 ckpt/*-s1 --group-by variant --out runs/by-variant
+
+    \b
+        sinkscope selectivity ckpt/outgate --n-seqs 64 --attention explicit
+
+    With several models, --out holds one run folder per model and report.html compares them.
+    """
+    _run("selectivity", locals())
+
+
+@app.command()
+@_friendly_errors
+def heads(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom | data (seed 004 §6.2: keys of high attention and low value norm, plus any phantom).")] = "auto",
+    sink_attention: Annotated[float, typer.Option("--sink-attention", help="--sink-set data: a key's mean attention (Gu et al.'s alpha_j) must exceed this.")] = 0.3,
+    sink_value_ratio: Annotated[float, typer.Option("--sink-value-ratio", help="--sink-set data: a key's value norm must be below this times the window's median.")] = 0.5,
+    sink_min_queries: Annotated[int, typer.Option("--sink-min-queries", help="--sink-set data: a key needs at least this many scoring queries (capped at half the window's).")] = 16,
+    dormant_below: Annotated[float, typer.Option("--dormant-below", help="A head whose importance is below this is dormant.")] = 0.1,
+    ablate_dormant: Annotated[bool, typer.Option("--ablate-dormant", help="Then zero the dormant heads (found on all windows) and report the loss change: a second pass, clean and ablated.")] = False,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Measure implicit gates, head importance, load imbalance (CV) and dormant heads (seed 004).
+
+    Several models or checkpoints give one run each and one comparison page; --out is then the
+    folder holding one run folder per model (named after it) and the page.
+
+    Examples:
+
+    \b
+        sinkscope heads                                          # SmolLM2-135M on the bundled corpus
+
+    \b
+        sinkscope heads --ablate-dormant --dormant-below 0.2     # zero the dormant heads: loss change
+
+    \b
+        sinkscope heads openai/gpt-oss-20b --sink-set first+phantom --device-map auto
+
+    \b
+        sinkscope heads ckpt/base ckpt/lb --ablate-dormant --out runs/lb-vs-base
+    """
+    _run("heads", locals())
+
+
+@app.command()
+@_friendly_errors
+def inject(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    eval_batch: Annotated[int, typer.Option("--eval-batch", help="Windows per evaluation batch: structured junk is drawn across it, so it is part of the measurement (recorded in the manifest, never halved); with structured junk --n-seqs must be a multiple of it (at least 2).")] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the window draw and of the junk (per batch and layer).")] = 0,
+    junk: Annotated[list[str], typer.Option("--junk", help="Junk types, repeatable or comma-separated: structured, same-context, gaussian, random-direction, own-direction (projection-gate checkpoints).")] = ["structured", "same-context", "gaussian"],  # noqa: B006
+    cutoff: Annotated[list[str], typer.Option("--cutoff", help="Quiet-read cutoffs, repeatable or comma-separated: median, q25.")] = ["median", "q25"],  # noqa: B006
+    doses: Annotated[str, typer.Option("--doses", help="Doses eps, comma-separated: the junk's norm is eps x the head's median read norm.")] = "0.2,0.4,0.8,1.6",
+    draws: Annotated[int, typer.Option("--draws", help="Seeded draws of the junk per condition (draw d seeded by seed, batch, layer and d): the table gives the mean over draws and windows and its standard error over windows; K corrupted passes per condition, one shared clean pass.")] = 1,
+    junk_source: Annotated[str, typer.Option("--junk-source", help="Where each layer's quiet set, median read norm m_h and transplanted junk come from: clean (the clean forward pass of the same batch, SPEC.md) or corrupted (the reads the layer receives after the layers below were corrupted; the protocol before 2026-12).")] = "clean",
+    exposure: Annotated[bool, typer.Option("--exposure/--no-exposure", help="Also measure quiet and phantom mass on the clean pass.")] = True,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Corrupt every value head's quiet reads with junk and measure the loss increase (seed 000 §5).
+
+    For each junk type, cutoff, dose and draw: one more forward pass per evaluation batch; the clean
+    loss, the exposure (quiet and phantom mass) and, by default (--junk-source clean), each layer's
+    quiet set, m_h and transplanted junk come from the clean pass of the same batches.
+    Several models give one run each and one comparison page.
+
+    Examples:
+
+    \b
+        sinkscope inject                                         # SmolLM2-135M: 3 junk types x 2 cutoffs x 4 doses
+
+    \b
+        sinkscope inject --junk gaussian --cutoff q25 --doses 0.4,0.8 --n-seqs 8 --seq-len 256
+
+    \b
+        sinkscope inject --junk structured,gaussian --doses 0.2,0.8 --draws 3   # mean ± se over 3 junk draws
+
+    \b
+        sinkscope inject ckpt/projgate --junk own-direction,structured
+
+    \b
+        sinkscope inject ckpt/baseline ckpt/sink+proj --out runs/inject-cmp
+    """
+    values = dict(locals())
+    values["cutoffs"] = values.pop("cutoff")
+    _run("inject", values)
+
+
+@app.command()
+@_friendly_errors
+def circuit(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    later_position: Annotated[int, typer.Option("--later-position", help="The later position whose cross-window cosine is shown beside position 0's (capped to seq-len - 1).")] = 64,
+    norm_ratio: Annotated[float, typer.Option("--norm-ratio", help="Position 0 'separates' at the first layer where its norm exceeds this times the median of the others.")] = 2.0,
+    subtract_head: Annotated[Optional[list[str]], typer.Option("--subtract-head", help="A layer-0 head 0.H whose output is subtracted before the MLP PCA (repeatable; subtracted together, exact through hook_result).")] = None,
+    scatter_positions: Annotated[int, typer.Option("--scatter-positions", help="Positions >= 1 per window in the PCA scatter (evenly spaced).")] = 32,
+    scatter_windows: Annotated[int, typer.Option("--scatter-windows", help="Windows whose other positions enter the scatter (position 0 of every window always does).")] = 64,
+    outlier_top: Annotated[int, typer.Option("--outlier-top", help="Outlier channels reported per layer.")] = 5,
+    bos_experiments: Annotated[bool, typer.Option("--bos-experiments/--no-bos-experiments", help="Run the BOS experiments (Sink_0^eps with/without BOS, repeated first token): 2 x len(repeats) extra passes.")] = True,
+    repeats: Annotated[Optional[list[int]], typer.Option("--repeats", help="How many times the first token is repeated (repeatable; 1 is the reference) [default: 1 2 4 8].")] = None,
+    sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al.'s threshold eps of Sink_0^eps.")] = 0.3,
+    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """How the model makes position 0 special (seed 003): norms, direction, attention output, MLP PCA, BOS.
+
+    Per layer: the position-0 residual norm against the other positions and the first layer
+    where it separates; the cross-window cosine of position 0 beside a later position; layer
+    0's attention-output norm per position; the PCA of layer 0's MLP pre-activation with a
+    separation score (optionally without chosen heads); outlier channels before and after the
+    pre-norm; Sink_0^eps with and without BOS and the loss when the first token is repeated.
+
+    Examples:
+
+    \b
+        sinkscope circuit                                  # SmolLM2-135M, bundled corpus
+
+    \b
+        sinkscope circuit --bos none --subtract-head 0.3   # one head removed
+
+    \b
+        sinkscope circuit ckpt/base ckpt/forcesink -o runs/p0   # variants
+    """
+    values = dict(locals())
+    values["subtract_head"] = tuple(subtract_head or ())
+    values["repeats"] = tuple(repeats) if repeats else (1, 2, 4, 8)
+    _run("circuit", values)
+
+
+@app.command()
+@_friendly_errors
+def stream(
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    length: Annotated[int, typer.Option("--length", help="Tokens per document (window), BOS included; may exceed the model's context.")] = 2048,
+    n_seqs: Annotated[int, typer.Option("--n-seqs", help="Documents (windows of --length tokens).")] = 1,
+    cache: Annotated[str, typer.Option("--cache", help="Cache sizes, comma-separated: the keys a cache holds when a token arrives (its query sees them and itself; exact at any --chunk).")] = "256",
+    sink_tokens: Annotated[str, typer.Option("--sink-tokens", help="The sinks policy's first tokens, comma-separated (0 = window).")] = "4",
+    policy: Annotated[str, typer.Option("--policy", help="Policies, comma-separated: full (dense reference), window, sinks (StreamingLLM), h2o (heavy hitters + recent).")] = "full,window,sinks,h2o",
+    positions: Annotated[str, typer.Option("--positions", help="cache (positions within the cache, keys re-rotated; RoPE models), original (kvpress's), or both.")] = "cache",
+    chunk: Annotated[int, typer.Option("--chunk", help="Tokens read per forward pass; the cache is cut back after each.")] = 64,
+    mode: Annotated[str, typer.Option("--mode", help="stream (through the cache: memory bounded by it) | mask (one dense pass with the cache's mask: the exact reference, short texts).")] = "stream",
+    h2o_recent: Annotated[float, typer.Option("--h2o-recent", help="h2o: the share of the cache kept for the most recent keys.")] = 0.5,
+    bucket: Annotated[int, typer.Option("--bucket", help="Tokens per position bucket of the table and figures.")] = 256,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Read a long text through a bounded KV cache: per-token NLL per policy, cache size and position convention.
+
+    Every document is read once per condition: full (dense), window (recent keys only), sinks
+    (StreamingLLM: the first tokens plus the recent ones), h2o (heavy hitters plus recent). p0
+    mass is measured beside it on the same text. Several models give one comparison page.
+
+    Examples:
+
+    \b
+        sinkscope stream                                  # SmolLM2: 2,048 tokens, cache 256, 4 sink tokens
+
+    \b
+        sinkscope stream --cache 128,256,512 --sink-tokens 0,1,4 --policy window,sinks,h2o --length 8192
+
+    \b
+        sinkscope stream --positions cache,original --n-seqs 4 --chunk 32
+
+    \b
+        sinkscope stream openai/gpt-oss-20b --sink-tokens 0 --policy full,window --device-map auto
+    """
+    _run("stream", dict(locals()))
+
+
+@app.command()
+@_friendly_errors
+def measure(
+    model: ModelArg = None,
+    probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006
+    param: Annotated[Optional[list[str]], typer.Option("--param", help="A probe parameter PROBE.NAME=VALUE (repeatable).")] = None,
+    plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A Python file that registers probes (repeatable).")] = None,
+    out: OutOpt = None,
+    text_file: TextFileOpt = None,
+    dataset: DatasetOpt = None,
+    seq_len: SeqLenOpt = None,
+    n_seqs: NSeqsOpt = 16,
+    batch_size: BatchOpt = 4,
+    seed: SeedOpt = 0,
+    bos: BosOpt = "auto",
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
+    overwrite: OverwriteOpt = False,
+    figures: FiguresOpt = True,
+    progress: ProgressOpt = True,
+    attention: AttentionOpt = "fused",
+    resume: ResumeOpt = False,
+    device_map: DeviceMapOpt = None,
+    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+) -> None:
+    """Run any registered probes by name (a plugin file's included) and write a run folder.
+
+    Examples:
+
+    \b
+        sinkscope measure --probe p0_mass --probe value_norm_ratio
+
+    \b
+        sinkscope measure ckpt/sinklogit --probe sink_rate --param sink_rate.epsilon=0.5
+
+    \b
+        sinkscope measure model.gguf --plugin my_probes.py --probe my_probe
+    """
+    _run("measure", {**locals(), "probes": probe, "params": param or [], "plugins": plugin or []})
+
+

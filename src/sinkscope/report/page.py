@@ -1,0 +1,208 @@
+"""The report's shared vocabulary: how numbers print, how a figure is kept, what every section draws with.
+
+Every section module (``report/inject.py``, ``stream.py``, ``circuit.py``, ``tokens.py``,
+``generic.py``; ``steps.py`` and ``lengths.py`` for the page-wide ones) takes these from here, and
+the page assembly (``report/build.py``) puts their sections together. A per-metric section is a
+module with
+
+    handles(probe: str, metric: str, runs: list[RunData]) -> bool
+    entry(page: Page, metric: str) -> dict | None
+    note(probe: str, metrics: list[str]) -> str | None
+    tables(page: Page, probe: str) -> list[dict]
+
+``handles``: whether it shows ``metric`` (one of ``probe``'s metrics that every run has);
+``entry``: the metric's entry on the page ({metric, info, note, figures, table}), or None where
+the metric is shown inside another's entry, adding its summary rows to ``page.summary``;
+``note`` and ``tables``: the probe section's note and extra tables (None and [] where it has
+none). The page asks the sections in order (``build.SECTIONS``); the first that handles a metric
+draws it.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import pandas as pd
+
+from sinkscope.report import figures
+from sinkscope.report.runs import RunData
+from sinkscope.results import MetricInfo
+
+#: Per-layer tables longer than this start collapsed.
+COLLAPSE_ROWS = 16
+
+
+def fmt(value) -> str:
+    """Numbers as the report prints them: 6 significant digits, NaN as an em dash."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or pd.isna(value):
+        return "—"
+    return f"{float(value):.6g}"
+
+
+def fmt_se(value, se) -> str:
+    """``value ± se`` where the row has a standard error over windows (SPEC.md "Averages"), else ``value``."""
+    if se is None or pd.isna(se):
+        return fmt(value)
+    return f"{fmt(value)} ± {fmt(se)}"
+
+
+def _pm(value: float, se: float) -> str:
+    """``+3.18 ± 0.21`` (four significant figures, the se two), or the value alone without an se."""
+    return f"{value:+.4g}" if pd.isna(se) else f"{value:+.4g} ± {se:.2g}"
+
+
+def _metric_docs(runs: list[RunData]) -> dict[str, MetricInfo]:
+    """Metric documentation as the runs' manifests recorded it (the report imports no probe)."""
+    docs: dict[str, MetricInfo] = {}
+    for run in runs:
+        for probe in run.manifest.get("probes", {}).values():
+            for metric, info in probe.get("metrics", {}).items():
+                if isinstance(info, dict):
+                    docs.setdefault(metric, MetricInfo(**info))
+    return docs
+
+
+def _embed_png(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _keeper(fig_dir: Path):
+    """``keep(fig, stem, title)``: save a figure beside the page and describe it for the template."""
+    def keep(fig, name: str, title: str) -> dict:
+        png, svg = figures.save_figure(fig, fig_dir / name)
+        return {"title": title, "src": _embed_png(png), "files": [png.name, svg.name], "kind": "line"}
+    return keep
+
+
+@dataclass
+class Page:
+    """What every section draws with: one page's runs, its figure folder, metric documentation and summary.
+
+    ``keep(fig, stem, title)`` saves a figure into ``fig_dir`` and describes it for the template
+    (default :func:`_keeper`); ``labels`` names the metrics on the figures' axes, from this page's
+    documentation only; ``summary`` collects the summary table's rows as the sections add them.
+    """
+
+    runs: list[RunData]
+    fig_dir: Path
+    docs: dict[str, MetricInfo] = field(default_factory=dict)
+    keep: Callable | None = None
+    summary: list[dict] = field(default_factory=list)
+    labels: figures.MetricLabels = field(init=False)
+
+    def __post_init__(self):
+        self.keep = self.keep or _keeper(self.fig_dir)
+        self.labels = figures.MetricLabels.from_docs(self.docs)
+
+    @classmethod
+    def of(cls, runs: list[RunData], fig_dir: Path) -> Page:
+        """The page of ``runs``, with the documentation their manifests recorded."""
+        return cls(runs, fig_dir, _metric_docs(runs))
+
+    def info(self, metric: str) -> MetricInfo:
+        return self.docs.get(metric, MetricInfo(metric, "", "", ""))
+
+    def add_summary(self, metric: str, label: str, direction: str, values: list[str]) -> None:
+        self.summary.append({"metric": metric, "label": label, "direction": direction, "values": values})
+
+
+class Section(Protocol):
+    """A module drawing some of a probe's metrics (see the module docstring)."""
+
+    def handles(self, probe: str, metric: str, runs: list[RunData]) -> bool: ...
+
+    def entry(self, page: Page, metric: str) -> dict | None: ...
+
+    def note(self, probe: str, metrics: list[str]) -> str | None: ...
+
+    def tables(self, page: Page, probe: str) -> list[dict]: ...
+
+
+# ---- what was run ----------------------------------------------------------------------------------
+
+
+def bos_summary(windows: dict) -> str:
+    """What happened at position 0, e.g. "auto: none prepended (the tokenizer's BOS, id 1, is not added by default)"."""
+    policy = windows.get("bos_policy", "—")
+    bos = windows.get("bos_id")
+    if bos is not None:
+        why = " (the tokenizer adds it by default)" if policy == "auto" else ""
+        return f"{policy}: BOS id {bos} prepended to every window{why}"
+    if "tokenizer_bos_id" not in windows:  # written before the manifest recorded the tokenizer's BOS
+        return f"{policy}: no BOS prepended"
+    tokenizer_bos = windows["tokenizer_bos_id"]
+    if tokenizer_bos is None:
+        return f"{policy}: no BOS prepended (the tokenizer has no BOS token)"
+    if policy == "auto":
+        return f"{policy}: no BOS prepended (the tokenizer's BOS, id {tokenizer_bos}, is not added by default)"
+    return f"{policy}: no BOS prepended (the tokenizer's BOS is id {tokenizer_bos})"
+
+
+def _differences(runs: list[RunData], skip: tuple[str, ...] = ()) -> list[str]:
+    """Warnings for a comparison of runs whose windows differ in seq-len, corpus or BOS policy."""
+    def windows(run):
+        return run.manifest.get("windows") if isinstance(run.manifest.get("windows"), dict) else {}
+
+    def corpus(run):
+        node = run.manifest.get("corpus") if isinstance(run.manifest.get("corpus"), dict) else {}
+        return f"{node.get('name', '—')} ({str(node.get('sha256', '—'))[:12]})"
+
+    checks = [("seq-len", lambda r: windows(r).get("seq_len")), ("corpus", corpus),
+              ("BOS policy", lambda r: bos_summary(windows(r)))]
+    out = []
+    for name, value in checks:
+        if name in skip:
+            continue
+        values = [value(r) for r in runs]
+        if len({str(v) for v in values}) > 1:
+            listed = "; ".join(f"{r.label}: {v}" for r, v in zip(runs, values))
+            out.append(f"The runs differ in {name} ({listed}), so their numbers are not directly comparable.")
+    return out
+
+
+def _attention_read(path: str, relative) -> str:
+    """How the run read attention, and the first window's logits check (``runner.check_capture``)."""
+    how = ("through transformers' attention interface" if path == "interface" else
+           "eager output_attentions (the attention does not call the interface; weights only, memory quadratic "
+           "in seq-len)")
+    return how + (f"; capture logits check {relative:.1g} of their scale" if isinstance(relative, (int, float)) else "")
+
+
+def _run_info(runs: list[RunData]) -> dict:
+    """The "what was run" table: one column per run."""
+    def get(manifest: dict, *keys, default="—"):
+        node = manifest
+        for key in keys:
+            if not isinstance(node, dict) or key not in node:
+                return default
+            node = node[key]
+        return default if node is None else node
+
+    fields = [
+        ("model", lambda m: get(m, "model", "source", "label")),
+        ("model source", lambda m: f"{get(m, 'model', 'source', 'kind')}: {get(m, 'model', 'source', 'location')}"),
+        ("family", lambda m: get(m, "model", "family")),
+        ("attention read", lambda m: _attention_read(get(m, "model", "spec", "attention_path", default="interface"),
+                                                     get(m, "capture_check", "relative", default=None))),
+        ("corpus", lambda m: get(m, "corpus", "name")),
+        ("corpus sha256", lambda m: str(get(m, "corpus", "sha256"))[:16]),
+        ("BOS policy", lambda m: bos_summary(m.get("windows") if isinstance(m.get("windows"), dict) else {})),
+        ("seq-len", lambda m: get(m, "windows", "seq_len")),
+        ("n-seqs", lambda m: get(m, "windows", "n_seqs")),
+        ("seed", lambda m: get(m, "windows", "seed")),
+        ("dtype", lambda m: get(m, "dtype")),
+        ("device", lambda m: get(m, "device")),
+        ("sinkscope", lambda m: get(m, "versions", "sinkscope")),
+        ("torch", lambda m: get(m, "versions", "torch")),
+        ("transformers", lambda m: get(m, "versions", "transformers")),
+        ("date", lambda m: get(m, "created")),
+        ("command", lambda m: get(m, "command")),
+        ("conditions", lambda m: ", ".join(f"{k}={v}" for k, v in (m.get("conditions") or {}).items()) or "—"),
+    ]
+    return {"columns": ["", *[r.label for r in runs]],
+            "rows": [[name, *[str(getter(r.manifest)) for r in runs]] for name, getter in fields]}

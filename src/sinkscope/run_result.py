@@ -1,0 +1,142 @@
+"""What a measurement gives the caller: a :class:`Result` (one run) or a :class:`ComparisonResult`
+(several models, or one model's revisions), in memory until saved.
+
+``Result.save(path)`` writes a run folder atomically under its lock; ``report(path)`` adds its
+page. ``ComparisonResult`` holds one Result per run; ``report(path)`` writes a folder holding one run
+folder per model and the comparison page, as ``sinkscope sinks A B --out path`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sinkscope.errors import SinkscopeError
+from sinkscope.results import lock_run_dir, staged_run_dir, write_tables
+
+
+@dataclass
+class Result:
+    """What a measurement produced: the tidy table, the manifest and the exact token ids.
+
+    ``save(path)`` writes a run folder (atomically); ``report(path)`` writes it with its
+    ``report.html`` and returns the page's path.
+    """
+
+    table: pd.DataFrame
+    manifest: dict
+    tokens: np.ndarray
+    path: Path | None = None
+    #: further arrays of the run, written as ``<name>.npy`` (``stream_nll``: every token's NLL).
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
+        """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report).
+
+        The folder is locked while it is written (a second writer fails with one sentence);
+        ``overwrite`` replaces only a run folder or an empty folder.
+        """
+        out_dir = Path(path)
+        with contextlib.ExitStack() as stack:
+            if not _holds_lock(out_dir):
+                stack.enter_context(lock_run_dir(out_dir))
+            with staged_run_dir(out_dir, overwrite) as stage:
+                write_tables(stage, self.table, self.manifest, self.tokens, self.arrays)
+                if figures:
+                    from sinkscope.report import build_report
+
+                    build_report([stage], out=stage, labels=[out_dir.name], shown_paths=[out_dir])
+        self.path = out_dir
+        return out_dir
+
+    def report(self, path: str | Path | None = None, *, overwrite: bool = False) -> Path:
+        """The run's ``report.html``: writes the run folder at ``path`` first unless already saved there."""
+        if path is not None and (self.path is None or Path(path) != self.path):
+            self.save(path, overwrite=overwrite)
+        if self.path is None:
+            raise SinkscopeError("give report() a folder to write the run into.")
+        page = self.path / "report.html"
+        if not page.is_file():
+            from sinkscope.report import build_report
+
+            build_report([self.path], out=self.path, labels=[self.path.name])
+        return page
+
+    def __repr__(self) -> str:
+        return (f"Result({self.manifest.get('command')!r}, {len(self.table)} rows, "
+                f"tokens {tuple(self.tokens.shape)}{f', at {self.path}' if self.path else ''})")
+
+
+#: run folders whose lock this process holds (taken in plan, released when the run is written).
+_LOCKED: set[Path] = set()
+
+
+def _holds_lock(out_dir: Path) -> bool:
+    return Path(os.path.abspath(out_dir)) in _LOCKED
+
+
+@contextlib.contextmanager
+def _locked(out_dir: Path):
+    """``lock_run_dir`` for the whole run, remembered so that ``Result.save`` does not take it twice."""
+    key = Path(os.path.abspath(out_dir))
+    with lock_run_dir(out_dir):
+        _LOCKED.add(key)
+        try:
+            yield
+        finally:
+            _LOCKED.discard(key)
+
+
+@dataclass
+class ComparisonResult:
+    """Several runs compared (``sinkscope.measure(command, [A, B])`` or ``revisions=[...]``).
+
+    Attributes:
+        results: one :class:`Result` per run, in the plans' order.
+        names: each run's folder name inside a saved comparison (the model's or the revision's).
+        labels: each run's name on the page.
+        series: the runs are one model's checkpoints (the page draws every metric against the step).
+        group_by: the condition column whose runs the page averages, or None.
+    """
+
+    results: list[Result]
+    names: list[str]
+    labels: list[str]
+    series: bool = False
+    group_by: str | None = None
+    path: Path | None = None
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """Every run's rows as one table, with a ``run`` column (its label) first after ``probe``."""
+        frames = []
+        for label, result in zip(self.labels, self.results):
+            frame = result.table.copy()
+            frame.insert(0, "run", label)
+            frames.append(frame)
+        return pd.concat(frames, ignore_index=True)
+
+    def report(self, path: str | Path, *, overwrite: bool = False) -> Path:
+        """Write one run folder per run into ``path`` and the comparison page; returns the page."""
+        from sinkscope.plan import check_comparison_dir
+        from sinkscope.report import build_report
+
+        parent = Path(path)
+        check_comparison_dir(parent, overwrite, False)
+        children = [parent / name for name in self.names]
+        for result, child in zip(self.results, children):
+            result.save(child, overwrite=overwrite, figures=False)
+        from sinkscope.fileio import write_inventory
+
+        write_inventory(parent, "comparison")
+        page = build_report(children, out=parent, labels=self.labels, group_by=self.group_by, overwrite=True)
+        self.path = parent
+        return page
+
+    def __repr__(self) -> str:
+        return f"ComparisonResult({len(self.results)} runs: {', '.join(self.labels)})"
