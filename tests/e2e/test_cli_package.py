@@ -29,9 +29,14 @@ def test_the_shared_options_are_declared_once_and_used_by_every_measuring_comman
     info = {name: typing.get_args(value)[1] for name, value in declared.items() if name.endswith("Opt")}
     flags = {name: (i.default, *i.param_decls) for name, i in info.items()}  # typer keeps the first flag as default
     assert flags["SeqLenOpt"] == ("--seq-len",) and flags["OutOpt"] == ("--out", "-o")
-    for command in ("sinks", "heads", "stream"):
-        hints = typing.get_type_hints(getattr(measure, command), include_extras=True)
-        assert hints["seed"] is options.SeedOpt and hints["device"] is options.DeviceOpt
+    import inspect
+
+    for command in ("sinks", "selectivity", "heads", "circuit", "stream", "measure"):
+        function = getattr(measure, command)
+        shared = [p for p in inspect.signature(function).parameters.values() if p.annotation is options.DeviceOpt]
+        assert len(shared) == 1 and "device" not in function.__code__.co_varnames[:function.__code__.co_argcount]
+        assert inspect.signature(function).parameters["seed"].annotation in (options.SeedOpt,) or command == "inject"
+    assert inspect.signature(measure.selectivity).parameters["n_seqs"].default == 256  # a command's own default
 
 
 def test_the_interrupt_words_and_codes(monkeypatch):

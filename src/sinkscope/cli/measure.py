@@ -8,41 +8,23 @@ from typing import Annotated, Optional
 import typer
 
 from sinkscope.cli.base import _friendly_errors, app
-from sinkscope.cli.options import (ModelArg, OutOpt, TextFileOpt, DatasetOpt, SeqLenOpt, NSeqsOpt, BatchOpt, SeedOpt, BosOpt,
-                                   DeviceOpt, DtypeOpt, RevisionOpt, TrustOpt, OverwriteOpt, ProgressOpt, FiguresOpt, AttentionOpt,
-                                   ResumeOpt, DeviceMapOpt, CheckpointSecondsOpt)
+from sinkscope.cli.options import ModelArg, OutOpt, run_options
 
 
 
 @app.command()
 @_friendly_errors
+@run_options()
 def sinks(
     model: ModelArg = None,
     out: OutOpt = None,
-    text_file: TextFileOpt = None,
-    dataset: DatasetOpt = None,
-    seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 16,
-    batch_size: BatchOpt = 4,
-    seed: SeedOpt = 0,
-    bos: BosOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustOpt = False,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al. threshold eps for sink_rate.")] = 0.3,
     sink_layer_start: Annotated[Optional[int], typer.Option("--sink-layer-start", help="First layer of the sink_rate_from_layer row (its layer_start column), a layer of the model [default: 2; no such row for a 2-layer model].")] = None,
     massive_top_k: Annotated[int, typer.Option("--massive-top-k", help="The K largest residual entries per layer (distinct position and channel) with channel, position, token and Sun et al.'s criterion [default: 0 = none; 10 with --massive-intervention].")] = 0,
     massive_min_abs: Annotated[float, typer.Option("--massive-min-abs", help="Massive: |h| above this (Sun et al.: 100).")] = 100.0,
     massive_min_ratio: Annotated[float, typer.Option("--massive-min-ratio", help="Massive: |h| at least this times the window's median |h| (Sun et al.: 1000).")] = 1000.0,
     massive_intervention: Annotated[Optional[str], typer.Option("--massive-intervention", help="zero | mean: then set the massive top-k entries (at their first layer) to 0 or their mean and report the loss change: a second pass, clean and intervened.")] = None,
-    overwrite: OverwriteOpt = False,
-    figures: FiguresOpt = True,
-    progress: ProgressOpt = True,
-    attention: AttentionOpt = "fused",
-    resume: ResumeOpt = False,
-    device_map: DeviceMapOpt = None,
-    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+    **shared,
 ) -> None:
     """Measure position-0 mass, sink rate, phantom mass, value-norm ratio and massive activations.
 
@@ -68,7 +50,7 @@ def sinks(
     \b
         torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
     """
-    _run("sinks", locals())
+    _run("sinks", {**locals(), **shared})
 
 
 def _run(name: str, values: dict) -> None:
@@ -90,29 +72,13 @@ def _run(name: str, values: dict) -> None:
 
 @app.command()
 @_friendly_errors
+@run_options(n_seqs=256)
 def selectivity(
     model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more gated models: trainer checkpoints with a value or output gate, or Hugging Face models with an output gate (Qwen3-Next). Several give one comparison page.")] = None,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
-    text_file: TextFileOpt = None,
-    dataset: DatasetOpt = None,
-    seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 256,
-    batch_size: BatchOpt = 4,
-    seed: SeedOpt = 0,
-    bos: BosOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustOpt = False,
     min_count: Annotated[int, typer.Option("--min-count", help="token_share_frequent (its min_count column) and the token tables count tokens seen at least K times.")] = 50,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
-    overwrite: OverwriteOpt = False,
-    figures: FiguresOpt = True,
-    progress: ProgressOpt = True,
-    attention: AttentionOpt = "fused",
-    resume: ResumeOpt = False,
-    device_map: DeviceMapOpt = None,
-    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+    **shared,
 ) -> None:
     """Measure gates: selectivity, mean gate, token-identity share, per-token gates, output-gate statistics.
 
@@ -134,25 +100,15 @@ def selectivity(
 
     With several models, --out holds one run folder per model and report.html compares them.
     """
-    _run("selectivity", locals())
+    _run("selectivity", {**locals(), **shared})
 
 
 @app.command()
 @_friendly_errors
+@run_options()
 def heads(
     model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
-    text_file: TextFileOpt = None,
-    dataset: DatasetOpt = None,
-    seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 16,
-    batch_size: BatchOpt = 4,
-    seed: SeedOpt = 0,
-    bos: BosOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustOpt = False,
     sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom | data (seed 004 §6.2: keys of high attention and low value norm, plus any phantom).")] = "auto",
     sink_attention: Annotated[float, typer.Option("--sink-attention", help="--sink-set data: a key's mean attention (Gu et al.'s alpha_j) must exceed this.")] = 0.3,
     sink_value_ratio: Annotated[float, typer.Option("--sink-value-ratio", help="--sink-set data: a key's value norm must be below this times the window's median.")] = 0.5,
@@ -160,13 +116,7 @@ def heads(
     dormant_below: Annotated[float, typer.Option("--dormant-below", help="A head whose importance is below this is dormant.")] = 0.1,
     ablate_dormant: Annotated[bool, typer.Option("--ablate-dormant", help="Then zero the dormant heads (found on all windows) and report the loss change: a second pass, clean and ablated.")] = False,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
-    overwrite: OverwriteOpt = False,
-    figures: FiguresOpt = True,
-    progress: ProgressOpt = True,
-    attention: AttentionOpt = "fused",
-    resume: ResumeOpt = False,
-    device_map: DeviceMapOpt = None,
-    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+    **shared,
 ) -> None:
     """Measure implicit gates, head importance, load imbalance (CV) and dormant heads (seed 004).
 
@@ -187,18 +137,15 @@ def heads(
     \b
         sinkscope heads ckpt/base ckpt/lb --ablate-dormant --out runs/lb-vs-base
     """
-    _run("heads", locals())
+    _run("heads", {**locals(), **shared})
 
 
 @app.command()
 @_friendly_errors
+@run_options(skip=('batch_size', 'seed'))
 def inject(
     model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
-    text_file: TextFileOpt = None,
-    dataset: DatasetOpt = None,
-    seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 16,
     eval_batch: Annotated[int, typer.Option("--eval-batch", help="Windows per evaluation batch: structured junk is drawn across it, so it is part of the measurement (recorded in the manifest, never halved); with structured junk --n-seqs must be a multiple of it (at least 2).")] = 8,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the window draw and of the junk (per batch and layer).")] = 0,
     junk: Annotated[list[str], typer.Option("--junk", help="Junk types, repeatable or comma-separated: structured, same-context, gaussian, random-direction, own-direction (projection-gate checkpoints).")] = ["structured", "same-context", "gaussian"],  # noqa: B006
@@ -207,19 +154,8 @@ def inject(
     draws: Annotated[int, typer.Option("--draws", help="Seeded draws of the junk per condition (draw d seeded by seed, batch, layer and d): the table gives the mean over draws and windows and its standard error over windows; K corrupted passes per condition, one shared clean pass.")] = 1,
     junk_source: Annotated[str, typer.Option("--junk-source", help="Where each layer's quiet set, median read norm m_h and transplanted junk come from: clean (the clean forward pass of the same batch, SPEC.md) or corrupted (the reads the layer receives after the layers below were corrupted; the protocol before 2026-12).")] = "clean",
     exposure: Annotated[bool, typer.Option("--exposure/--no-exposure", help="Also measure quiet and phantom mass on the clean pass.")] = True,
-    bos: BosOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustOpt = False,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
-    overwrite: OverwriteOpt = False,
-    figures: FiguresOpt = True,
-    progress: ProgressOpt = True,
-    attention: AttentionOpt = "fused",
-    resume: ResumeOpt = False,
-    device_map: DeviceMapOpt = None,
-    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+    **shared,
 ) -> None:
     """Corrupt every value head's quiet reads with junk and measure the loss increase (seed 000 §5).
 
@@ -245,27 +181,17 @@ def inject(
     \b
         sinkscope inject ckpt/baseline ckpt/sink+proj --out runs/inject-cmp
     """
-    values = dict(locals())
+    values = {**locals(), **shared}
     values["cutoffs"] = values.pop("cutoff")
     _run("inject", values)
 
 
 @app.command()
 @_friendly_errors
+@run_options()
 def circuit(
     model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
-    text_file: TextFileOpt = None,
-    dataset: DatasetOpt = None,
-    seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 16,
-    batch_size: BatchOpt = 4,
-    seed: SeedOpt = 0,
-    bos: BosOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustOpt = False,
     later_position: Annotated[int, typer.Option("--later-position", help="The later position whose cross-window cosine is shown beside position 0's (capped to seq-len - 1).")] = 64,
     norm_ratio: Annotated[float, typer.Option("--norm-ratio", help="Position 0 'separates' at the first layer where its norm exceeds this times the median of the others.")] = 2.0,
     subtract_head: Annotated[Optional[list[str]], typer.Option("--subtract-head", help="A layer-0 head 0.H whose output is subtracted before the MLP PCA (repeatable; subtracted together, exact through hook_result).")] = None,
@@ -276,13 +202,7 @@ def circuit(
     repeats: Annotated[Optional[list[int]], typer.Option("--repeats", help="How many times the first token is repeated (repeatable; 1 is the reference) [default: 1 2 4 8].")] = None,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al.'s threshold eps of Sink_0^eps.")] = 0.3,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
-    overwrite: OverwriteOpt = False,
-    figures: FiguresOpt = True,
-    progress: ProgressOpt = True,
-    attention: AttentionOpt = "fused",
-    resume: ResumeOpt = False,
-    device_map: DeviceMapOpt = None,
-    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+    **shared,
 ) -> None:
     """How the model makes position 0 special (seed 003): norms, direction, attention output, MLP PCA, BOS.
 
@@ -303,7 +223,7 @@ def circuit(
     \b
         sinkscope circuit ckpt/base ckpt/forcesink -o runs/p0   # variants
     """
-    values = dict(locals())
+    values = {**locals(), **shared}
     values["subtract_head"] = tuple(subtract_head or ())
     values["repeats"] = tuple(repeats) if repeats else (1, 2, 4, 8)
     _run("circuit", values)
@@ -311,11 +231,10 @@ def circuit(
 
 @app.command()
 @_friendly_errors
+@run_options(skip=('seq_len', 'n_seqs', 'batch_size'))
 def stream(
     model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
-    text_file: TextFileOpt = None,
-    dataset: DatasetOpt = None,
     length: Annotated[int, typer.Option("--length", help="Tokens per document (window), BOS included; may exceed the model's context.")] = 2048,
     n_seqs: Annotated[int, typer.Option("--n-seqs", help="Documents (windows of --length tokens).")] = 1,
     cache: Annotated[str, typer.Option("--cache", help="Cache sizes, comma-separated: the keys a cache holds when a token arrives (its query sees them and itself; exact at any --chunk).")] = "256",
@@ -326,19 +245,7 @@ def stream(
     mode: Annotated[str, typer.Option("--mode", help="stream (through the cache: memory bounded by it) | mask (one dense pass with the cache's mask: the exact reference, short texts).")] = "stream",
     h2o_recent: Annotated[float, typer.Option("--h2o-recent", help="h2o: the share of the cache kept for the most recent keys.")] = 0.5,
     bucket: Annotated[int, typer.Option("--bucket", help="Tokens per position bucket of the table and figures.")] = 256,
-    seed: SeedOpt = 0,
-    bos: BosOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustOpt = False,
-    overwrite: OverwriteOpt = False,
-    figures: FiguresOpt = True,
-    progress: ProgressOpt = True,
-    attention: AttentionOpt = "fused",
-    resume: ResumeOpt = False,
-    device_map: DeviceMapOpt = None,
-    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+    **shared,
 ) -> None:
     """Read a long text through a bounded KV cache: per-token NLL per policy, cache size and position convention.
 
@@ -360,35 +267,19 @@ def stream(
     \b
         sinkscope stream openai/gpt-oss-20b --sink-tokens 0 --policy full,window --device-map auto
     """
-    _run("stream", dict(locals()))
+    _run("stream", {**locals(), **shared})
 
 
 @app.command()
 @_friendly_errors
+@run_options()
 def measure(
     model: ModelArg = None,
     probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006
     param: Annotated[Optional[list[str]], typer.Option("--param", help="A probe parameter PROBE.NAME=VALUE (repeatable).")] = None,
     plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A Python file that registers probes (repeatable).")] = None,
     out: OutOpt = None,
-    text_file: TextFileOpt = None,
-    dataset: DatasetOpt = None,
-    seq_len: SeqLenOpt = None,
-    n_seqs: NSeqsOpt = 16,
-    batch_size: BatchOpt = 4,
-    seed: SeedOpt = 0,
-    bos: BosOpt = "auto",
-    device: DeviceOpt = "auto",
-    dtype: DtypeOpt = "auto",
-    revision: RevisionOpt = None,
-    trust_remote_code: TrustOpt = False,
-    overwrite: OverwriteOpt = False,
-    figures: FiguresOpt = True,
-    progress: ProgressOpt = True,
-    attention: AttentionOpt = "fused",
-    resume: ResumeOpt = False,
-    device_map: DeviceMapOpt = None,
-    checkpoint_seconds: CheckpointSecondsOpt = 30.0,
+    **shared,
 ) -> None:
     """Run any registered probes by name (a plugin file's included) and write a run folder.
 
@@ -403,6 +294,6 @@ def measure(
     \b
         sinkscope measure model.gguf --plugin my_probes.py --probe my_probe
     """
-    _run("measure", {**locals(), "probes": probe, "params": param or [], "plugins": plugin or []})
+    _run("measure", {**locals(), **shared, "probes": probe, "params": param or [], "plugins": plugin or []})
 
 

@@ -30,3 +30,37 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupt
 DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")]
 CheckpointSecondsOpt = Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")]
 
+
+
+#: the options every measuring command takes, in the order --help lists them: before the command's
+#: own options (HEAD) and after them (TAIL); (name, annotation, default).
+HEAD = (("text_file", TextFileOpt, None), ("dataset", DatasetOpt, None), ("seq_len", SeqLenOpt, None),
+        ("n_seqs", NSeqsOpt, 16), ("batch_size", BatchOpt, 4), ("seed", SeedOpt, 0), ("bos", BosOpt, "auto"),
+        ("device", DeviceOpt, "auto"), ("dtype", DtypeOpt, "auto"), ("revision", RevisionOpt, None),
+        ("trust_remote_code", TrustOpt, False))
+TAIL = (("overwrite", OverwriteOpt, False), ("figures", FiguresOpt, True), ("progress", ProgressOpt, True),
+        ("attention", AttentionOpt, "fused"), ("resume", ResumeOpt, False), ("device_map", DeviceMapOpt, None),
+        ("checkpoint_seconds", CheckpointSecondsOpt, 30.0))
+
+
+def run_options(*, skip: tuple[str, ...] = (), **defaults):
+    """Declare the shared options on a measuring command once: the decorated function takes ``MODEL``,
+    ``--out`` and its own options, and ``**shared``; its signature (what typer reads) gains :data:`HEAD`
+    after ``--out`` and :data:`TAIL` at the end, with ``defaults`` replacing a shared default
+    (``n_seqs=256``) and the names in ``skip`` left out (``stream`` reads ``--length``, not ``--seq-len``)."""
+    import inspect
+
+    def shared(entries) -> list[inspect.Parameter]:
+        return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                                  default=defaults.get(name, default))
+                for name, annotation, default in entries if name not in skip]
+
+    def decorate(func):
+        own = [p for p in inspect.signature(func, eval_str=True).parameters.values()
+               if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        first = [p for p in own if p.name in ("model", "out")]
+        rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p.name not in ("model", "out")]
+        func.__signature__ = inspect.Signature(first + shared(HEAD) + rest + shared(TAIL))
+        return func
+
+    return decorate
