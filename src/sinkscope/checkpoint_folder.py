@@ -41,10 +41,10 @@ def is_checkpoint(folder: str | os.PathLike) -> bool:
 
     A damaged one counts (its readers say what is wrong with it, :func:`read_config`).
     """
-    from sinkscope.fileio import read_json
+    from sinkscope.fileio import read_json_once
 
     try:  # a damaged config.json (not JSON, [[[[...]]]]) is no checkpoint here; resolving the model names it
-        meta = read_json(Path(folder) / "config.json", "the checkpoint's config.json")
+        meta = read_json_once(Path(folder) / "config.json", "the checkpoint's config.json")
     except (SinkscopeError, TypeError):
         return False
     return isinstance(meta, dict) and "sinkscope_trainer" in meta

@@ -204,6 +204,31 @@ def read_json(path: str | os.PathLike, what: str, *, expect: type | tuple[type, 
     return parse_json(text, f"{what} at {path}", expect=expect, hint=hint)
 
 
+#: parsed JSON by (real path, device, inode, size, modification time): read_json_once's memory.
+_READ_ONCE: dict[tuple, object] = {}
+
+
+def read_json_once(path: str | os.PathLike, what: str, *, expect: type | tuple[type, ...] | None = None,
+                   hint: str = JSON_HINT) -> object:
+    """:func:`read_json`, read once per version of the file in this process (a model's config.json is
+    asked for when the model is resolved, checked and loaded); a deep copy each time, so callers may
+    change it. A failure is never remembered: each caller gets its own sentence."""
+    import copy
+
+    try:
+        info = os.stat(path)
+    except OSError:  # absent or unreadable: read_json's sentence
+        return read_json(path, what, expect=expect, hint=hint)
+    key = (os.path.realpath(path), info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    if key not in _READ_ONCE:
+        _READ_ONCE[key] = read_json(path, what, hint=hint)
+    value = copy.deepcopy(_READ_ONCE[key])
+    problem = _check_type(value, expect)
+    if problem:
+        return parse_json(json.dumps(value), f"{what} at {path}", expect=expect, hint=hint)  # read_json's sentence
+    return value
+
+
 # ---- what sinkscope wrote: the inventory -------------------------------------------------------------
 
 #: the hidden file in which a writer lists what it wrote into a folder (written last).

@@ -159,7 +159,7 @@ def _check_text_file(options: RunOptions) -> None:
 
 def plan(command: Command | str, options: RunOptions | dict, *, models: str | Sequence[str | None] | None = None,
          revisions: str | Sequence[str | None] | None = None, group_by: str | None = None,
-         labels: Sequence[str] | None = None, write: bool = True) -> list[Plan]:
+         labels: Sequence[str] | None = None, write: bool = True, name_prefix: str | None = None) -> list[Plan]:
     """Check and resolve everything a run can fail on without torch; one :class:`Plan` per run.
 
     Args:
@@ -172,6 +172,8 @@ def plan(command: Command | str, options: RunOptions | dict, *, models: str | Se
         labels: several models: their names on the page, one per model.
         write: the runs will be written (their folders are checked here); False for the API's
             in-memory result of one run.
+        name_prefix: a run alone written without ``--out`` goes to ``reports/<time>-<prefix>-<model>-...``
+            (a recipe's name); the default folder is named here, once, whatever the prefix.
 
     Returns:
         One plan for a run alone; for several models or revisions, one per run, sharing a
@@ -203,6 +205,12 @@ def plan(command: Command | str, options: RunOptions | dict, *, models: str | Se
                 _check_not_cwd(Path(options.out))
             else:
                 check_run_dir(Path(options.out), options.overwrite)
+        elif write:  # reports/<time>-[<prefix>-]<model>-s<seed>-<hex>: a fresh name
+            from sinkscope.results import default_run_dir
+
+            label = sources[0].label or sources[0].location
+            options = replace(options, out=str(default_run_dir(f"{name_prefix}-{label}" if name_prefix else label,
+                                                               options.seed)))
         return [Plan(command.name, options, sources[0])]
     return _comparison_plans(command, options, sources, series, group_by, labels)
 

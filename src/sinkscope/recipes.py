@@ -102,13 +102,14 @@ def _train_options():
 
 
 def _measure(name: str):
-    """The runner of a measuring command: the pipeline; returns the run folder."""
-    def run(options, log=None):
-        from sinkscope.commands import get_command
-        from sinkscope.pipeline import execute
+    """The runner of a measuring command: its plan (made when the step runs, so a model an earlier step
+    trains exists by then), then the pipeline; returns the run folder. ``name_prefix``: a step without
+    an ``out`` writes to ``reports/<time>-<recipe>-<model>-...``."""
+    def run(options, log=None, name_prefix=None):
+        from sinkscope.executors import execute, written_path
+        from sinkscope.plan import plan
 
-        result = execute(get_command(name), options, log=log)
-        return None if result is None else result.path
+        return written_path(execute(plan(name, options, name_prefix=name_prefix), log=log))
     return run
 
 
@@ -292,23 +293,6 @@ def load_recipe(path: str, overrides: list[str] = ()) -> tuple[str, object]:
     return steps[0]
 
 
-def named_run_dirs(path: str, steps: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """Measuring steps without an ``out`` get ``reports/<time>-<recipe>-<model>[-s<seed>]-<hex>``:
-    the default run folder with the recipe's name in front of the model's."""
-    from sinkscope.results import default_run_dir
-    from sinkscope.sources import resolve_source
-
-    measuring = set(discover())
-    named = []
-    for command, options in steps:
-        if command in measuring and getattr(options, "out", "given") is None:
-            source = resolve_source(options.model, options.revision)
-            label = f"{Path(path).stem}-{source.label or Path(source.location).name}"
-            options = dataclasses.replace(options, out=str(default_run_dir(label, options.seed)))
-        named.append((command, options))
-    return named
-
-
 #: the options of a step that make Python code run: the model's own code, a probe plugin file.
 CODE_OPTIONS = ("trust_remote_code", "plugins")
 
@@ -405,7 +389,7 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
         steps = load_steps(path, overrides)
         check_recipe_code(path, steps, overrides, allow_code=allow_code, trust_remote_code=trust_remote_code,
                           plugins=plugins)
-        loaded.append(named_run_dirs(path, _with_command_line_code(steps, trust_remote_code, plugins)))
+        loaded.append(_with_command_line_code(steps, trust_remote_code, plugins))
     say = log or (lambda message: print(message, file=sys.stderr))
     for path, steps in zip(paths, loaded):
         for note in recipe_code_notes(steps):
@@ -416,10 +400,12 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
         for _, options in steps:
             if getattr(options, "out", None):
                 check_inputs_outside(options.out, {"the recipe": path}, option="out")
+    measuring = set(discover())
     results = []
-    for steps in loaded:
+    for path, steps in zip(paths, loaded):
         result = None
-        for command, options in steps:
-            result = commands[command][1](options, log=log)
+        for command, options in steps:  # a measuring step without an out is named after the recipe
+            extra = {"name_prefix": Path(path).stem} if command in measuring else {}
+            result = commands[command][1](options, log=log, **extra)
         results.append(result)
     return results

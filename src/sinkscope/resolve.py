@@ -121,7 +121,7 @@ def check_model_files(folder: str | os.PathLike, whose: str = "the model's") -> 
     ``whose`` begins the sentence ("the tokenizer's"). Each version of a file is read once per
     process (a run checks its model when it resolves it and again when it loads it).
     """
-    from sinkscope.fileio import read_json
+    from sinkscope.fileio import read_json_once
 
     for name in MODEL_JSON_FILES:
         path = Path(folder) / name
@@ -135,7 +135,7 @@ def check_model_files(folder: str | os.PathLike, whose: str = "the model's") -> 
         identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
         if _CHECKED.get(real) == identity:
             continue
-        read_json(path, f"{whose} {name}", expect=None if name == "vocab.json" else dict)
+        read_json_once(path, f"{whose} {name}", expect=None if name == "vocab.json" else dict)
         _CHECKED[real] = identity
 
 

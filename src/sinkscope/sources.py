@@ -373,7 +373,12 @@ def check_json_files(source: Source) -> None:
 
 
 def _config(source: Source) -> dict | None:
-    """The model's config file as a dict, without loading weights (None if there is none yet)."""
+    """The model's config file as a dict, without loading weights (None if there is none yet).
+
+    Read once per version of the file (``fileio.read_json_once``): resolving the model, the context
+    length, the layer count, the vocabulary, the phantom and the size check all ask, and config.json
+    is parsed once; each caller gets its own copy.
+    """
     config_file = None
     if source.kind in ("folder", "checkpoint"):
         config_file = Path(source.path) / "config.json"
@@ -381,10 +386,10 @@ def _config(source: Source) -> dict | None:
         config_file = gguf_cache_dir(Path(source.path)) / "config.json"
     if config_file is None or not config_file.is_file():
         return None
-    from sinkscope.fileio import read_json
+    from sinkscope.fileio import read_json_once
 
     try:
-        config = read_json(config_file, "the model's config.json", expect=dict)
+        config = read_json_once(config_file, "the model's config.json", expect=dict)
     except SinkscopeError:
         if source.kind != "gguf":
             raise

@@ -232,3 +232,32 @@ def test_a_deep_gguf_cache_file_is_rebuilt_not_fatal(tmp_path, monkeypatch):
     _write(cache / "SINKSCOPE_COMPLETE", "done")
     assert not sources._gguf_cached(cache)  # rebuilt from the GGUF when the model loads
     assert sources.config_file_dict(sources.Source("gguf", str(gguf), str(gguf))) is None
+
+
+def test_read_json_once_parses_each_version_of_a_file_once(tmp_path, monkeypatch):
+    """A model's config.json is asked for when it is resolved, checked and loaded: parsed once per version,
+    each caller its own copy, and a damaged file is never remembered (every caller gets its sentence)."""
+    import os
+
+    from sinkscope import fileio
+
+    path = tmp_path / "config.json"
+    path.write_text('{"num_hidden_layers": 2}')
+    calls = []
+    original = fileio.read_json
+    monkeypatch.setattr(fileio, "read_json", lambda *a, **k: calls.append(a[0]) or original(*a, **k))
+    first = fileio.read_json_once(path, "the model's config.json", expect=dict)
+    first["num_hidden_layers"] = 99  # a caller's change stays its own
+    assert fileio.read_json_once(path, "the model's config.json") == {"num_hidden_layers": 2} and len(calls) == 1
+    path.write_text('{"num_hidden_layers": 3, "x": 1}')  # a new version is read again
+    os.utime(path, ns=(1, 10 ** 18))
+    assert fileio.read_json_once(path, "the model's config.json")["num_hidden_layers"] == 3 and len(calls) == 2
+    with pytest.raises(SinkscopeError, match="holds a JSON object where a JSON array belongs|where"):
+        fileio.read_json_once(path, "the model's config.json", expect=list)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[" * 200000 + "]" * 200000)
+    for _ in range(2):  # not remembered: read (and refused) each time
+        with pytest.raises(SinkscopeError, match="bad.json"):
+            fileio.read_json_once(bad, "the run's manifest")
+    with pytest.raises(SinkscopeError, match="there is no"):
+        fileio.read_json_once(tmp_path / "absent.json", "the model's config.json")

@@ -154,10 +154,10 @@ def read_config(folder: str | os.PathLike) -> dict:
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise SinkscopeError(f"there is no trainer checkpoint in {folder} (no config.json).")
-    from sinkscope.fileio import read_json
+    from sinkscope.fileio import read_json_once
 
-    meta = read_json(path, "the checkpoint's config.json",  # check_config says what a non-object is
-                     hint="it is damaged: restore it from a copy, or train the model again")
+    meta = read_json_once(path, "the checkpoint's config.json",  # check_config says what a non-object is
+                          hint="it is damaged: restore it from a copy, or train the model again")
     return check_config(meta, folder)
 
 
