@@ -58,37 +58,12 @@ def measure(
         **options: the command's options (``seq_len``, ``n_seqs``, ``seed``, ``bos``, ``device``,
             ``dtype``, ``attention``, ``out``, ...).
     """
-    from sinkscope.commands import discover
-
     try:
         return _measure(what, model, tokenizer, texts=texts, windows=windows, params=params, revisions=revisions,
                         group_by=group_by, log=log, **options)
-    except SinkscopeError as error:  # the pipeline's sentences name CLI flags; a notebook user passes keywords
-        command = discover().get(what) if isinstance(what, str) else None
-        error.args = (api_words(str(error), command.options if command else discover()["measure"].options),)
+    except SinkscopeError as error:  # the sentences name options; a notebook user passes keywords
+        error.args = (error.phrased("api"),)
         raise
-
-
-def api_words(message: str, options_cls: type) -> str:
-    """A sentence written for the CLI in the API's words: ``--seq-len`` -> ``seq_len``, ``--overwrite`` ->
-    ``overwrite=True``, ``--no-figures`` -> ``figures=False``; flags that are no option stay as they are."""
-    import re
-
-    kinds = {f.name: f.type for f in fields(options_cls)}
-    booleans = {name for name, kind in kinds.items() if kind in (bool, "bool")}
-
-    def swap(match: "re.Match") -> str:
-        name = match.group(1).replace("-", "_")
-        if name.startswith("no_") and name[3:] in booleans:
-            return f"{name[3:]}=False"
-        if name in booleans:
-            return f"{name}=True"
-        for candidate in (name, f"{name}s"):  # --probe -> probes, --cutoff -> cutoffs
-            if candidate in kinds:
-                return candidate
-        return match.group(0)
-
-    return re.sub(r"(?<![\w-])--([a-z][a-z0-9-]*)", swap, message)
 
 
 def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group_by, log, **options):

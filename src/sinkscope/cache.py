@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 POLICIES = ("full", "window", "sinks", "h2o")
 POSITIONS = ("cache", "original")
@@ -63,7 +63,7 @@ class Policy:
             raise SinkscopeError(f"sinks keeps 1 to cache - 1 sink tokens; {self.sink_tokens} with a cache of "
                                  f"{self.cache} leaves no recent keys.")
         if self.positions not in POSITIONS:
-            raise SinkscopeError(f"unknown --positions {self.positions!r}; use cache, original or both.")
+            raise SinkscopeError(f"unknown {option('positions')} {self.positions!r}; use cache, original or both.")
 
     @property
     def label(self) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from sinkscope import distributed
-from sinkscope.errors import Interrupted, SinkscopeError
+from sinkscope.errors import Interrupted, SinkscopeError, option
 from sinkscope.options import Command, RunOptions
 from sinkscope.pipeline import Prepared, carry_out, prepare, progress_path
 from sinkscope.plan import COMPARISON_WRITER, Plan
@@ -98,11 +98,11 @@ def run_comparison(plans: list[Plan], *, log: Callable[[str], None] | None = Non
             except KeyboardInterrupt:
                 if not done:
                     raise
-                raise Interrupted(f"interrupted; {kept}: rerun the same command with --resume to continue.") from None
+                raise Interrupted(f"interrupted; {kept}: rerun the same command with {option('resume', True)} to continue.") from None
             except SinkscopeError as error:
                 if not done:
                     raise
-                raise SinkscopeError(f"{str(error).rstrip('.')}; {kept}: rerun the same command with --resume to "
+                raise SinkscopeError(f"{error.raw.rstrip('.')}; {kept}: rerun the same command with {option('resume', True)} to "
                                      "continue.") from error
             if comparison.series and expected is None and result is not None:
                 expected = result.manifest["windows"]["tokens_sha256"]

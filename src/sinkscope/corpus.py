@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from sinkscope.corpus_fetch import AUSTEN_NAMES, austen_filename, default_corpus_dir, is_complete_corpus
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import BOS_POLICIES, check_seed  # noqa: F401 - part of this module's interface
 
 
@@ -68,7 +68,7 @@ def bundled_corpus() -> Corpus:
     if not is_complete_corpus(folder):
         raise SinkscopeError(
             f"the bundled corpus is not in {folder}; run `python -m sinkscope.corpus_fetch` "
-            "(or `make demo`), or pass --text-file PATH."
+            f"(or `make demo`), or pass {option('text_file')} PATH."
         )
     files = [folder / austen_filename(name) for name in sorted(AUSTEN_NAMES)]
     return Corpus("austen", [f.read_text(encoding="utf-8") for f in files],
@@ -95,7 +95,7 @@ def dataset_corpus(spec: str, text_column: str = "text") -> Corpus:
     try:
         import datasets  # type: ignore
     except ImportError as error:
-        raise SinkscopeError("--dataset needs the datasets package; pip install datasets.") from error
+        raise SinkscopeError(f"{option('dataset')} needs the datasets package; pip install datasets.") from error
     name, config, split = (spec.split(":") + [None, None])[:3]
     try:
         data = datasets.load_dataset(name, config or None, split=split or "train")
@@ -110,7 +110,7 @@ def dataset_corpus(spec: str, text_column: str = "text") -> Corpus:
 def load_corpus(text_file: str | None = None, dataset: str | None = None) -> Corpus:
     """The corpus chosen by the options (bundled default when neither is given)."""
     if text_file and dataset:
-        raise SinkscopeError("pass either --text-file or --dataset, not both.")
+        raise SinkscopeError(f"pass either {option('text_file')} or {option('dataset')}, not both.")
     if text_file:
         return text_file_corpus(text_file)
     if dataset:
@@ -136,7 +136,7 @@ def resolve_bos(policy: str, tokenizer) -> int | None:
         return None
     if policy == "add":
         if bos is None:
-            raise SinkscopeError("--bos add was asked for but the tokenizer has no BOS token; use --bos none.")
+            raise SinkscopeError(f"{option('bos')} add was asked for but the tokenizer has no BOS token; use {option('bos')} none.")
         return int(bos)
     return int(bos) if tokenizer_adds_bos(tokenizer) else None
 
@@ -212,16 +212,16 @@ def make_windows(doc_ids: list[np.ndarray], *, seq_len: int, n_seqs: int, seed: 
     """Draw ``n_seqs`` windows of ``seq_len`` tokens (see the module docstring for the rule)."""
     check_seed(seed)
     if seq_len < 2:
-        raise SinkscopeError(f"--seq-len must be at least 2 (got {seq_len}).")
+        raise SinkscopeError(f"{option('seq_len')} must be at least 2 (got {seq_len}).")
     if n_seqs < 1:
-        raise SinkscopeError(f"--n-seqs must be at least 1 (got {n_seqs}).")
+        raise SinkscopeError(f"{option('n_seqs')} must be at least 1 (got {n_seqs}).")
     body = seq_len - (1 if bos_id is not None else 0)
     chunks = [(d, start) for d, ids in enumerate(doc_ids) for start in range(0, len(ids) - body + 1, body)]
     total = int(sum(len(ids) for ids in doc_ids))
     if len(chunks) < n_seqs:
         raise SinkscopeError(
             f"the corpus has {total} tokens, enough for {len(chunks)} windows of {seq_len} tokens, "
-            f"but --n-seqs {n_seqs} were asked for; lower --n-seqs or --seq-len, or use a longer text."
+            f"but {option('n_seqs')} {n_seqs} were asked for; lower {option('n_seqs')} or {option('seq_len')}, or use a longer text."
         )
     rng = np.random.default_rng(seed)
     picked = sorted(rng.choice(len(chunks), size=n_seqs, replace=False).tolist())

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 if TYPE_CHECKING:
     from sinkscope.resolve import Source
@@ -32,13 +32,13 @@ def resolve_device(device: str) -> torch.device:
     except (RuntimeError, ValueError, TypeError) as error:
         raise SinkscopeError(f"unknown device {device!r}; use auto, cpu, cuda or cuda:N.") from error
     if resolved.type not in DEVICE_TYPES:
-        raise SinkscopeError(f"--device {device} is not supported; sinkscope runs on cpu or cuda (auto picks cuda "
+        raise SinkscopeError(f"{option('device')} {device} is not supported; sinkscope runs on cpu or cuda (auto picks cuda "
                              "when a GPU is available).")
     if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise SinkscopeError(f"--device {device} was asked for but no CUDA GPU is available; use --device cpu.")
+        raise SinkscopeError(f"{option('device')} {device} was asked for but no CUDA GPU is available; use {option('device')} cpu.")
     if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
         count = torch.cuda.device_count()
-        raise SinkscopeError(f"--device {device} names GPU {resolved.index}, but {count} GPU(s) are visible; "
+        raise SinkscopeError(f"{option('device')} {device} names GPU {resolved.index}, but {count} GPU(s) are visible; "
                              f"use cuda:0 to cuda:{count - 1}.")
     return resolved
 
@@ -48,10 +48,10 @@ def check_device_map(device_map: str | dict | None, source: Source | None = None
     if device_map is None or isinstance(device_map, dict):
         return
     if device_map not in DEVICE_MAPS:
-        raise SinkscopeError(f"unknown --device-map {device_map!r}; use {', '.join(DEVICE_MAPS)} "
-                             "(or --device to put the whole model on one device).")
+        raise SinkscopeError(f"unknown {option('device_map')} {device_map!r}; use {', '.join(DEVICE_MAPS)} "
+                             f"(or {option('device')} to put the whole model on one device).")
     if source is not None and source.kind == "checkpoint":
-        raise SinkscopeError("--device-map is for transformers models; a trainer checkpoint runs on one --device.")
+        raise SinkscopeError(f"{option('device_map')} is for transformers models; a trainer checkpoint runs on one {option('device')}.")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -33,7 +33,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 
 def _default_file_mode() -> int:
@@ -348,7 +348,7 @@ def describe_entries(entries: list[str], limit: int = 3) -> str:
 
 
 def check_replaceable(folder: Path, overwrite: bool, *, kind: str, legacy: Callable[[str], bool] | None = None,
-                      hint: str = "pass --overwrite", option: str = "--out") -> None:
+                      hint: str = f"pass {option('overwrite', True)}", flag: str = option("out")) -> None:
     """Refuse an output ``folder`` that holds something, unless ``overwrite`` and all of it is sinkscope's.
 
     ``--overwrite`` replaces an empty folder or one that holds only what sinkscope wrote
@@ -361,20 +361,20 @@ def check_replaceable(folder: Path, overwrite: bool, *, kind: str, legacy: Calla
         kind: what the folder is, for the messages ("run", "trainer checkpoint", "report").
         legacy: recognises the files of such a folder written before inventories existed.
         hint: what to do when it exists and ``overwrite`` is off.
-        option: the option that named the folder, for the messages.
+        flag: the option that named the folder, for the messages.
     """
     folder = Path(folder)
     if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise SinkscopeError(f"{folder} exists and is not a folder; choose another {option}.")
+        raise SinkscopeError(f"{folder} exists and is not a folder; choose another {flag}.")
     if not folder.is_dir() or all(is_temporary_name(entry.name) for entry in folder.iterdir()):
         return  # absent, empty, or only sinkscope's temporaries (a lock, a staging folder)
     foreign = foreign_entries(folder, legacy)
     if foreign or (read_inventory(folder) is None and legacy is None):
         what = describe_entries(foreign) if foreign else "no record of what wrote it"
         raise SinkscopeError(f"the folder {folder} holds files sinkscope did not write ({what}); sinkscope never "
-                             f"replaces them, with or without --overwrite: choose another {option}, or move them.")
+                             f"replaces them, with or without {option('overwrite', True)}: choose another {flag}, or move them.")
     if not overwrite:
-        raise SinkscopeError(f"the {kind} folder {folder} already exists; {hint}, or choose another {option}.")
+        raise SinkscopeError(f"the {kind} folder {folder} already exists; {hint}, or choose another {flag}.")
 
 
 def check_not_cwd(folder: Path, what: str = "a run needs", example: str = "runs/NAME") -> None:
@@ -386,11 +386,11 @@ def check_not_cwd(folder: Path, what: str = "a run needs", example: str = "runs/
     target = Path(os.path.abspath(folder))
     here = Path.cwd()
     if target == here or target in here.parents:
-        raise SinkscopeError(f"--out {folder} is the current folder or one above it; {what} a folder of its own, "
-                             f"e.g. --out {example}.")
+        raise SinkscopeError(f"{option('out')} {folder} is the current folder or one above it; {what} a folder of its own, "
+                             f"e.g. {option('out')} {example}.")
 
 
-def check_inputs_outside(folder: Path, inputs: dict[str, str | os.PathLike | None], option: str = "--out") -> None:
+def check_inputs_outside(folder: Path, inputs: dict[str, str | os.PathLike | None], flag: str = option("out")) -> None:
     """Refuse an output ``folder`` that holds (or is) a file or folder the command reads, or lies inside one.
 
     A writer replaces its folder whole, so the model being measured, a text file, a tokenizer or
@@ -404,11 +404,11 @@ def check_inputs_outside(folder: Path, inputs: dict[str, str | os.PathLike | Non
             continue
         source = Path(os.path.realpath(path))
         if source == target or target in source.parents:
-            raise SinkscopeError(f"{what} {path} lies inside {option} {folder}, which this command replaces; "
-                                 f"choose another {option}.")
+            raise SinkscopeError(f"{what} {path} lies inside {flag} {folder}, which this command replaces; "
+                                 f"choose another {flag}.")
         if source in target.parents:  # writing into the model's (or tokenizer's) own folder changes it
-            raise SinkscopeError(f"{option} {folder} lies inside {what} {path}; sinkscope writes nothing into a "
-                                 f"folder it reads: choose another {option}.")
+            raise SinkscopeError(f"{flag} {folder} lies inside {what} {path}; sinkscope writes nothing into a "
+                                 f"folder it reads: choose another {flag}.")
 
 
 def lock_path(folder: Path) -> Path:
@@ -418,7 +418,7 @@ def lock_path(folder: Path) -> Path:
 
 
 @contextmanager
-def lock_folder(folder: Path, kind: str = "output", option: str = "--out", writer: str | None = None) -> Iterator[None]:
+def lock_folder(folder: Path, kind: str = "output", flag: str = option("out"), writer: str | None = None) -> Iterator[None]:
     """Hold ``folder``'s lock (:func:`lock_path`) for the block: one writer per folder, whatever writes it.
 
     A second writer (a run, a training, a report, a sweep, the toy task) fails at once with one
@@ -428,24 +428,24 @@ def lock_folder(folder: Path, kind: str = "output", option: str = "--out", write
     Args:
         folder: the output folder (need not exist; its parent is created).
         kind: what the folder is, for the messages ("run", "checkpoint", "report").
-        option: the option that named it.
+        flag: the option that named it.
         writer: what writes it, for the message naming the other holder ("run", "training"; default ``kind``).
     """
     path = lock_path(folder)
     for parent in [path.parent, *path.parent.parents]:  # mkdir would say "File exists" for a file on the way
         if parent.exists() and not parent.is_dir():
             raise SinkscopeError(f"could not write the {kind} folder {folder}: {parent} is a file, not a folder; "
-                                 f"choose another {option}.")
+                                 f"choose another {flag}.")
     with ExitStack() as stack:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             stack.enter_context(exclusive_lock(path, lambda owner: (
                 f"another sinkscope {writer or kind} (process {owner}) is writing {folder} right now; wait for it "
-                f"to finish or choose another {option}.")))
+                f"to finish or choose another {flag}.")))
         except OSError as error:
             where = f": {error.filename}" if error.filename else ""
             raise SinkscopeError(f"could not write the {kind} folder {folder} ({error.strerror or error}{where}); "
-                                 f"choose another {option}.") from error
+                                 f"choose another {flag}.") from error
         yield
 
 
@@ -516,7 +516,7 @@ def _clear_stale_lock(path: Path, busy: Callable[[str], str]) -> None:
         return
     if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size > 32:
         raise SinkscopeError(f"{path} is not a sinkscope lock file (it is a link, or holds something else); "
-                             "sinkscope leaves it alone: remove it yourself, or choose another --out.")
+                             f"sinkscope leaves it alone: remove it yourself, or choose another {option('out')}.")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
@@ -525,7 +525,7 @@ def _clear_stale_lock(path: Path, busy: Callable[[str], str]) -> None:
         content = os.read(fd, 64)
         if not _PID_LINE.match(content):
             raise SinkscopeError(f"{path} is not a sinkscope lock file (it holds something else); sinkscope leaves "
-                                 "it alone: remove it yourself, or choose another --out.")
+                                 f"it alone: remove it yourself, or choose another {option('out')}.")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

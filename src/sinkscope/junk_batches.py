@@ -6,6 +6,8 @@ and ``probes/injection.py`` (the probe's own check of the batches the runner wil
 
 from __future__ import annotations
 
+from sinkscope.errors import option
+
 
 def batch_problem(junk: tuple, eval_batch: int, n_windows: int) -> str | None:
     """Why batches of ``eval_batch`` over ``n_windows`` windows cannot carry this junk, as a sentence, or None.
@@ -18,12 +20,12 @@ def batch_problem(junk: tuple, eval_batch: int, n_windows: int) -> str | None:
         return None
     if eval_batch < 2:
         return ("structured junk is drawn from the other windows of its evaluation batch, so it needs "
-                f"--eval-batch 2 or more (got {eval_batch}); use a larger --eval-batch, or other --junk.")
+                f"{option('eval_batch')} 2 or more (got {eval_batch}); use a larger {option('eval_batch')}, or other {option('junk')}.")
     if n_windows % eval_batch:
         lower, upper = n_windows // eval_batch * eval_batch, (n_windows // eval_batch + 1) * eval_batch
         short = (f"{n_windows} windows leave a last batch of {n_windows % eval_batch}" if lower
                  else f"there are only {n_windows} windows")
         return (f"structured junk is drawn from the other windows of its evaluation batch, so every batch needs "
-                f"--eval-batch ({eval_batch}) windows, but {short}; use --n-seqs "
-                f"{f'{lower} or {upper}' if lower else upper}, or an --eval-batch that divides {n_windows}.")
+                f"{option('eval_batch')} ({eval_batch}) windows, but {short}; use {option('n_seqs')} "
+                f"{f'{lower} or {upper}' if lower else upper}, or an {option('eval_batch')} that divides {n_windows}.")
     return None

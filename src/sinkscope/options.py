@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.paths import user_path
 
 if TYPE_CHECKING:
@@ -75,16 +75,16 @@ class RunOptions:
     device_map: str | None = None
 
     def __post_init__(self):
-        expand_paths(self, model="MODEL", out="--out", text_file="--text-file")
+        expand_paths(self, model="MODEL", out=option("out"), text_file=option("text_file"))
 
 
 def expand_paths(options, **fields: str) -> None:
     """``~`` in the named path fields expanded once, where the options are made (``paths.user_path``),
     so every reader and writer sees the same path; a name that is not UTF-8 is one sentence."""
-    for name, option in fields.items():
+    for name, flag in fields.items():
         value = getattr(options, name, None)
         if isinstance(value, (str, os.PathLike)):
-            object.__setattr__(options, name, user_path(value, option))
+            object.__setattr__(options, name, user_path(value, flag))
 
 
 @dataclass(frozen=True)
@@ -127,21 +127,21 @@ def check_options(options: RunOptions) -> None:
     """The options every command shares, checked in a second, before anything loads."""
     lengths = seq_lens(options.seq_len)
     if lengths is not None and min(lengths) < 2:
-        raise SinkscopeError(f"--seq-len must be at least 2 (got {min(lengths)}).")
+        raise SinkscopeError(f"{option('seq_len')} must be at least 2 (got {min(lengths)}).")
     if lengths is not None and len(lengths) > 1 and options.resume:
-        raise SinkscopeError("--resume is not supported with several --seq-len values; run them without it.")
+        raise SinkscopeError(f"{option('resume', True)} is not supported with several {option('seq_len')} values; run them without it.")
     if options.n_seqs < 1:
-        raise SinkscopeError(f"--n-seqs must be at least 1 (got {options.n_seqs}).")
+        raise SinkscopeError(f"{option('n_seqs')} must be at least 1 (got {options.n_seqs}).")
     if options.batch_size < 1:
-        raise SinkscopeError(f"--batch-size must be at least 1 (got {options.batch_size}).")
+        raise SinkscopeError(f"{option('batch_size')} must be at least 1 (got {options.batch_size}).")
     if options.bos not in BOS_POLICIES:
-        raise SinkscopeError(f"unknown --bos {options.bos!r}; use one of {', '.join(BOS_POLICIES)}.")
+        raise SinkscopeError(f"unknown {option('bos')} {options.bos!r}; use one of {', '.join(BOS_POLICIES)}.")
     if options.resume and not options.out:
-        raise SinkscopeError("--resume needs the --out folder of the run to continue.")
+        raise SinkscopeError(f"{option('resume', True)} needs the {option('out')} folder of the run to continue.")
     if options.attention not in ATTENTION_MODES:
-        raise SinkscopeError(f"unknown --attention {options.attention!r}; use fused or explicit.")
+        raise SinkscopeError(f"unknown {option('attention')} {options.attention!r}; use fused or explicit.")
     if not options.checkpoint_seconds >= 0:  # NaN too
-        raise SinkscopeError(f"--checkpoint-seconds must be 0 or more (got {options.checkpoint_seconds:g}).")
+        raise SinkscopeError(f"{option('checkpoint_seconds')} must be 0 or more (got {options.checkpoint_seconds:g}).")
     check_seed(options.seed)
 
 
@@ -161,10 +161,10 @@ def parse_seq_len(text: str | int | None) -> int | tuple[int, ...] | None:
     try:
         values = [int(v) for v in str(text).replace(" ", "").split(",") if v]
     except ValueError:
-        raise SinkscopeError(f"--seq-len takes a length or comma-separated lengths such as 128,512 (got {text!r})."
+        raise SinkscopeError(f"{option('seq_len')} takes a length or comma-separated lengths such as 128,512 (got {text!r})."
                              ) from None
     if not values:
-        raise SinkscopeError("--seq-len needs at least one length.")
+        raise SinkscopeError(f"{option('seq_len')} needs at least one length.")
     return values[0] if len(values) == 1 else tuple(sorted(set(values)))
 
 
@@ -174,24 +174,24 @@ def seq_lens(seq_len) -> tuple[int, ...] | None:
         return None
     if isinstance(seq_len, (list, tuple)):
         if not seq_len:
-            raise SinkscopeError("--seq-len needs at least one length.")
+            raise SinkscopeError(f"{option('seq_len')} needs at least one length.")
         bad = [v for v in seq_len if isinstance(v, bool) or not isinstance(v, int)]
         if bad:
-            raise SinkscopeError(f"--seq-len lengths must be integers (got {bad[0]!r}).")
+            raise SinkscopeError(f"{option('seq_len')} lengths must be integers (got {bad[0]!r}).")
         return tuple(sorted(set(seq_len)))
     if isinstance(seq_len, bool) or not isinstance(seq_len, int):
-        raise SinkscopeError(f"--seq-len must be an integer or a list of them (got {seq_len!r}).")
+        raise SinkscopeError(f"{option('seq_len')} must be an integer or a list of them (got {seq_len!r}).")
     return (seq_len,)
 
 
-def check_seed(seed, option: str = "--seed") -> None:
+def check_seed(seed, flag: str = option("seed")) -> None:
     """A seed must be a non-negative integer (numpy's generators refuse negative ones)."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise SinkscopeError(f"{option} must be a non-negative integer (got {seed}).")
+        raise SinkscopeError(f"{flag} must be a non-negative integer (got {seed}).")
 
 
 def check_layer_start(start: int | None, n_layers: int | None, attention_layers=None,
-                      option: str = "--sink-layer-start") -> None:
+                      flag: str = option("sink_layer_start")) -> None:
     """A layer index the user gave must name a layer: ``0 <= start < n_layers``, at most the last attention layer.
 
     Run twice: before loading with ``sources.layer_count`` (when the config is on disk) and after,
@@ -200,11 +200,11 @@ def check_layer_start(start: int | None, n_layers: int | None, attention_layers=
     if start is None:
         return
     if start < 0:
-        raise SinkscopeError(f"{option} must be 0 or more (got {start}).")
+        raise SinkscopeError(f"{flag} must be 0 or more (got {start}).")
     if n_layers is not None and start >= n_layers:
-        raise SinkscopeError(f"{option} {start} is outside the model's {n_layers} layers; use 0 to {n_layers - 1}.")
+        raise SinkscopeError(f"{flag} {start} is outside the model's {n_layers} layers; use 0 to {n_layers - 1}.")
     if attention_layers and start > max(attention_layers):
-        raise SinkscopeError(f"{option} {start} is past the model's last softmax-attention layer "
+        raise SinkscopeError(f"{flag} {start} is past the model's last softmax-attention layer "
                              f"({max(attention_layers)}); use at most {max(attention_layers)}.")
 
 

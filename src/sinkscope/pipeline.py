@@ -32,7 +32,7 @@ from sinkscope import corpus as corpus_mod
 from sinkscope import distributed
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec, layer_windows
-from sinkscope.errors import Interrupted, SinkscopeError
+from sinkscope.errors import Interrupted, SinkscopeError, option
 from sinkscope.fileio import check_inputs_outside
 from sinkscope.bridge import is_bridge, unbridged
 from sinkscope.commands import make_probes  # noqa: F401 - part of this module's interface
@@ -133,8 +133,8 @@ def _check_progress(out_dir: Path) -> None:
         return
     if (Path(out_dir).parent / f".{Path(out_dir).name}.progress.pt").is_file():
         raise SinkscopeError(f"the interrupted run at {out_dir} was checkpointed by an earlier sinkscope in a pickle "
-                             "file, which is not read (loading a pickle can run code); run without --resume.")
-    raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without --resume.")
+                             f"file, which is not read (loading a pickle can run code); run without {option('resume', True)}.")
+    raise SinkscopeError(f"there is no interrupted run to resume at {out_dir}; run without {option('resume', True)}.")
 
 
 def _in_memory_source(model: torch.nn.Module) -> Source:
@@ -159,7 +159,7 @@ def plan_run(command: Command, options: RunOptions, inputs: Inputs | None = None
     inputs = inputs or Inputs()
     if options.revision is not None and "," in str(options.revision):
         raise SinkscopeError(f"revision {options.revision!r} names several; one run measures one revision (the command "
-                             "line's --revision A,B,... measures each into one folder: comparison.execute_several "
+                             f"line's {option('revision')} A,B,... measures each into one folder: comparison.execute_several "
                              "with revisions= and series=True).")
     options, inputs = _inputs_first(command, options, inputs)
     if inputs.model is None:
@@ -185,7 +185,7 @@ def prepare(planned: RunPlan, inputs: Inputs | None = None, *, write: bool = Tru
     cleanup = cleanup if cleanup is not None else contextlib.ExitStack()
     rank, world_size = distributed.world()
     if world_size > 1 and options.resume:
-        raise SinkscopeError("--resume is not supported in a data-parallel (torchrun) run; run it in one process.")
+        raise SinkscopeError(f"{option('resume', True)} is not supported in a data-parallel (torchrun) run; run it in one process.")
     out_dir = None
     if write:
         out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed)
@@ -240,7 +240,7 @@ def longest(seq_len: int | tuple[int, ...] | None) -> int | None:
 def _require_context(seq_len: int | tuple[int, ...] | None, limit: int | None) -> None:
     seq_len = longest(seq_len)
     if seq_len is not None and limit is not None and seq_len > limit:
-        raise SinkscopeError(f"--seq-len {seq_len} exceeds the model's context of {limit} tokens.")
+        raise SinkscopeError(f"{option('seq_len')} {seq_len} exceeds the model's context of {limit} tokens.")
 
 
 def _model_context(model: torch.nn.Module) -> int | None:
@@ -455,7 +455,7 @@ def _progress_tree(tree, path: Path) -> dict:
     """The probes' states of a progress file, checked for shape (a damaged file is one sentence)."""
     if not (isinstance(tree, dict) and isinstance(tree.get("probes"), list) and isinstance(tree.get("done"), list)):
         raise SinkscopeError(f"the progress file {path} is damaged or was not written by sinkscope; delete it, or "
-                             "run without --resume.")
+                             f"run without {option('resume', True)}.")
     return tree
 
 
@@ -482,7 +482,7 @@ def run(plan_: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float] | Non
         if header.get("fingerprint") != fingerprint:
             raise SinkscopeError(
                 f"the interrupted run at {plan_.out_dir} was started with other options, model or tokens; "
-                "rerun it with the same options, or without --resume.")
+                f"rerun it with the same options, or without {option('resume', True)}.")
         state = {**header, **_progress_tree(load_state(progress_file, what), progress_file)}
     elif progress_file is not None and rank == 0:
         progress_file.unlink(missing_ok=True)  # a stale checkpoint of an abandoned run
@@ -517,7 +517,7 @@ def run(plan_: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float] | Non
                        log=log)
         except KeyboardInterrupt:
             if progress_file is not None and progress_file.is_file():
-                raise Interrupted(f"interrupted; rerun the same command with --resume to continue from "
+                raise Interrupted(f"interrupted; rerun the same command with {option('resume', True)} to continue from "
                                   f"{plan_.out_dir}'s last checkpoint.") from None
             raise
 

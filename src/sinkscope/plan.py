@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import Command, RunOptions, check_options, parse_seq_len
 from sinkscope.resolve import Source, checkpoint_series, one_training, parse_revisions, resolve_source, revision_step
 
@@ -110,7 +110,7 @@ def _models(options: RunOptions, models, revisions) -> tuple[list[str | None], l
     if len(revisions) > 1:
         if len(given) > 1:
             raise SinkscopeError("several revisions are the checkpoints of one model; give one MODEL with "
-                                 "--revision A,B,... (or several MODELs without it).")
+                                 f"{option('revision')} A,B,... (or several MODELs without it).")
         return [given[0] if given else None] * len(revisions), revisions, True
     if len(given) == 1:
         found = checkpoint_series(given[0])  # a folder of trainer checkpoints: one training's, or several
@@ -146,8 +146,8 @@ def check_comparison_dir(parent: Path, overwrite: bool, resume: bool) -> None:
     parent = Path(parent)
     inventory = read_inventory(parent) if parent.is_dir() and not parent.is_symlink() else None
     if inventory is not None and inventory["writer"] != COMPARISON_WRITER:
-        raise SinkscopeError(f"--out {parent} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not "
-                             "by a comparison of several models; choose another --out.")
+        raise SinkscopeError(f"{option('out')} {parent} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not "
+                             f"by a comparison of several models; choose another {option('out')}.")
     check_replaceable(parent, overwrite or resume, kind="comparison", legacy=report_folder_legacy(parent),
                       hint="pass --overwrite to replace its runs, or --resume to keep the finished ones")
 
@@ -186,9 +186,9 @@ def plan(command: Command | str, options: RunOptions | dict, *, models: str | Se
     given, revisions, series = _models(options, models, revisions)
     several = series or len(given) > 1
     if group_by and not several:
-        raise SinkscopeError("--group-by averages runs of several models; give more than one MODEL.")
+        raise SinkscopeError(f"{option('group_by')} averages runs of several models; give more than one MODEL.")
     if group_by and series:
-        raise SinkscopeError("--group-by averages runs of several models; a model's checkpoints are drawn against the "
+        raise SinkscopeError(f"{option('group_by')} averages runs of several models; a model's checkpoints are drawn against the "
                              "step, not grouped.")
     if labels is not None and len(labels) != len(given):
         raise SinkscopeError(f"give one label per model ({len(given)}), not {len(labels)}.")
@@ -224,7 +224,7 @@ def _comparison_plans(command: Command, options: RunOptions, sources: list[Sourc
     command.check_sources(options, sources)
     parent = Path(options.out) if options.out else default_run_dir(command.name, options.seed)
     if is_run_folder(parent):
-        raise SinkscopeError(f"--out {parent} is a run folder; several models need a folder of their own "
+        raise SinkscopeError(f"{option('out')} {parent} is a run folder; several models need a folder of their own "
                              "(each model's run goes into a subfolder).")
     for source in sources:  # a run folder replaced in the parent could be the model, or hold it
         check_inputs_outside(parent, {"the model": source.path})

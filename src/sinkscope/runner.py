@@ -29,7 +29,7 @@ from torch import Tensor
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.discover import input_device
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.probes.base import Probe
 from sinkscope.progress import progress_bar
 
@@ -90,7 +90,7 @@ class Dispatcher:
             if not ok:
                 raise SinkscopeError(
                     f"the model produced non-finite (NaN or inf) attention inputs at layer {layer}; its weights "
-                    "may be damaged, or --dtype too narrow (try --dtype float32).")
+                    f"may be damaged, or {option('dtype')} too narrow (try {option('dtype')} float32).")
 
 
 class _PassSwitch:
@@ -240,7 +240,7 @@ def run_probes(
                     raise SinkscopeError(
                         f"out of memory at {batch_size} windows per batch; {', '.join(fixed)} draws across its "
                         "evaluation batch, so the batch cannot be halved without changing the numbers: rerun with "
-                        "a smaller --eval-batch, a shorter --seq-len or a larger device.") from None
+                        f"a smaller {option('eval_batch')}, a shorter {option('seq_len')} or a larger device.") from None
                 retried, batch_size = True, max(1, batch_size // 2)
                 _free_cache(device)
                 log(f"Out of memory; retrying with --batch-size {batch_size} (the numbers do not change).")
@@ -344,7 +344,7 @@ def check_capture(model: torch.nn.Module, tokens: np.ndarray, *, attention: str 
             f"sinkscope's capture changes the {model_type!r} model's logits (by {diff:.3g}, {diff / scale:.2g} of their "
             f"scale, on the first {ids.shape[1]} tokens; {tolerance:g} is allowed in {result['dtype']}), so its "
             f"attention is not observed exactly and nothing would be measured right; sinkscope stops here "
-            f"(--attention {'explicit' if attention == 'fused' else 'fused'} may work; please report the architecture).")
+            f"({option('attention')} {'explicit' if attention == 'fused' else 'fused'} may work; please report the architecture).")
     return result
 
 

@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 
 from sinkscope.devices import (  # noqa: F401 - part of this module's interface
     DEVICE_MAPS, DEVICE_TYPES, DTYPES, check_device_map, resolve_device, resolve_dtype)
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.fileio import atomic_write_text
 from sinkscope.options import check_layer_start  # noqa: F401 - part of this module's interface
 from sinkscope.paths import cache_root
@@ -288,7 +288,7 @@ def check_revisions(sources: list[Source]) -> None:
                       and _cached_revision(s.location, s.revision)]
             held = f" (it holds {', '.join(cached)})" if cached else ""
             raise SinkscopeError(f"the revision {source.revision!r} of {source.location!r} is not in the local Hugging "
-                                 f"Face cache{held} and HF_HUB_OFFLINE is set; drop it from --revision or go online.")
+                                 f"Face cache{held} and HF_HUB_OFFLINE is set; drop it from {option('revision')} or go online.")
         _check_hub(source.location, source.revision)
 
 
@@ -565,7 +565,7 @@ def load_model(
     except (ValueError, KeyError) as error:
         if "trust_remote_code" in str(error):
             raise SinkscopeError(
-                f"{source.location} needs code from its repository; rerun with --trust-remote-code if you trust it."
+                f"{source.location} needs code from its repository; rerun with {option('trust_remote_code', True)} if you trust it."
             ) from error
         raise _architecture_error(error) from error
     # Folders, hub ids and cached GGUFs were read in torch_dtype (no float32 copy of a large model

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.fileio import atomic_write_bytes, try_parse_json
 
 FORMAT = "1"
@@ -88,7 +88,7 @@ def save_state(path: Path, tree: Any, header: dict) -> None:
 
 def _damaged(path: Path, what: str, reason: str) -> SinkscopeError:
     return SinkscopeError(f"{what} {path} is damaged or was not written by sinkscope ({reason}); "
-                          "delete it, or run without --resume.")
+                          f"delete it, or run without {option('resume', True)}.")
 
 
 def read_header(path: Path, what: str = "the state file") -> dict:

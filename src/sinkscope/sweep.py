@@ -55,7 +55,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 LAUNCHERS = ("local", "submitit")
 #: Table 15's measurements: (column, probe metric, scale). p0 and phantom mass as percentages.
@@ -126,7 +126,7 @@ def check(options: SweepOptions) -> None:
     if not isinstance(options.jobs, int) or options.jobs < 1:
         raise SinkscopeError(f"--jobs must be a positive integer, not {options.jobs!r}.")
     if options.n_seqs < 1:
-        raise SinkscopeError(f"--n-seqs must be at least 1, not {options.n_seqs}.")
+        raise SinkscopeError(f"{option('n_seqs')} must be at least 1, not {options.n_seqs}.")
     for seed in options.seeds:
         if not isinstance(seed, int) or seed < 0:
             raise SinkscopeError(f"seeds must be non-negative integers, not {seed!r}.")
@@ -174,7 +174,7 @@ def _state(ckpt: Path, resolved) -> str:
     for name in ("steps", "eval_windows", *RESULT_FIELDS):
         if name in recorded and recorded[name] != wanted[name]:
             raise SinkscopeError(f"the run in {ckpt} was trained with {name}={recorded[name]!r}, this sweep asks for "
-                                 f"{wanted[name]!r}; use the sweep's own settings or another --out.")
+                                 f"{wanted[name]!r}; use the sweep's own settings or another {option('out')}.")
     return "done" if int(meta.get("step", -1)) >= resolved.steps else "partial"
 
 
@@ -343,20 +343,20 @@ def check_sweep_dir(out: Path) -> None:
 
     out = Path(out)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise SinkscopeError(f"{out} exists and is not a folder; choose another --out.")
+        raise SinkscopeError(f"{out} exists and is not a folder; choose another {option('out')}.")
     if not out.is_dir() or all(is_temporary_name(entry.name) for entry in out.iterdir()):
         return
     inventory = read_inventory(out)
     if inventory is not None and inventory["writer"] != SWEEP_WRITER:
-        raise SinkscopeError(f"--out {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not by "
-                             "a sweep; choose another --out.")
+        raise SinkscopeError(f"{option('out')} {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not by "
+                             f"a sweep; choose another {option('out')}.")
     legacy = sweep_legacy(out) if inventory is None else None
     foreign = foreign_entries(out, legacy)
     if foreign:
         raise SinkscopeError(f"the folder {out} holds files sinkscope did not write ({describe_entries(foreign)}); a "
-                             "sweep never writes beside them: choose another --out, or move them.")
+                             f"sweep never writes beside them: choose another {option('out')}, or move them.")
     if inventory is None and legacy is None:
-        raise SinkscopeError(f"--out {out} is not a sweep's folder (it has no sweep.json); choose another --out.")
+        raise SinkscopeError(f"{option('out')} {out} is not a sweep's folder (it has no sweep.json); choose another {option('out')}.")
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 D = 64  # feature dimension d
 VARIANTS = ("baseline", "offbyone", "normgate", "oracle")
@@ -593,8 +593,8 @@ def check_toy_dir(out: Path, overwrite: bool) -> None:
     check_not_cwd(out, "the toy task replaces its folder whole: give it", "reports/toy")
     inventory = read_inventory(out) if out.is_dir() and not out.is_symlink() else None
     if inventory is not None and inventory["writer"] != TOY_WRITER:
-        raise SinkscopeError(f"--out {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not by "
-                             "the toy task; choose another --out.")
+        raise SinkscopeError(f"{option('out')} {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, not by "
+                             f"the toy task; choose another {option('out')}.")
     check_replaceable(out, overwrite, kind="toy task", legacy=toy_legacy(out) if out.is_dir() else None,
                       hint="pass --overwrite to replace it")
 

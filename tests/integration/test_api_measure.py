@@ -4,7 +4,7 @@ Checked (what tests/test_api.py does not): the table of named probes measured on
 ``runner.run_probes`` on the same windows, and those windows are the tokenizer's ids of the text
 cut as the corpus rule says (BOS first); a command's keyword options reach its probes (``heads``
 equals the head_importance probe run with those parameters); a caller's model leaves in the mode
-it came in and nothing is written; ``api_words`` rewrites the CLI's flags into keywords; and the
+it came in and nothing is written; a sentence names options in the API's words (``seq_len``); and the
 API-level mistakes (params= with a command, tokenizer= with a path, bad option values, float
 windows) are one sentence in the API's words.
 """
@@ -18,9 +18,6 @@ import pandas as pd
 import pytest
 
 from sinkscope import api
-from sinkscope.commands.heads import HeadsOptions
-from sinkscope.commands.measure import MeasureOptions
-from sinkscope.commands.stream import StreamOptions
 from sinkscope.errors import SinkscopeError
 from tiny_models import build, random_ids
 
@@ -96,22 +93,6 @@ def test_a_callers_model_leaves_in_its_mode_and_nothing_is_written(tmp_path, mon
 
 
 # ---- the API's words ----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("options_cls, cli, words", [
-    (MeasureOptions, "--seq-len must be at least 2 (got 1).", "seq_len must be at least 2 (got 1)."),
-    (MeasureOptions, "use --overwrite, or --no-figures.", "use overwrite=True, or figures=False."),
-    (MeasureOptions, "name at least one --probe with --param and --plugin.",
-     "name at least one probes with params and plugins."),
-    (MeasureOptions, "--resume needs the --out folder.", "resume=True needs the out folder."),
-    (MeasureOptions, "try --no-such-flag or --debug.", "try --no-such-flag or --debug."),  # no option: kept
-    (HeadsOptions, "--sink-set first and --ablate-dormant.", "sink_set first and ablate_dormant=True."),
-    (HeadsOptions, "--param is for measure.", "--param is for measure."),  # heads has no params option
-    (StreamOptions, "--cache 4 and --h2o-recent 0.5.", "cache 4 and h2o_recent 0.5."),
-    (MeasureOptions, "the file a--seq-len or x-y--seq-len stays.", "the file a--seq-len or x-y--seq-len stays."),
-])
-def test_api_words_rewrites_cli_flags_into_keywords(options_cls, cli, words):
-    assert api.api_words(cli, options_cls) == words
 
 
 # ---- mistakes -------------------------------------------------------------------------------------------------

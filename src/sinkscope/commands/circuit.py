@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import seq_lens, Command, RunOptions
 
 if TYPE_CHECKING:
@@ -86,35 +86,35 @@ def _check(options: CircuitOptions) -> None:
     from sinkscope.options import check_heads, check_repeats
 
     if options.later_position < 1:
-        raise SinkscopeError(f"--later-position must be at least 1 (got {options.later_position}).")
+        raise SinkscopeError(f"{option('later_position')} must be at least 1 (got {options.later_position}).")
     if options.norm_ratio <= 0:
-        raise SinkscopeError(f"--norm-ratio must be positive (got {options.norm_ratio}).")
+        raise SinkscopeError(f"{option('norm_ratio')} must be positive (got {options.norm_ratio}).")
     problem = check_heads(tuple(options.subtract_head))
     if problem:
-        raise SinkscopeError(f"--subtract-head {problem}.")
+        raise SinkscopeError(f"{option('subtract_head')} {problem}.")
     if any(not str(h).startswith("0.") for h in options.subtract_head):
-        raise SinkscopeError("--subtract-head takes heads of layer 0 (0.H): the layer-0 MLP reads only layer 0's "
+        raise SinkscopeError(f"{option('subtract_head')} takes heads of layer 0 (0.H): the layer-0 MLP reads only layer 0's "
                              "head outputs.")
     if options.scatter_positions < 0 or options.scatter_windows < 0 or options.outlier_top < 1:
-        raise SinkscopeError("--scatter-positions and --scatter-windows must be >= 0 and --outlier-top >= 1.")
+        raise SinkscopeError(f"{option('scatter_positions')} and {option('scatter_windows')} must be >= 0 and {option('outlier_top')} >= 1.")
     problem = check_repeats(tuple(options.repeats))
     if problem:
-        raise SinkscopeError(f"--repeats {problem}.")
+        raise SinkscopeError(f"{option('repeats')} {problem}.")
     if not 0.0 < options.sink_epsilon < 1.0:
-        raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
+        raise SinkscopeError(f"{option('sink_epsilon')} must lie in (0, 1) (got {options.sink_epsilon}).")
     if options.bos_experiments and options.seq_len is not None and min(seq_lens(options.seq_len)) < max(options.repeats) + 2:
-        raise SinkscopeError(f"the BOS experiments need --seq-len >= {max(options.repeats) + 2} for repeats up to "
-                             f"{max(options.repeats)}; lower --repeats or pass --no-bos-experiments.")
+        raise SinkscopeError(f"the BOS experiments need {option('seq_len')} >= {max(options.repeats) + 2} for repeats up to "
+                             f"{max(options.repeats)}; lower {option('repeats')} or pass {option('bos_experiments', False)}.")
 
 
 def _check_model(options: CircuitOptions, spec: ModelSpec) -> None:
     if options.subtract_head:
         if spec.attn_out_normalised:
             raise SinkscopeError(f"{spec.family} normalises the attention output before adding it to the residual "
-                                 "stream, so removing a head is not a subtraction; run without --subtract-head.")
+                                 f"stream, so removing a head is not a subtraction; run without {option('subtract_head')}.")
         if spec.mlp_kind is None:
             raise SinkscopeError(f"{spec.family} has no MLP pre-activation point (a mixture-of-experts or fused MLP), "
-                                 "so there is no PCA to subtract heads from; run without --subtract-head.")
+                                 f"so there is no PCA to subtract heads from; run without {option('subtract_head')}.")
         from sinkscope.probes.mlp_pca import parse_subtracted
 
         parse_subtracted(options.subtract_head, 0, spec.n_heads)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import Command, RunOptions
 
 if TYPE_CHECKING:
@@ -60,15 +60,15 @@ class HeadsOptions(RunOptions):
 
 def _check(options: HeadsOptions) -> None:
     if options.sink_set not in SINK_SET_CHOICES:
-        raise SinkscopeError(f"unknown --sink-set {options.sink_set!r}; use one of {', '.join(SINK_SET_CHOICES)}.")
+        raise SinkscopeError(f"unknown {option('sink_set')} {options.sink_set!r}; use one of {', '.join(SINK_SET_CHOICES)}.")
     if not 0.0 <= options.dormant_below <= 1.0:
-        raise SinkscopeError(f"--dormant-below must lie in [0, 1] (got {options.dormant_below}).")
+        raise SinkscopeError(f"{option('dormant_below')} must lie in [0, 1] (got {options.dormant_below}).")
     if not 0.0 <= options.sink_attention <= 1.0:
-        raise SinkscopeError(f"--sink-attention must lie in [0, 1] (got {options.sink_attention}).")
+        raise SinkscopeError(f"{option('sink_attention')} must lie in [0, 1] (got {options.sink_attention}).")
     if not options.sink_value_ratio > 0:
-        raise SinkscopeError(f"--sink-value-ratio must be positive (got {options.sink_value_ratio}).")
+        raise SinkscopeError(f"{option('sink_value_ratio')} must be positive (got {options.sink_value_ratio}).")
     if not isinstance(options.sink_min_queries, int) or options.sink_min_queries < 1:
-        raise SinkscopeError(f"--sink-min-queries must be at least 1 (got {options.sink_min_queries}).")
+        raise SinkscopeError(f"{option('sink_min_queries')} must be at least 1 (got {options.sink_min_queries}).")
 
 
 def _check_source(options: HeadsOptions, source: Source) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.junk_batches import batch_problem
 from sinkscope.options import Command, RunOptions, split_values
 
@@ -83,7 +83,7 @@ class InjectOptions(RunOptions):
     def __post_init__(self):
         super().__post_init__()
         if isinstance(self.eval_batch, int) and self.eval_batch < 1:  # before the shared --batch-size check
-            raise SinkscopeError(f"--eval-batch must be at least 1 (got {self.eval_batch}).")
+            raise SinkscopeError(f"{option('eval_batch')} must be at least 1 (got {self.eval_batch}).")
         self.batch_size = self.eval_batch  # the batch is part of the measurement
 
 
@@ -91,20 +91,20 @@ def _check(options: InjectOptions) -> None:
     options.junk, options.cutoffs = split_values(options.junk), split_values(options.cutoffs)
     bad = [j for j in options.junk if j not in JUNK_TYPES]
     if bad or not options.junk:
-        raise SinkscopeError(f"unknown --junk {bad[0] if bad else ''!r}; use one or more of {', '.join(JUNK_TYPES)}.")
+        raise SinkscopeError(f"unknown {option('junk')} {bad[0] if bad else ''!r}; use one or more of {', '.join(JUNK_TYPES)}.")
     bad = [c for c in options.cutoffs if c not in CUTOFFS]
     if bad or not options.cutoffs:
-        raise SinkscopeError(f"unknown --cutoff {bad[0] if bad else ''!r}; use median, q25 or both.")
+        raise SinkscopeError(f"unknown {option('cutoffs')} {bad[0] if bad else ''!r}; use median, q25 or both.")
     raw = options.doses
     try:
         doses = tuple(float(d) for d in (split_values(raw) if isinstance(raw, str) or any(isinstance(d, str) for d in raw)
                                          else raw))
     except ValueError:
-        raise SinkscopeError(f"--doses takes numbers such as 0.2,0.4,0.8,1.6 (got {raw!r}).") from None
+        raise SinkscopeError(f"{option('doses')} takes numbers such as 0.2,0.4,0.8,1.6 (got {raw!r}).") from None
     if not doses or any(not d >= 0 or d == float("inf") for d in doses):
-        raise SinkscopeError(f"--doses takes finite numbers >= 0 (got {raw!r}).")
+        raise SinkscopeError(f"{option('doses')} takes finite numbers >= 0 (got {raw!r}).")
     if max(doses) > MAX_DOSE:
-        raise SinkscopeError(f"--doses {max(doses):g} is out of range: a dose is the junk's norm in units of the "
+        raise SinkscopeError(f"{option('doses')} {max(doses):g} is out of range: a dose is the junk's norm in units of the "
                              f"head's median read norm (seed 000 uses 0.2 to 1.6), and above {MAX_DOSE:g} the "
                              "model's arithmetic overflows to NaN.")
     for name, values in (("--junk", options.junk), ("--cutoff", options.cutoffs), ("--doses", doses)):
@@ -112,12 +112,12 @@ def _check(options: InjectOptions) -> None:
             raise SinkscopeError(f"{name} lists a value twice ({', '.join(map(str, values))}).")
     options.doses = doses
     if options.eval_batch < 1:
-        raise SinkscopeError(f"--eval-batch must be at least 1 (got {options.eval_batch}).")
+        raise SinkscopeError(f"{option('eval_batch')} must be at least 1 (got {options.eval_batch}).")
     options.batch_size = options.eval_batch
     if not isinstance(options.draws, int) or isinstance(options.draws, bool) or options.draws < 1:
-        raise SinkscopeError(f"--draws must be at least 1 (got {options.draws}).")
+        raise SinkscopeError(f"{option('draws')} must be at least 1 (got {options.draws}).")
     if options.junk_source not in JUNK_SOURCES:
-        raise SinkscopeError(f"unknown --junk-source {options.junk_source!r}; use clean or corrupted.")
+        raise SinkscopeError(f"unknown {option('junk_source')} {options.junk_source!r}; use clean or corrupted.")
     problem = batch_problem(options.junk, options.eval_batch, options.n_seqs)
     if problem:
         raise SinkscopeError(problem)
@@ -125,8 +125,8 @@ def _check(options: InjectOptions) -> None:
     if world_size > 1:
         starts = [options.n_seqs * r // world_size for r in range(world_size)]
         if any(s % options.eval_batch for s in starts):
-            raise SinkscopeError(f"under torchrun every process needs whole evaluation batches: make --n-seqs "
-                                 f"({options.n_seqs}) a multiple of --eval-batch x processes "
+            raise SinkscopeError(f"under torchrun every process needs whole evaluation batches: make {option('n_seqs')} "
+                                 f"({options.n_seqs}) a multiple of {option('eval_batch')} x processes "
                                  f"({options.eval_batch} x {world_size}).")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import Command, RunOptions
 
 
@@ -36,9 +36,9 @@ def parse_params(items, probes) -> dict[str, dict]:
         key, sep, value = item.partition("=")
         probe, dot, name = key.strip().partition(".")
         if not sep or not dot or not name:
-            raise SinkscopeError(f"--param takes PROBE.NAME=VALUE, not {item!r}.")
+            raise SinkscopeError(f"{option('params')} takes PROBE.NAME=VALUE, not {item!r}.")
         if probe not in out:
-            raise SinkscopeError(f"--param {item!r} names the probe {probe!r}, which is not among --probe "
+            raise SinkscopeError(f"{option('params')} {item!r} names the probe {probe!r}, which is not among {option('probes')} "
                                  f"{', '.join(probes)}.")
         out[probe][name] = value.strip()
     return out
@@ -56,9 +56,9 @@ def _check(options: MeasureOptions) -> None:
     from sinkscope.probes import get_probe
 
     if not options.probes:
-        raise SinkscopeError("name at least one --probe (see `sinkscope ls probes`).")
+        raise SinkscopeError(f"name at least one {option('probes')} (see `sinkscope ls probes`).")
     if len(set(options.probes)) != len(options.probes):
-        raise SinkscopeError("each --probe may be named once.")
+        raise SinkscopeError(f"each {option('probes')} may be named once.")
     _load_plugins(options)
     for name, params in parse_params(options.params, options.probes).items():
         get_probe(name).resolve_params(params)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import Command, RunOptions
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def _no_gate(what: str) -> SinkscopeError:
 
 def _check(options: SelectivityOptions) -> None:
     if options.min_count < 1:
-        raise SinkscopeError(f"--min-count must be at least 1 (got {options.min_count}).")
+        raise SinkscopeError(f"{option('min_count')} must be at least 1 (got {options.min_count}).")
 
 
 def _check_source(options: SelectivityOptions, source: Source) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import Command, RunOptions, check_layer_start
 
 if TYPE_CHECKING:
@@ -107,13 +107,13 @@ def _followup(options: SinksOptions, spec: ModelSpec, probes: list) -> list[tupl
 
 def _check(options: SinksOptions) -> None:
     if options.massive_top_k < 0:
-        raise SinkscopeError(f"--massive-top-k must be 0 or more (got {options.massive_top_k}).")
+        raise SinkscopeError(f"{option('massive_top_k')} must be 0 or more (got {options.massive_top_k}).")
     if options.massive_min_abs < 0 or options.massive_min_ratio < 0:
-        raise SinkscopeError("--massive-min-abs and --massive-min-ratio must be 0 or more.")
+        raise SinkscopeError(f"{option('massive_min_abs')} and {option('massive_min_ratio')} must be 0 or more.")
     if options.massive_intervention is not None and options.massive_intervention not in MASSIVE_INTERVENTIONS:
-        raise SinkscopeError(f"unknown --massive-intervention {options.massive_intervention!r}; use zero or mean.")
+        raise SinkscopeError(f"unknown {option('massive_intervention')} {options.massive_intervention!r}; use zero or mean.")
     if not 0.0 < options.sink_epsilon < 1.0:
-        raise SinkscopeError(f"--sink-epsilon must lie in (0, 1) (got {options.sink_epsilon}).")
+        raise SinkscopeError(f"{option('sink_epsilon')} must lie in (0, 1) (got {options.sink_epsilon}).")
     check_layer_start(options.sink_layer_start, None)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.options import Command, RunOptions, split_values
 
 POLICIES = ("full", "window", "sinks", "h2o")  # cache.POLICIES, without importing torch
@@ -79,9 +79,9 @@ def _whole(name: str, values, minimum: int) -> tuple:
 
 def _check(options: StreamOptions) -> None:
     if not isinstance(options.length, int) or options.length < 2:
-        raise SinkscopeError(f"--length must be at least 2 tokens (got {options.length}).")
+        raise SinkscopeError(f"{option('length')} must be at least 2 tokens (got {options.length}).")
     if options.seq_len not in (None, options.length):
-        raise SinkscopeError("stream's documents are --length tokens long; it takes no --seq-len.")
+        raise SinkscopeError(f"stream's documents are {option('length')} tokens long; it takes no {option('seq_len')}.")
     options.seq_len = options.length
     options.batch_size = 1
     options.cache = _whole("--cache", options.cache, 1)
@@ -95,32 +95,32 @@ def _check(options: StreamOptions) -> None:
             raise SinkscopeError(f"{name} lists a value twice ({', '.join(parsed)}).")
     options.policy, options.positions = split_values(options.policy), split_values(options.positions)
     if not isinstance(options.chunk, int) or options.chunk < 1:
-        raise SinkscopeError(f"--chunk must be at least 1 token (got {options.chunk}).")
+        raise SinkscopeError(f"{option('chunk')} must be at least 1 token (got {options.chunk}).")
     if not isinstance(options.bucket, int) or options.bucket < 1:
-        raise SinkscopeError(f"--bucket must be at least 1 token (got {options.bucket}).")
+        raise SinkscopeError(f"{option('bucket')} must be at least 1 token (got {options.bucket}).")
     if not 0 < options.h2o_recent < 1:
-        raise SinkscopeError(f"--h2o-recent is a share of the cache and must lie in (0, 1) (got {options.h2o_recent:g}).")
+        raise SinkscopeError(f"{option('h2o_recent')} is a share of the cache and must lie in (0, 1) (got {options.h2o_recent:g}).")
     if options.mode not in MODES:
-        raise SinkscopeError(f"unknown --mode {options.mode!r}; use stream or mask.")
+        raise SinkscopeError(f"unknown {option('mode')} {options.mode!r}; use stream or mask.")
     if options.mode == "mask":
         if "h2o" in options.policy:
-            raise SinkscopeError("h2o's cache depends on the attention it reads, so --mode mask cannot show it; "
-                                 "drop h2o from --policy or use --mode stream.")
+            raise SinkscopeError(f"h2o's cache depends on the attention it reads, so {option('mode')} mask cannot show it; "
+                                 f"drop h2o from {option('policy')} or use {option('mode')} stream.")
         if "cache" in options.positions:
-            raise SinkscopeError("--mode mask keeps original positions; use --positions original or --mode stream.")
+            raise SinkscopeError(f"{option('mode')} mask keeps original positions; use {option('positions')} original or {option('mode')} stream.")
         if options.length > MASK_MODE_MAX_LENGTH:
-            raise SinkscopeError(f"--mode mask materialises a --length x --length mask; use --length "
-                                 f"{MASK_MODE_MAX_LENGTH} or less, or --mode stream.")
+            raise SinkscopeError(f"{option('mode')} mask materialises a {option('length')} x {option('length')} mask; use {option('length')} "
+                                 f"{MASK_MODE_MAX_LENGTH} or less, or {option('mode')} stream.")
     # Every requested (policy, cache) pair runs, or the run is refused here: none is dropped silently.
     if "h2o" in options.policy and min(options.cache) < 2:
-        raise SinkscopeError(f"h2o keeps at least one heavy and one recent key, so it needs --cache 2 or more "
-                             f"(got --cache {','.join(map(str, options.cache))}).")
+        raise SinkscopeError(f"h2o keeps at least one heavy and one recent key, so it needs {option('cache')} 2 or more "
+                             f"(got {option('cache')} {','.join(map(str, options.cache))}).")
     if "sinks" in options.policy:
         short = [(n, c) for n in options.sink_tokens for c in options.cache if n > 0 and n >= c]
         if short:
             n, c = short[0]
-            raise SinkscopeError(f"--sink-tokens {n} leaves no recent key in a cache of {c}; use fewer sink tokens or "
-                                 "a larger --cache.")
+            raise SinkscopeError(f"{option('sink_tokens')} {n} leaves no recent key in a cache of {c}; use fewer sink tokens or "
+                                 f"a larger {option('cache')}.")
 
 
 def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:

@@ -44,7 +44,7 @@ import torch
 from sinkscope import gates
 from sinkscope.capture import hooks
 from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
 from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CleanLossSum
 
@@ -59,7 +59,7 @@ def _positive(value: float) -> str | None:
 def check_sink_set(sink_set: str, has_phantom: bool) -> None:
     """A sink set naming the phantom needs a model that has one (one sentence otherwise)."""
     if sink_set in ("phantom", "first+phantom") and not has_phantom:
-        raise SinkscopeError(f"--sink-set {sink_set} needs a model with a learned phantom key (gpt-oss; the "
+        raise SinkscopeError(f"{option('sink_set')} {sink_set} needs a model with a learned phantom key (gpt-oss; the "
                              "trainer's sinklogit, offbyone, sink+norm, sink+proj), and this one has none; use first.")
 
 
@@ -171,7 +171,7 @@ class HeadImportance(CleanLossSum, Probe):
     def _data_gate(self, layer: int, record: AttentionRecord) -> torch.Tensor:
         """G_i from seed 004 §6.2's data-driven sink set (module docstring), (B, H, T)."""
         if record.weights_only:
-            raise SinkscopeError("--sink-set data needs the value vectors, which this model's attention path does not "
+            raise SinkscopeError(f"{option('sink_set')} data needs the value vectors, which this model's attention path does not "
                                  "expose (the eager fallback); use first, phantom or first+phantom.")
         logits = record.logits()  # (B, H, T, S) with the model's mask
         visible = logits > MASKED_BELOW  # (B, H, T, S)

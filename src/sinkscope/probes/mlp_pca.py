@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.probes.base import Accumulator, LazyTensors, MetricInfo, Param, Row, check_heads, grow, intervenes, \
     observes, register_probe
 
@@ -49,11 +49,11 @@ def parse_subtracted(heads, layer: int, n_heads: int) -> list[int]:
     for item in heads:
         l, h = (int(x) for x in str(item).split("."))
         if l != layer:
-            raise SinkscopeError(f"--subtract-head {item}: the layer-{layer} MLP reads only layer {layer}'s heads "
+            raise SinkscopeError(f"{option('subtract_head')} {item}: the layer-{layer} MLP reads only layer {layer}'s heads "
                                  f"(and the layers before, whose heads change everything after them); "
                                  f"give heads {layer}.0 to {layer}.{n_heads - 1}.")
         if not 0 <= h < n_heads:
-            raise SinkscopeError(f"--subtract-head {item}: the model has heads 0 to {n_heads - 1}.")
+            raise SinkscopeError(f"{option('subtract_head')} {item}: the model has heads 0 to {n_heads - 1}.")
         out.add(h)
     return sorted(out)
 

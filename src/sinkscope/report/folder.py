@@ -12,7 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.fileio import check_replaceable, describe_entries, foreign_entries, is_temporary_name, read_inventory
 
 #: writers whose folders may hold a report (a run's own, a comparison of several models, a report).
@@ -92,11 +92,11 @@ def _check_report_folder(out: Path, overwrite: bool, own_run: bool) -> tuple[str
             what = describe_entries(foreign) if foreign else "no record of what wrote it"
             raise SinkscopeError(f"the run folder {out} holds files sinkscope did not write ({what}); sinkscope "
                                  "rebuilds a run's report only in a folder holding nothing else: build it elsewhere "
-                                 "with --out DIR, or move them.")
+                                 f"with {option('out')} DIR, or move them.")
         return "run", trees
     if inventory is not None and inventory["writer"] not in REPORT_WRITERS:
         raise SinkscopeError(f"the folder {out} was written by sinkscope's {inventory['writer'] or 'unknown'} writer, "
-                             "not by a report; choose another --out.")
+                             f"not by a report; choose another {option('out')}.")
     check_replaceable(out, overwrite, kind="report", legacy=report_folder_legacy(out),
                       hint="pass --overwrite to replace its report")
     if inventory is not None:

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import layer_windows
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.stream import heap, rotary
 from sinkscope.cache import Policy, keep_slots, last_slots, visible
 
@@ -79,7 +79,7 @@ def layout_of(model: nn.Module, n_layers: int, length: int) -> Layout:
     windows = [w if w is not None and w < length else None for w in layer_windows(model, n_layers)]
     if not any(w is None for w in windows):
         raise SinkscopeError(f"every layer of the {name!r} model has a sliding window ({max(windows)}) shorter than "
-                             "--length, so no cache policy has a layer to act on; use a --length within its window.")
+                             f"{option('length')}, so no cache policy has a layer to act on; use a {option('length')} within its window.")
     if len({w for w in windows if w is not None}) > 1:
         raise SinkscopeError(f"the {name!r} model's layers have sliding windows of several sizes; stream reads "
                              "models with one window size.")
@@ -88,7 +88,7 @@ def layout_of(model: nn.Module, n_layers: int, length: int) -> Layout:
         source = inspect.getsource(inspect.getmodule(type(_base(model))))
         if "attention_mask, dict)" not in source or layer_types is None:
             raise SinkscopeError(f"the {name!r} model has sliding-window layers and takes no mask per layer type, so "
-                                 "stream cannot hand it the cache's masks; use a --length within its window.")
+                                 f"stream cannot hand it the cache's masks; use a {option('length')} within its window.")
     problem = None
     try:
         inv_freq = rotary.model_inv_freq(model)
@@ -290,7 +290,7 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
 
     L = ids.shape[1]
     if policy.positions == "cache" and layout.inv_freq is None:
-        raise SinkscopeError(layout.rotary_problem or "--positions cache needs a rotary model; use --positions original.")
+        raise SinkscopeError(layout.rotary_problem or f"{option('positions')} cache needs a rotary model; use {option('positions')} original.")
     heap.fix_mmap_threshold()  # else glibc serves each chunk's logits from a fragmenting heap (heap.py)
     device = ids.device
     dtype = next(model.parameters()).dtype
@@ -335,7 +335,7 @@ def read_stream(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
 def read_masked(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int) -> Tensor:
     """The exact reference: per-token NLL (L - 1,) from one dense pass whose mask is the cache's (original positions)."""
     if policy.positions != "original":
-        raise SinkscopeError("the mask-based reading keeps original positions; --positions cache needs streaming.")
+        raise SinkscopeError(f"the mask-based reading keeps original positions; {option('positions')} cache needs streaming.")
     L = ids.shape[1]
     device = ids.device
     dtype = next(model.parameters()).dtype

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -54,8 +54,8 @@ def model_inv_freq(model: nn.Module) -> Tensor | None:
             if not any(t.shape == table.shape and torch.equal(t, table) for t in tables):
                 tables.append(table)
     if len(tables) > 1:
-        raise SinkscopeError("--positions cache re-rotates the cached keys with the model's rotary table, and this "
-                             f"model has {len(tables)} different ones (one per layer type); use --positions original.")
+        raise SinkscopeError(f"{option('positions')} cache re-rotates the cached keys with the model's rotary table, and this "
+                             f"model has {len(tables)} different ones (one per layer type); use {option('positions')} original.")
     return tables[0] if tables else None
 
 
@@ -77,11 +77,11 @@ def check_rerotation(model: nn.Module, layer_keys, inv_freq: Tensor | None, *, s
     if problem:
         raise SinkscopeError(problem)
     if inv_freq is None:
-        raise SinkscopeError(f"--positions cache re-rotates cached keys, and the {name!r} model has no rotary "
-                             "position embedding; use --positions original.")
+        raise SinkscopeError(f"{option('positions')} cache re-rotates cached keys, and the {name!r} model has no rotary "
+                             f"position embedding; use {option('positions')} original.")
     if rope_type(model) in ("dynamic", "longrope"):
-        raise SinkscopeError(f"--positions cache re-rotates cached keys with one rotary table, and the {name!r} "
-                             f"model's {rope_type(model)} RoPE changes its table with the length; use --positions original.")
+        raise SinkscopeError(f"{option('positions')} cache re-rotates cached keys with one rotary table, and the {name!r} "
+                             f"model's {rope_type(model)} RoPE changes its table with the length; use {option('positions')} original.")
     at_0, at_shift = layer_keys(0).float(), layer_keys(shift).float()  # (1, H_kv, T, D)
     R = 2 * inv_freq.numel()
     T = at_0.shape[-2]
@@ -91,5 +91,5 @@ def check_rerotation(model: nn.Module, layer_keys, inv_freq: Tensor | None, *, s
     same_rest = torch.allclose(at_0[..., R:], at_shift[..., R:], atol=1e-3 * scale)
     tolerance = 1e-4 if at_0.dtype == torch.float32 and layer_keys(0).dtype == torch.float32 else 3e-2
     if not (error <= tolerance and same_rest):
-        raise SinkscopeError(f"--positions cache re-rotates cached keys in the rotate-half form, and the {name!r} "
-                             f"model's keys do not rotate so (error {error:.2g} of their scale); use --positions original.")
+        raise SinkscopeError(f"{option('positions')} cache re-rotates cached keys in the rotate-half form, and the {name!r} "
+                             f"model's keys do not rotate so (error {error:.2g} of their scale); use {option('positions')} original.")

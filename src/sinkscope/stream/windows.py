@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.probes.base import Probe
 from sinkscope.progress import progress_bar
 from sinkscope.capture.discover import input_device
@@ -88,7 +88,7 @@ def read_windows(
     if layout.inv_freq is None and not layout.rotary_problem and (_context(model) or L) < L \
             and "original" in stream.positions:
         raise SinkscopeError(f"the {name!r} model has learned positions up to {_context(model)}, so it cannot read "
-                             f"--length {L} with original positions; use a --length within its context.")
+                             f"{option('length')} {L} with original positions; use a {option('length')} within its context.")
     dense_len = min(L, max(stream.caches))
     with torch.inference_mode():
         first = torch.from_numpy(np.ascontiguousarray(tokens[:1])).to(device)  # (1, L)
@@ -112,8 +112,8 @@ def read_windows(
                 with torch.inference_mode():
                     nll = read(model, ids, policy, layout, chunk=stream.chunk)  # (L - 1,)
             except torch.OutOfMemoryError:
-                raise SinkscopeError(f"out of memory reading {policy.label}; use a smaller --cache or --chunk, or "
-                                     "leave full out of --policy for long texts.") from None
+                raise SinkscopeError(f"out of memory reading {policy.label}; use a smaller {option('cache')} or {option('chunk')}, or "
+                                     f"leave full out of {option('policy')} for long texts.") from None
             stream.add(c, index, nll)
             bar.update(L)
         if on_batch_done is not None:

@@ -46,7 +46,7 @@ from sinkscope.checkpoint_folder import (  # noqa: F401 - the folder's layout, t
     TRAINER_FORMAT, CARRIED_FILES, WRITER, LEGACY_FILES, is_checkpoint, is_legacy_checkpoint_file,
     checkpoint_legacy, foreign_files, _leftovers, _own_inventory, is_complete_checkpoint, interrupted_save,
     _step_of, interrupted_save_message, restore_interrupted_save, _alive, _remove_recorded, clean_leftovers)
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.fileio import replace_folder, write_inventory
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: is_checkpoint stays light
@@ -287,7 +287,7 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
 
             raise SinkscopeError(f"could not write the checkpoint of step {step}: {folder} now holds files that are "
                                  f"not part of the checkpoint ({describe_entries(foreign)}), and replacing the folder "
-                                 "would delete them; move them out (the folder is unchanged) and continue with --resume.")
+                                 f"would delete them; move them out (the folder is unchanged) and continue with {option('resume', True)}.")
         try:
             replace_folder(stage, folder)
         except OSError as error:

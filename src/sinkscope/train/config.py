@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sinkscope.errors import SinkscopeError, suggest
+from sinkscope.errors import SinkscopeError, option, suggest
 
 #: Default tier of each task.
 TASK_TIERS = {"text": "tiny", "trigger": "micro"}
@@ -207,7 +207,7 @@ def merge_resume(caller: TrainOptions, stored: dict, out: Path) -> TrainOptions:
         mine, theirs = getattr(caller, name), getattr(saved, name)
         if mine != getattr(defaults, name) and mine != theirs:
             raise SinkscopeError(
-                f"--resume continues the run in {out} with its own settings, but {name}={mine!r} was asked "
+                f"{option('resume', True)} continues the run in {out} with its own settings, but {name}={mine!r} was asked "
                 f"for and the checkpoint has {name}={theirs!r}; drop the option or start a new run."
             )
     merged = dataclasses.replace(saved, out=caller.out, resume=True, overwrite=False, progress=caller.progress,

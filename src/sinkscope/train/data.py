@@ -68,7 +68,7 @@ import numpy as np
 import torch
 
 from sinkscope.corpus import Corpus
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.fileio import atomic_write_bytes
 from sinkscope.paths import cache_root
 
@@ -129,7 +129,7 @@ def load_tokenizer_folder(folder: Path, what: str, *, trust_remote_code: bool = 
         if "trust_remote_code" in str(error):
             raise SinkscopeError(f"the tokenizer {what} needs code from its folder (an auto_map in its "
                                  "tokenizer_config.json), and sinkscope does not run it unless asked; rerun with "
-                                 "--trust-remote-code if you trust that code, or choose another --tokenizer.") from None
+                                 f"{option('trust_remote_code', True)} if you trust that code, or choose another --tokenizer.") from None
         raise SinkscopeError(f"could not load the tokenizer {what} ({str(error).splitlines()[0][:200]}).") from error
 
 

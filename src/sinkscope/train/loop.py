@@ -60,7 +60,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_not_cwd, check_replaceable,
                               describe_entries, is_temporary_name, lock_folder, write_inventory)
 from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, clean_leftovers, foreign_files,
@@ -241,15 +241,15 @@ def _check_out(out: Path, overwrite: bool) -> None:
     leftover = None if overwrite else interrupted_save(out)
     if leftover is not None:
         raise SinkscopeError(f"there is no {out}, but {leftover} next to it is the checkpoint saved before a save was "
-                             "interrupted; pass --resume to continue it (it is put back first), --overwrite to start a "
-                             "new run in its place, or choose another --out.")
+                             f"interrupted; pass {option('resume', True)} to continue it (it is put back first), {option('overwrite', True)} to start a "
+                             f"new run in its place, or choose another {option('out')}.")
     if out.is_dir() and not out.is_symlink():
         subfolders = [f for f in foreign_files(out) if f.endswith("/")]
         if subfolders:  # check_replaceable counts another writer's folder as sinkscope's; a checkpoint has none
             raise SinkscopeError(f"the folder {out} holds folders that are not part of a checkpoint "
                                  f"({describe_entries(subfolders)}), and writing a checkpoint replaces the folder whole; "
-                                 "sinkscope never deletes them, with or without --overwrite: move them out, or choose "
-                                 "another --out.")
+                                 f"sinkscope never deletes them, with or without {option('overwrite', True)}: move them out, or choose "
+                                 f"another {option('out')}.")
     hint = "pass --resume to continue it, --overwrite to replace it" if is_checkpoint(out) else "pass --overwrite"
     check_replaceable(out, overwrite, kind="trainer checkpoint", hint=hint, legacy=checkpoint_legacy(out)
                       if out.is_dir() else None)
@@ -347,7 +347,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
 
     out = Path(options.out).expanduser()
     if options.resume and options.overwrite:
-        raise SinkscopeError(f"--resume continues the checkpoint in {out} and --overwrite replaces it; they "
+        raise SinkscopeError(f"{option('resume', True)} continues the checkpoint in {out} and {option('overwrite', True)} replaces it; they "
                              "contradict each other: drop one of them.")
     if not options.resume:
         opts = resolve_options(options)  # bad options fail before any file is touched
@@ -364,7 +364,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
             if restored is not None:
                 log(f"restored the checkpoint{restored[1]} that an interrupted save left at {restored[0]} to {out}")
             if not is_checkpoint(out):
-                raise SinkscopeError(f"there is no trainer checkpoint to resume in {out}; run without --resume first.")
+                raise SinkscopeError(f"there is no trainer checkpoint to resume in {out}; run without {option('resume', True)} first.")
             _check_out(out, True)  # every save replaces the folder whole: nothing of anyone else's may be in it
 
         _on_main(env, check_resume)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from sinkscope.corpus import Windows
-from sinkscope.errors import SinkscopeError, suggest
+from sinkscope.errors import SinkscopeError, option, suggest
 from sinkscope.train import data as tdata
 
 #: ``--task`` names.
@@ -120,7 +120,7 @@ class TextTask:
         random: non-overlapping ``seq_len`` chunks of the validation split. ``Windows.starts`` holds
         ``(0, offset of the window's body in the validation split)``."""
         if seq_len < 2:
-            raise SinkscopeError(f"--seq-len must be at least 2 (got {seq_len}).")
+            raise SinkscopeError(f"{option('seq_len')} must be at least 2 (got {seq_len}).")
         if self.policy == "doc-start":
             candidates = tdata.window_starts(*self.passage_index, 0, len(self.val), seq_len - 1)
             what = f"passage starts followed by {seq_len - 1} tokens of one document"
@@ -130,7 +130,7 @@ class TextTask:
         if len(candidates) < n_seqs:
             raise SinkscopeError(
                 f"the checkpoint's validation split ({len(self.val)} tokens) holds {len(candidates)} {what}, "
-                f"fewer than --n-seqs {n_seqs}; lower --n-seqs or --seq-len."
+                f"fewer than {option('n_seqs')} {n_seqs}; lower {option('n_seqs')} or {option('seq_len')}."
             )
         rng = np.random.default_rng(seed)
         picked = np.sort(candidates[rng.choice(len(candidates), size=n_seqs, replace=False)])
@@ -247,9 +247,9 @@ class TriggerTask:
         """A seeded validation draw: seed 0 and ``seq_len = length`` give the eval windows first.
         ``Windows.starts`` holds ``(0, index of the window in the draw)``."""
         if not 2 <= seq_len <= self.block_size:
-            raise SinkscopeError(f"--seq-len must be between 2 and the model's context ({self.block_size}), not {seq_len}.")
+            raise SinkscopeError(f"{option('seq_len')} must be between 2 and the model's context ({self.block_size}), not {seq_len}.")
         if n_seqs < 1:
-            raise SinkscopeError(f"--n-seqs must be at least 1 (got {n_seqs}).")
+            raise SinkscopeError(f"{option('n_seqs')} must be at least 1 (got {n_seqs}).")
         seq = self.sample(n_seqs, seq_len, self._validation_generator(seed))[:, :seq_len]  # (n, seq_len)
         return Windows(seq.numpy().astype(np.int64), self.BOS, [(0, i) for i in range(n_seqs)], n_seqs * seq_len)
 
@@ -348,7 +348,7 @@ def parse_task_options(task: str, items: list[str] | None) -> dict:
     """``key=value`` strings (``--task-set``) checked against the task's options; one-sentence errors."""
     if task == "text":
         if items:
-            raise SinkscopeError("--task-set is for synthetic tasks; the text task takes --text-file, --dataset, "
+            raise SinkscopeError(f"--task-set is for synthetic tasks; the text task takes {option('text_file')}, {option('dataset')}, "
                                  "--tokenizer and --windows.")
         return {}
     return parse_fields(TriggerOptions(), items, "--task-set", where=f" for the {task} task")

@@ -24,6 +24,7 @@ from sinkscope.capture import hooks as hp
 from sinkscope.capture.record import QUIET_CUTOFFS, quiet_reads
 from sinkscope.cli import app
 from sinkscope.commands import inject as inject_command
+from sinkscope.errors import phrase
 from sinkscope.junk_batches import batch_problem
 from sinkscope.probes import get_probe
 from sinkscope.probes import injection as injection_module
@@ -598,15 +599,15 @@ def test_batch_problem_refuses_only_batches_structured_junk_cannot_use():
             assert batch_problem(junk, eval_batch, n) is None
         # one-window batches: structured junk would be same-window junk
         for n in (1, 4):
-            assert "needs --eval-batch 2 or more (got 1)" in batch_problem(junk, 1, n)
+            assert "needs --eval-batch 2 or more (got 1)" in phrase(batch_problem(junk, 1, n))
         # a short last batch: the sentence names both whole-batch counts
-        problem = batch_problem(junk, 2, 3)
+        problem = phrase(batch_problem(junk, 2, 3))
         assert "3 windows leave a last batch of 1" in problem and "use --n-seqs 2 or 4" in problem
-        problem = batch_problem(junk, 8, 17)
+        problem = phrase(batch_problem(junk, 8, 17))
         assert "17 windows leave a last batch of 1" in problem and "use --n-seqs 16 or 24" in problem
         assert "--eval-batch (8) windows" in problem and "divides 17" in problem
         # fewer windows than one batch: only the larger count is offered
-        problem = batch_problem(junk, 8, 3)
+        problem = phrase(batch_problem(junk, 8, 3))
         assert "there are only 3 windows" in problem and "use --n-seqs 8," in problem
 
 
