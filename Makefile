@@ -2,7 +2,7 @@
 #   make demo      set up .venv, fetch the bundled corpus, run `sinkscope sinks` on SmolLM2
 #   make test      the same set-up, then the fast tier (pytest -m "not slow": under 3 minutes on 2 cores)
 # and everything CI runs:
-#   make test-all  the set-up plus chromium and the docs extras, then every test (-m ""): the fast tier
+#   make test-all  the set-up plus chromium, the docs extras and the engines (ray, submitit), then every test (-m ""): the fast tier
 #                  and the `slow` one (trains, spawns Python, builds docs, sweeps architectures)
 # and the documentation site:
 #   make docs   the docs extras into .venv if missing, then `mkdocs build --strict -d site`
@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 # the slowest tests are listed at the end, so the tiers' time can be kept in view
 PYTEST_ARGS ?= --durations=10
 
-.PHONY: setup corpus browser docs-deps docs demo test test-all clean
+.PHONY: setup corpus browser docs-deps engines-deps docs demo test test-all clean
 
 setup: $(VENV)/.installed corpus
 
@@ -39,6 +39,15 @@ $(VENV)/.docs-installed: $(VENV)/.installed
 	  || $(BIN)/python -m pip install -q -e ".[docs]"; then touch $@; \
 	  else echo "note: could not install the docs extras; the site build test will be skipped"; fi
 
+# Ray and submitit (pyproject's `ray` and `slurm` extras) for tests/e2e/test_scaling_out.py, installed once
+# into .venv; if the install fails, make test-all goes on and those tests are skipped.
+engines-deps: $(VENV)/.engines-installed
+
+$(VENV)/.engines-installed: $(VENV)/.installed
+	@if $(BIN)/python -c "import ray, submitit" 2>/dev/null \
+	  || $(BIN)/python -m pip install -q -e ".[ray,slurm]"; then touch $@; \
+	  else echo "note: could not install ray and submitit; the engines' tests will be skipped"; fi
+
 docs: docs-deps
 	$(BIN)/python -m mkdocs build --strict -d site
 
@@ -57,7 +66,7 @@ test: setup
 
 # Every test: -m "" lifts the default deselection; --real-figures draws and encodes every figure
 # (the fast tier writes placeholders outside tests/unit/: tests/conftest.py).
-test-all: setup browser docs-deps
+test-all: setup browser docs-deps engines-deps
 	$(BIN)/python -m pytest -m "" --real-figures --durations=25
 
 clean:

@@ -56,7 +56,10 @@ def measure(
         params: probe parameters when ``what`` names probes, ``{probe: {name: value}}``.
         log: a function receiving progress messages (default: stderr).
         **options: the command's options (``seq_len``, ``n_seqs``, ``seed``, ``bos``, ``device``,
-            ``dtype``, ``attention``, ``out``, ...).
+            ``dtype``, ``attention``, ``out``, ...), and where the runs go (docs/scaling.md):
+            ``executor="ray"`` or ``"slurm"``, ``jobs=N`` local processes, ``ray_address``,
+            ``slurm_partition``, ... (``engines.options.EngineOptions``; these write every run to
+            ``out``, which they need, and the result is read back from it).
     """
     try:
         return _measure(what, model, tokenizer, texts=texts, windows=windows, params=params, revisions=revisions,
@@ -86,12 +89,17 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
         command = get_command("measure")
         settings = [f"{probe}.{key}={value}" for probe, values in (params or {}).items() for key, value in values.items()]
         options = {**options, "probes": tuple(names), "params": tuple(settings)}
+    from sinkscope.engines.options import ENGINE_FIELDS, engine_options
+
+    engine = engine_options({key: options.pop(key) for key in list(options) if key in ENGINE_FIELDS})
     known = {f.name for f in fields(command.options)} - {"model"}
     for key in options:
         if key not in known:
             raise SinkscopeError(f"{command.name} has no option {key!r}{suggest(key, known)}.")
     inputs = Inputs(texts=[texts] if isinstance(texts, str) else (list(texts) if texts is not None else None),
                     windows=windows)
+    if not engine.in_process:
+        return _on_engine(command, options, model, revisions, group_by, engine, texts, windows, tokenizer, log)
     if isinstance(model, (list, tuple, set)) or revisions is not None:
         if tokenizer is not None or isinstance(model, set) or any(not isinstance(m, (str, os.PathLike))
                                                                   for m in (model if isinstance(model, (list, tuple)) else [])):
@@ -111,6 +119,38 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     run_options = command.options(model=model, **{"progress": False, **_as_tuples(command.options, options)})
     return execute(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))
+
+
+def _on_engine(command, options, model, revisions, group_by, engine, texts, windows, tokenizer, log):
+    """The runs as jobs on ``engine`` (``executors.execute_jobs``), each written to ``out``; the
+    :class:`Result` (or :class:`ComparisonResult`) read back from the folders."""
+    from pathlib import Path
+
+    from sinkscope.executors import execute_jobs
+    from sinkscope.plan import plan
+    from sinkscope.run_result import ComparisonResult, Result
+
+    if not options.get("out"):
+        raise SinkscopeError(f"executor={engine.executor!r} and jobs= run each model in a process of its own, which "
+                             "writes its run folder: give out=.")
+    if texts is not None or windows is not None or tokenizer is not None or not (
+            model is None or isinstance(model, (str, os.PathLike))
+            or (isinstance(model, (list, tuple)) and all(isinstance(m, (str, os.PathLike)) for m in model))):
+        raise SinkscopeError("a run on an executor reads its model and text by name (hub ids or paths, text_file=); "
+                             "loaded models, texts= and windows= are measured in this process.")
+    several = list(model) if isinstance(model, (list, tuple)) else model
+    run_options = command.options(**{"progress": False, **_as_tuples(command.options, options)})
+    plans = plan(command, run_options, models=several, revisions=revisions, group_by=group_by)
+    execute_jobs(plans, engine, log=log or (lambda _m: None))
+    results = [Result.load(p.options.out) for p in plans]
+    comparison = plans[0].comparison
+    if comparison is None:
+        return results[0]
+    names = [Path(p.options.out).name for p in plans]
+    outcome = ComparisonResult(results, names, list(comparison.labels) if comparison.labels else names,
+                               series=comparison.series, group_by=group_by)
+    outcome.path = Path(comparison.folder)
+    return outcome
 
 
 def _compare(command, options, models, revisions, group_by, inputs, log):

@@ -40,6 +40,9 @@ from sinkscope.pipeline import Prepared, carry_out, prepare, progress_path
 from sinkscope.plan import COMPARISON_WRITER, Plan
 from sinkscope.plan import plan as plan_runs
 
+#: the comparison's subfolder of the engines' files: each run's log (``logs/NAME.log``), submitit's
+#: files (``slurm/``); ``--executor local --jobs 1`` writes none.
+ENGINE_FOLDER = "engine"
 #: the one table of a series: every run's rows, with their ``step`` and ``revision`` columns.
 SERIES_TABLE = "steps"
 
@@ -56,10 +59,23 @@ def execute_several(command: Command, options: RunOptions, models: list[str], *,
                                     labels=labels), log=log)
 
 
-def run_comparison(plans: list[Plan], *, log: Callable[[str], None] | None = None) -> Path | None:
-    """Run the plans of one comparison, then draw its page (module docstring)."""
+def still_to_run(planned: Plan, log: Callable[[str], None]) -> Plan | None:
+    """``--resume``: None for a run already finished (kept), else the plan continuing its progress
+    file if it left one; without ``--resume``, the plan as it is."""
     from sinkscope.results import is_run_folder
 
+    if not planned.options.resume:
+        return planned
+    child = Path(planned.options.out)
+    progress = progress_path(child)
+    if is_run_folder(child) and not progress.is_file():
+        log(f"Keeping the finished run {child}.")
+        return None
+    return replace(planned, options=replace(planned.options, resume=progress.is_file()))
+
+
+def run_comparison(plans: list[Plan], *, log: Callable[[str], None] | None = None) -> Path | None:
+    """Run the plans of one comparison, then draw its page (module docstring)."""
     log = log or (lambda message: print(message, file=sys.stderr))
     comparison = plans[0].comparison
     parent = Path(comparison.folder)
@@ -71,26 +87,20 @@ def run_comparison(plans: list[Plan], *, log: Callable[[str], None] | None = Non
     rank, world_size = distributed.world()
     with contextlib.ExitStack() as cleanup:
         prepared: list[Prepared | None] = []
-        for planned, child in zip(plans, children):
-            if planned.options.resume:
-                progress = progress_path(child)
-                if is_run_folder(child) and not progress.is_file():
-                    log(f"Keeping the finished run {child}.")
-                    prepared.append(None)
-                    continue
-                planned = replace(planned, options=replace(planned.options, resume=progress.is_file()))
-            prepared.append(prepare(planned, write=True, cleanup=cleanup))
+        for planned in plans:
+            planned = still_to_run(planned, log)
+            prepared.append(None if planned is None else prepare(planned, write=True, cleanup=cleanup))
         if world_size > 1:
             distributed.init()  # every process has checked its folders: the parent is recorded after
         if rank == 0:
-            _record_comparison(parent)
+            _record_comparison(parent, plans)
         expected = _kept_tokens(children, prepared) if comparison.series else None
+        failed: dict[str, str] = {}
         for k, run in enumerate(prepared):
             if run is None:
                 continue
             run.expect_tokens = expected
-            done = [child.name for child in children[:k]]  # each measured now or kept
-            kept = f"the runs finished before it ({', '.join(done)}) are kept in {parent}"
+            done = [child.name for child in children[:k] if child.name not in failed]  # each measured now or kept
             try:
                 result = carry_out(run, True, log, finish=False)
             except Interrupted:
@@ -98,31 +108,76 @@ def run_comparison(plans: list[Plan], *, log: Callable[[str], None] | None = Non
             except KeyboardInterrupt:
                 if not done:
                     raise
-                raise Interrupted(f"interrupted; {kept}: rerun the same command with {option('resume', True)} to continue.") from None
-            except SinkscopeError as error:
-                if not done:
-                    raise
-                raise SinkscopeError(f"{error.raw.rstrip('.')}; {kept}: rerun the same command with {option('resume', True)} to "
-                                     "continue.") from error
+                raise Interrupted(f"interrupted; the runs finished before it ({', '.join(done)}) are kept in {parent}: "
+                                  f"rerun the same command with {option('resume', True)} to continue.") from None
+            except SinkscopeError as error:  # this run fails alone: the others go on
+                if world_size > 1:
+                    raise  # every process must leave the group together
+                failed[children[k].name] = str(error)
+                log(f"{children[k].name} failed: {str(error).rstrip('.')}")
+                continue
             if comparison.series and expected is None and result is not None:
                 expected = result.manifest["windows"]["tokens_sha256"]
     if world_size > 1:
         distributed.finish()
     if rank != 0:
         return None
-    if comparison.series:
-        write_series_table(parent, children)
-        _record_comparison(parent)  # the table is the comparison's own (checked free of others' files before)
-    if not comparison.figures:
-        _record_comparison(parent)
-        return parent
-    from sinkscope.report import build_report
+    return finish_comparison(plans, failed, log)
 
-    # the parent was checked before: its own page is replaced (the report records the parent's files)
-    labels = list(comparison.labels) if comparison.labels is not None else None
-    page = build_report(children, out=parent, labels=labels, group_by=comparison.group_by, overwrite=True)
-    log(f"Wrote the comparison {page}")
+
+def finish_comparison(plans: list[Plan], failed: dict[str, str], log: Callable[[str], None]) -> Path:
+    """After every plan of a comparison ended: a series' table and the page, from the runs that
+    finished; then, if any run failed, one error naming each (``failed``: run folder name -> its
+    failure, with its log) and how ``--resume`` runs only them.
+
+    Runs that ran apart (``--executor``) are checked here to have measured the same windows when
+    they are a series (the in-process executor checks each before its model loads).
+    """
+    from sinkscope.fileio import describe_entries
+
+    comparison = plans[0].comparison
+    parent = Path(comparison.folder)
+    children = [Path(p.options.out) for p in plans]
+    finished = [child for child in children if child.name not in failed]
+    if comparison.series and len(finished) > 1:
+        _check_same_windows(finished)
+    if finished and comparison.series:
+        write_series_table(parent, finished)
+    _record_comparison(parent)  # the table is the comparison's own (checked free of others' files before)
+    page = parent
+    if finished and comparison.figures:
+        from sinkscope.report import build_report
+
+        labels = ([label for label, child in zip(comparison.labels, children) if child.name not in failed]
+                  if comparison.labels is not None else None)
+        # the parent was checked before: its own page is replaced (the report records the parent's files)
+        page = build_report(finished, out=parent, labels=labels, group_by=comparison.group_by, overwrite=True)
+        log(f"Wrote the comparison {page}" + (f" of the {len(finished)} runs that finished" if failed else ""))
+    if failed:
+        which = "every run" if not finished else f"{len(failed)} of {len(children)} runs"
+        raise SinkscopeError(f"{which} failed: " + "; ".join(f"{name}: {why.rstrip('.')}" for name, why in failed.items())
+                             + (f". The runs that finished ({describe_entries([c.name for c in finished])}) are kept in "
+                                f"{parent}" if finished else "")
+                             + f": rerun the same command with {option('resume', True)} to run only the failed ones.")
     return page
+
+
+def _check_same_windows(children: list[Path]) -> None:
+    """A series' runs measured one set of windows (their manifests' token sha256), or one sentence."""
+    from sinkscope.fileio import read_json
+
+    hashes = {}
+    for child in children:
+        try:
+            hashes[child.name] = read_json(child / "manifest.json", "the run's manifest")["windows"]["tokens_sha256"]
+        except (KeyError, TypeError):
+            hashes[child.name] = None
+    first = children[0].name
+    other = [name for name, digest in hashes.items() if digest != hashes[first]]
+    if other:
+        raise SinkscopeError(f"the checkpoints of a series must be measured on the same token windows, but "
+                             f"{', '.join(other)} measured other windows than {first} (another tokenizer?); "
+                             "measure them apart, or give them one tokenizer.")
 
 
 def _kept_tokens(children: list[Path], prepared: list[Prepared | None]) -> str | None:
@@ -155,9 +210,16 @@ def write_series_table(parent: Path, children: list[Path]):
     return frame
 
 
-def _record_comparison(parent: Path) -> None:
-    """The parent's inventory: its own files (run folders keep their own inventories)."""
+def _record_comparison(parent: Path, plans: list[Plan] | None = None) -> None:
+    """The parent's inventory: its own files (run folders keep their own inventories); with ``plans``,
+    first its ``comparison.json`` (``comparison_record``: the runs in order, for ``sinkscope report``)."""
+    from sinkscope.comparison_record import write_comparison_record
     from sinkscope.fileio import write_inventory
 
     parent.mkdir(parents=True, exist_ok=True)
-    write_inventory(parent, COMPARISON_WRITER)
+    if plans is not None:
+        comparison = plans[0].comparison
+        write_comparison_record(parent, [Path(p.options.out).name for p in plans],
+                                None if comparison.labels is None else list(comparison.labels),
+                                comparison.group_by, comparison.series)
+    write_inventory(parent, COMPARISON_WRITER, trees=(ENGINE_FOLDER,))

@@ -105,11 +105,11 @@ def _measure(name: str):
     """The runner of a measuring command: its plan (made when the step runs, so a model an earlier step
     trains exists by then), then the pipeline; returns the run folder. ``name_prefix``: a step without
     an ``out`` writes to ``reports/<time>-<recipe>-<model>-...``."""
-    def run(options, log=None, name_prefix=None):
+    def run(options, log=None, name_prefix=None, engine=None):
         from sinkscope.executors import execute, written_path
         from sinkscope.plan import plan
 
-        return written_path(execute(plan(name, options, name_prefix=name_prefix), log=log))
+        return written_path(execute(plan(name, options, name_prefix=name_prefix), log=log, engine=engine))
     return run
 
 
@@ -119,10 +119,11 @@ def _sweep_options():
     return SweepOptions
 
 
-def _sweep(options, log=None):
-    from sinkscope.sweep import sweep
+def _sweep(options, log=None, engine=None):
+    from sinkscope.sweep import sweep, sweep_engine
 
-    return sweep(options, log=log)
+    in_process = engine is None or engine.in_process  # the command line's --executor, else the step's own launcher
+    return sweep(options, log=log, engine=sweep_engine(options) if in_process else engine)
 
 
 def _toy_options():
@@ -131,10 +132,10 @@ def _toy_options():
     return ToyOptions
 
 
-def _toy(options, log=None):
+def _toy(options, log=None, engine=None):
     from sinkscope.toy import run_toy
 
-    return run_toy(options, log=log)
+    return run_toy(options, log=log, engine=engine)
 
 
 def _commands() -> dict:
@@ -372,13 +373,17 @@ def run_recipe(path: str, overrides: list[str] = (), log=None, **code):
 
 
 def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_code: bool = False,
-                trust_remote_code: bool = False, plugins: tuple[str, ...] = ()) -> list:
+                trust_remote_code: bool = False, plugins: tuple[str, ...] = (), engine=None) -> list:
     """Several recipes, one after the other, every one checked (and ``--set`` applied to each) before
     the first step runs; returns what each recipe's last step returns.
 
     Code a recipe names runs only with the command line's opt-in (:func:`check_recipe_code`):
     ``allow_code`` (``--allow-recipe-code``), ``trust_remote_code`` (``--trust-remote-code``) and
-    ``plugins`` (``--plugin``, also loaded by every measuring step that takes plugins).
+    ``plugins`` (``--plugin``, also loaded by every measuring step that takes plugins). ``engine``
+    (``--executor``, ``engines.options.EngineOptions``) runs the runs of each measuring, ``sweep`` and
+    ``toy`` step. The steps run in order (a step may need an earlier one's output), except that on an
+    engine other than in-process, consecutive measuring steps (which read models and write only
+    their own folders) go as one batch: the Pythia suite's 8 series are one SLURM array.
     """
     if not paths:
         raise SinkscopeError("give at least one recipe file.")
@@ -401,11 +406,31 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
             if getattr(options, "out", None):
                 check_inputs_outside(options.out, {"the recipe": path}, flag=option("out"))
     measuring = set(discover())
+    batched = engine is not None and not engine.in_process
     results = []
     for path, steps in zip(paths, loaded):
-        result = None
+        result, batch = None, []
         for command, options in steps:  # a measuring step without an out is named after the recipe
+            if batched and command in measuring:  # planned now; run with the next measuring steps as one batch
+                from sinkscope.plan import plan
+
+                batch.append(plan(command, options, name_prefix=Path(path).stem))
+                continue
+            if batch:
+                result, batch = _run_batch(batch, engine, log), []
             extra = {"name_prefix": Path(path).stem} if command in measuring else {}
+            if engine is not None and (command in measuring or command in ("sweep", "toy")):
+                extra["engine"] = engine
             result = commands[command][1](options, log=log, **extra)
+        if batch:
+            result = _run_batch(batch, engine, log)
         results.append(result)
     return results
+
+
+def _run_batch(groups: list, engine, log):
+    """Consecutive measuring steps' plans as one batch on the engine (one Ray submission, one SLURM
+    array: ``executors.execute_groups``); returns the last step's folder or page."""
+    from sinkscope.executors import execute_groups
+
+    return execute_groups(groups, engine, log=log)[-1]

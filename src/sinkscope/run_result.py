@@ -35,6 +35,16 @@ class Result:
     #: further arrays of the run, written as ``<name>.npy`` (``stream_nll``: every token's NLL).
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
+    @classmethod
+    def load(cls, path: str | Path) -> "Result":
+        """The result a run folder holds (its table, manifest and token ids; no pickle is read)."""
+        from sinkscope.fileio import read_json
+        from sinkscope.results import read_results
+
+        path = Path(path)
+        tokens = np.load(path / "tokens.npy", allow_pickle=False)
+        return cls(read_results(path), read_json(path / "manifest.json", "the run's manifest"), tokens, path)
+
     def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
         """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report).
 

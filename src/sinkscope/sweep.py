@@ -32,14 +32,15 @@ exists is kept. Running the same command again therefore only does what is missi
 
 The folder is the sweep's own: a folder holding anything sinkscope did not write, or another
 writer's folder (a run, a report, a checkpoint), is refused; the sweep's files are recorded in its
-inventory (``.sinkscope-files``, at the start and after the tables; ``submitit/`` is the sweep's
-whole), a folder written before inventories is recognised by its ``sweep.json`` and the fixed
+inventory (``.sinkscope-files``, at the start and after the tables; ``engine/`` and an older
+sweep's ``submitit/`` are the sweep's whole), a folder written before inventories is recognised by its ``sweep.json`` and the fixed
 names above, and ``.NAME.lock`` beside the folder keeps a second sweep out while one runs.
 
-Launchers: one run after the other (default); ``jobs > 1`` runs them as that many local processes
-(``concurrent.futures.ProcessPoolExecutor``, each limited to its share of the CPU threads); and
-``launcher="submitit"`` submits them as a SLURM job array through submitit when it is installed.
-The tables are written by this process once every run is there.
+Engines (``engines``, docs/scaling.md): one run after the other in this process (default);
+``jobs > 1`` runs them as that many local processes (each limited to its share of the CPU threads);
+``--executor ray`` as Ray tasks and ``--executor slurm`` (or ``launcher="submitit"``) as one SLURM
+job array through submitit. Each run is one job with its log in ``engine/logs/``; a run that fails
+fails alone. The tables are written by this process once every run is there.
 """
 
 from __future__ import annotations
@@ -118,11 +119,6 @@ def check(options: SweepOptions) -> None:
         raise SinkscopeError("a sweep needs at least one variant and one seed.")
     if options.launcher not in LAUNCHERS:
         raise SinkscopeError(f"unknown --launcher {options.launcher!r}; use {' or '.join(LAUNCHERS)}.")
-    if options.launcher == "submitit":
-        try:
-            import submitit  # noqa: F401
-        except ImportError:
-            raise SinkscopeError("--launcher submitit needs the submitit package (pip install submitit).") from None
     if not isinstance(options.jobs, int) or options.jobs < 1:
         raise SinkscopeError(f"--jobs must be a positive integer, not {options.jobs!r}.")
     if options.n_seqs < 1:
@@ -219,43 +215,56 @@ def _probe(options: SweepOptions, name: str, ckpt: Path, out: Path) -> str:
 
 
 def _run_local(options: SweepOptions, pairs, log) -> None:
-    if options.jobs == 1 or len(pairs) == 1:
-        for n, (variant, seed) in enumerate(pairs, 1):
-            log(f"[{n}/{len(pairs)}] {variant} seed {seed} ...")
-            log(run_one(options, variant, seed))
-            _record(Path(options.out))  # nothing else writes now: the inventory follows each finished run
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    threads = max(1, (os.cpu_count() or 1) // options.jobs)
-    with ProcessPoolExecutor(max_workers=options.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_one, options, variant, seed, threads) for variant, seed in pairs]
-        for future in as_completed(futures):
-            log(future.result())
+    """The runs one after the other in this process (the inventory follows each finished run)."""
+    for n, (variant, seed) in enumerate(pairs, 1):
+        log(f"[{n}/{len(pairs)}] {variant} seed {seed} ...")
+        log(run_one(options, variant, seed))
+        _record(Path(options.out))  # nothing else writes now: the inventory follows each finished run
 
 
-def _run_submitit(options: SweepOptions, pairs, log) -> None:
-    import submitit
+def sweep_engine(options: SweepOptions):
+    """The engine the sweep's own options ask for: ``--launcher submitit`` (with its ``--slurm``
+    parameters) is ``--executor slurm``; else ``--jobs`` local processes."""
+    from sinkscope.engines.options import EngineOptions, check_engine
 
-    executor = submitit.AutoExecutor(folder=str(Path(options.out) / "submitit"))
-    params = {}
-    for item in options.slurm:
-        key, _, value = item.partition("=")
-        params[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
-    executor.update_parameters(**params)
-    jobs = executor.map_array(run_one, [options] * len(pairs), [v for v, _ in pairs], [s for _, s in pairs])
-    log(f"submitted {len(jobs)} jobs through submitit ({Path(options.out) / 'submitit'}); waiting for them")
-    for job in jobs:
-        log(job.result())
+    if options.launcher == "submitit":
+        return check_engine(EngineOptions(executor="slurm", slurm_extra=tuple(options.slurm)))
+    return check_engine(EngineOptions(jobs=options.jobs))
 
 
-def sweep(options: SweepOptions, log=None) -> Path:
-    """Run the sweep (module docstring); returns ``OUT/sweep.md``."""
+def _run_jobs(options: SweepOptions, pairs, engine, log) -> None:
+    """Each (variant, seed) one job on ``engine`` (``engines``): its log in ``OUT/engine/logs/``; a run
+    that fails fails alone, and the sweep then stops before its tables in one sentence naming each."""
+    from sinkscope.engines.jobs import Job
+    from sinkscope.engines.options import gpus_per_run
+    from sinkscope.engines.run import cluster_gpus, run_jobs
+
+    out = Path(options.out)
+    folder = out / ENGINE_FOLDER
+    threads = max(1, (os.cpu_count() or 1) // engine.jobs) if engine.executor == "local" else None
+    override = {"ray": engine.ray_gpus_per_run, "slurm": engine.slurm_gpus_per_run}.get(engine.executor)
+    gpus = gpus_per_run(options.device, None, override, cluster_gpus(engine))
+    jobs = [Job(f"{variant}-s{seed}", str(folder / "logs" / f"{variant}-s{seed}.log"), run_one, (options, variant, seed),
+                gpus=gpus, threads=threads) for variant, seed in pairs]
+    outcomes = run_jobs(jobs, engine, folder, log=log)
+    for outcome in outcomes:
+        if outcome.ok:
+            log(outcome.value)
+    _record(out)
+    failed = [outcome for outcome in outcomes if not outcome.ok]
+    if failed:
+        raise SinkscopeError(f"{len(failed)} of {len(jobs)} runs failed: " + "; ".join(o.failure() for o in failed)
+                             + f". The finished runs are kept in {out}: rerun the same command to run only the others.")
+
+
+def sweep(options: SweepOptions, log=None, engine=None) -> Path:
+    """Run the sweep (module docstring) on ``engine`` (``engines.options.EngineOptions``; default
+    :func:`sweep_engine`); returns ``OUT/sweep.md``."""
     from sinkscope.fileio import atomic_write_text
 
     log = log or (lambda message: print(message, flush=True))
     check(options)
+    engine = engine or sweep_engine(options)
     out = Path(options.out)
     with lock_sweep_dir(out):
         check_sweep_dir(out)
@@ -263,10 +272,10 @@ def sweep(options: SweepOptions, log=None) -> Path:
         pairs = [(variant, seed) for variant in options.variants for seed in options.seeds]
         atomic_write_text(out / "sweep.json", json.dumps(dataclasses.asdict(options), indent=2) + "\n")
         _record(out)
-        if options.launcher == "submitit":
-            _run_submitit(options, pairs, log)
-        else:
+        if engine.in_process:
             _run_local(options, pairs, log)
+        else:
+            _run_jobs(options, pairs, engine, log)
         return write_tables(options, log)
 
 
@@ -280,7 +289,9 @@ SWEEP_FILES = ("sweep.json", "losses.csv", "table1.csv", "table2.csv", "table1_b
 PROBE_FOLDERS = ("sinks", "selectivity")
 SWEEP_WRITER = "sweep"
 #: folders whose whole content is the sweep's however it changes (submitit's logs and pickles).
-SWEEP_TREES = ("submitit",)
+SWEEP_TREES = ("submitit", "engine")
+#: the engine's files: each run's log (``logs/``), submitit's (``slurm/``); older sweeps wrote ``submitit/``.
+ENGINE_FOLDER = "engine"
 
 
 def _is_sweep_json(path: Path) -> bool:

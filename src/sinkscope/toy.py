@@ -599,12 +599,13 @@ def check_toy_dir(out: Path, overwrite: bool) -> None:
                       hint="pass --overwrite to replace it")
 
 
-def run_toy(options: ToyOptions, log=None) -> Path:
+def run_toy(options: ToyOptions, log=None, engine=None) -> Path:
     """Every (condition, load, seed) cell; writes toy.csv, toy_summary.csv, toy.md and toy.png.
 
     The folder is written whole into a hidden sibling and swapped into place at the end
     (``fileio.replace_folder``): a crash leaves the old output or the new one. ``--out`` is
-    checked first (:func:`check_toy_dir`) and locked for the whole run.
+    checked first (:func:`check_toy_dir`) and locked for the whole run. ``engine``
+    (``engines.options.EngineOptions``): where the groups train (:func:`train_all`).
     """
     log = log or (lambda message: print(message, flush=True))
     for variant in options.variants:
@@ -625,7 +626,7 @@ def run_toy(options: ToyOptions, log=None) -> Path:
 
     with lock_folder(out, kind="toy", writer="toy run"):
         check_toy_dir(out, options.overwrite)  # under the lock
-        _run_toy(options, out, log)
+        _run_toy(options, out, log, engine)
     log(f"wrote {out / 'toy.md'}")
     return out / "toy.md"
 
@@ -639,10 +640,11 @@ def toy_jobs(options: ToyOptions) -> int:
     return max(1, min(cpus, groups))
 
 
-def train_all(options: ToyOptions, log=lambda message: None) -> list[dict]:
+def train_all(options: ToyOptions, log=lambda message: None, engine=None) -> list[dict]:
     """Every (condition, load) group (:func:`train_group`, all seeds at once), each in one torch
-    thread (``options.threads`` if given), in :func:`toy_jobs` processes; rows by condition, load,
-    seed, variant. A group's rows do not depend on the number of processes."""
+    thread (``options.threads`` if given), in :func:`toy_jobs` processes, or as one job each on
+    ``engine`` (``--executor ray|slurm``: :func:`_train_on_engine`); rows by condition, load, seed,
+    variant. A group's rows do not depend on the number of processes or where they ran."""
     groups = [(condition, load) for condition in options.conditions for load in options.loads]
     done = {}
 
@@ -652,6 +654,10 @@ def train_all(options: ToyOptions, log=lambda message: None) -> list[dict]:
             log(f"{group[0]} load {group[1]} seed {seed}: "
                 + ", ".join(f"{r['variant']} {r['error']:.4f}" for r in rows if r["seed"] == seed))
 
+    if engine is not None and engine.executor != "local":
+        for group, rows in zip(groups, _train_on_engine(options, groups, engine, log)):
+            finished(group, rows)
+        return [row for group in groups for row in done[group]]
     jobs = toy_jobs(options)
     if jobs == 1:
         for group in groups:
@@ -672,17 +678,38 @@ def train_all(options: ToyOptions, log=lambda message: None) -> list[dict]:
     return [row for group in groups for row in done[group]]
 
 
+def _train_on_engine(options: ToyOptions, groups: list[tuple[str, int]], engine, log) -> list[list[dict]]:
+    """Each group one job on Ray or SLURM (``engines``), its log under ``paths.cache_root()/engine/``
+    (the output folder is written whole at the end); the groups' rows, or one sentence naming each
+    group that failed (nothing is written then)."""
+    import time
+
+    from sinkscope.engines.jobs import Job
+    from sinkscope.engines.run import run_jobs
+    from sinkscope.paths import cache_root
+
+    folder = cache_root() / "engine" / f"toy-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    jobs = [Job(f"{condition}-load{load}", str(folder / "logs" / f"{condition}-load{load}.log"), _train_group_job,
+                (options, condition, load)) for condition, load in groups]
+    outcomes = run_jobs(jobs, engine, folder, log=log)
+    failed = [outcome for outcome in outcomes if not outcome.ok]
+    if failed:
+        raise SinkscopeError(f"{len(failed)} of {len(jobs)} toy groups failed: " + "; ".join(o.failure() for o in failed)
+                             + "; nothing was written.")
+    return [outcome.value for outcome in outcomes]
+
+
 def _train_group_job(options: ToyOptions, condition: str, load: int) -> list[dict]:
     return train_group(options, condition, load, options.seeds)
 
 
-def _run_toy(options: ToyOptions, out: Path, log) -> None:
+def _run_toy(options: ToyOptions, out: Path, log, engine=None) -> None:
     import shutil
     import tempfile
 
     from sinkscope.fileio import default_folder_mode, replace_folder, write_inventory
 
-    frame = pd.DataFrame(train_all(options, log))
+    frame = pd.DataFrame(train_all(options, log, engine))
     summary = summarise(frame)
     stage = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.partial-",
                                   dir=Path(os.path.abspath(out)).parent))

@@ -133,49 +133,37 @@ def test_mistakes_fail_in_one_sentence_before_training(tmp_path):
     try:
         import submitit  # noqa: F401
     except ImportError:
-        with pytest.raises(SinkscopeError, match="submitit"):
-            check(SweepOptions(out=out, launcher="submitit"))
+        from sinkscope.sweep import sweep_engine
+
+        with pytest.raises(SinkscopeError, match=r"sinkscope\[slurm\]"):
+            sweep_engine(SweepOptions(out=out, launcher="submitit"))
     result = CliRunner().invoke(app, ["sweep", "--seeds", "0,x", "--out", out])
     assert result.exit_code == 1 and "--seeds takes" in result.output
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.slow  # trains (its fixture)
-def test_submitit_launcher_submits_one_array_job_per_run(swept, tmp_path, monkeypatch):
-    """The submitit path with a stand-in module (submitit itself needs a SLURM cluster): one job per
-    (variant, seed) in one array, the --slurm parameters passed through, the tables written after."""
-    import sys
-    import types
+@pytest.mark.slow  # trains (its fixture); submitit's local executor spawns Python
+def test_submitit_runs_one_array_job_per_run(swept, tmp_path, monkeypatch):
+    """--executor slurm (submitit's local executor: the array's tasks as local processes; `--launcher
+    submitit` is the same engine): one job per (variant, seed), each with its log, the tables after."""
+    pytest.importorskip("submitit")
+    from sinkscope.engines.options import EngineOptions
+    from sinkscope.sweep import sweep_engine
 
-    made = {}
-
-    class Job:
-        def __init__(self, value):
-            self.value = value
-
-        def result(self):
-            return self.value
-
-    class AutoExecutor:
-        def __init__(self, folder):
-            made["folder"] = folder
-
-        def update_parameters(self, **params):
-            made["params"] = params
-
-        def map_array(self, fn, *columns):
-            made["calls"] = list(zip(*columns[1:]))
-            return [Job(fn(*args)) for args in zip(*columns)]
-
-    monkeypatch.setitem(sys.modules, "submitit", types.SimpleNamespace(AutoExecutor=AutoExecutor))
     out = tmp_path / "sw"
     shutil.copytree(swept, out)
     options = SweepOptions(variants=("baseline", "sink+norm"), seeds=(0, 1), out=str(out), launcher="submitit",
                            slurm=["slurm_partition=gpu", "timeout_min=30"], **SMALL)
+    import sinkscope.engines.options as engine_options
+
+    monkeypatch.setattr(engine_options.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
+    assert sweep_engine(options) == EngineOptions(executor="slurm", slurm_extra=("slurm_partition=gpu", "timeout_min=30"))
+    monkeypatch.undo()
     messages = []
-    sweep(options, log=messages.append)
-    assert made["params"] == {"slurm_partition": "gpu", "timeout_min": 30}
-    assert made["calls"] == [("baseline", 0), ("baseline", 1), ("sink+norm", 0), ("sink+norm", 1)]
-    assert made["folder"] == str(out / "submitit") and "submitted 4 jobs" in messages[0]
+    sweep(options, log=messages.append, engine=EngineOptions(executor="slurm", slurm_cluster="local"))
+    assert "Submitted 4 runs as a job array" in messages[0]
     assert "sink+norm seed 1: kept, sinks kept, selectivity kept" in messages
+    for name in ("baseline-s0", "baseline-s1", "sink+norm-s0", "sink+norm-s1"):
+        assert "finished in" in (out / "engine" / "logs" / f"{name}.log").read_text()
+    assert list((out / "engine" / "slurm").glob("*_submitted.pkl"))
     assert pd.read_csv(out / "table1.csv").equals(pd.read_csv(swept / "table1.csv"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -14,7 +15,7 @@ from sinkscope.errors import SinkscopeError
 @app.command()
 @_friendly_errors
 def report(
-    run_dirs: Annotated[list[str], typer.Argument(help="One or more run folders.")],
+    run_dirs: Annotated[list[str], typer.Argument(help="One or more run folders, or the folder of a comparison (its page is redrawn).")],
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Output folder (default: the run folder for one run, reports/compare-<time> for several).")] = None,
     label: Annotated[Optional[list[str]], typer.Option("--label", help="A name per run, in order (default: folder names).")] = None,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Average runs sharing a condition (variant, seed, step, tier) and compare the groups.")] = None,
@@ -32,9 +33,25 @@ def report(
 
     \b
         sinkscope report runs/ckpt-* --group-by variant --out runs/by-variant
+
+    \b
+        sinkscope report runs/zoo                        # a comparison's folder: its page again
     """
+    from sinkscope.comparison_record import read_comparison_record
+    from sinkscope.paths import user_path
     from sinkscope.report import build_report
 
+    record = read_comparison_record(user_path(run_dirs[0], "RUN_DIRS")) if len(run_dirs) == 1 else None
+    if record is not None and out is None:  # a comparison's folder: its runs, in order, their labels
+        folder = Path(user_path(run_dirs[0], "RUN_DIRS"))
+        runs = [folder / name for name in record["runs"] if (folder / name / "manifest.json").is_file()]
+        if not runs:
+            raise SinkscopeError(f"no run of the comparison {folder} has finished; rerun its command with --resume.")
+        labels = label or ([lab for lab, name in zip(record["labels"], record["runs"])
+                            if (folder / name / "manifest.json").is_file()] if record["labels"] else None)
+        typer.echo(str(build_report(runs, out=folder, labels=labels, group_by=group_by or record["group_by"],
+                                    overwrite=True)))
+        return
     if label and len(label) != len(run_dirs):
         raise SinkscopeError(f"give one --label per run folder ({len(run_dirs)}), not {len(label)}.")
     typer.echo(str(build_report(run_dirs, out=out, labels=label, group_by=group_by, overwrite=overwrite)))

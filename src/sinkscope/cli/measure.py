@@ -57,15 +57,17 @@ def _run(name: str, values: dict) -> None:
     """``execute(plan(...))``: the command's plan (every check before torch is imported, the models
     resolved once: ``plan.plan``), then the run (``executors.execute``); print the run folder, or
     the comparison page of several models or revisions (``MODEL [MODEL ...]``, ``--revision A,B``)."""
+    from sinkscope.engines.options import engine_options
     from sinkscope.plan import plan
 
+    engine = engine_options(values)
     models = values.get("model")
     given = list(models) if isinstance(models, list) else models  # a list (MODEL [MODEL ...]), one, or None
     plans = plan(name, {k: v for k, v in values.items() if k != "model"}, models=given,
                  revisions=values.get("revision"), group_by=values.get("group_by"))
     from sinkscope.executors import execute, written_path
 
-    outcome = execute(plans)
+    outcome = execute(plans, engine=engine)
     if outcome is not None:  # None on data-parallel processes other than 0
         typer.echo(str(written_path(outcome)))
 

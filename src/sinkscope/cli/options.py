@@ -30,6 +30,21 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupt
 DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")]
 CheckpointSecondsOpt = Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")]
 
+ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where the runs of several models, revisions or lengths go: local (this machine; --jobs processes) | ray | slurm (docs/scaling.md).", rich_help_panel="Executor")]
+JobsOpt = Annotated[int, typer.Option("--jobs", help="--executor local: runs at once, each in a process of its own.", rich_help_panel="Executor")]
+RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: auto or HOST:PORT joins a cluster; none starts a local one.", rich_help_panel="Executor")]
+RayGpusOpt = Annotated[Optional[float], typer.Option("--ray-gpus-per-run", help="--executor ray: GPUs per run [default: 1 for cuda, a device map, or auto on a cluster with GPUs; else 0].", rich_help_panel="Executor")]
+SlurmPartitionOpt = Annotated[Optional[str], typer.Option("--slurm-partition", help="--executor slurm: the partition.", rich_help_panel="Executor")]
+SlurmGpusOpt = Annotated[Optional[int], typer.Option("--slurm-gpus-per-run", help="--executor slurm: GPUs per run [default: 1 for cuda or a device map, else 0].", rich_help_panel="Executor")]
+SlurmTimeOpt = Annotated[int, typer.Option("--slurm-time", help="--executor slurm: minutes each run may take.", rich_help_panel="Executor")]
+SlurmParallelOpt = Annotated[int, typer.Option("--slurm-array-parallelism", help="--executor slurm: runs at once.", rich_help_panel="Executor")]
+SlurmClusterOpt = Annotated[str, typer.Option("--slurm-cluster", help="--executor slurm: slurm (sbatch) | local (submitit's local processes) | debug (in this process).", rich_help_panel="Executor")]
+
+#: the engine's options (``engines.options.EngineOptions``), after TAIL on every command that runs several plans
+ENGINE = (("executor", ExecutorOpt, "local"), ("jobs", JobsOpt, 1), ("ray_address", RayAddressOpt, None),
+          ("ray_gpus_per_run", RayGpusOpt, None), ("slurm_partition", SlurmPartitionOpt, None),
+          ("slurm_gpus_per_run", SlurmGpusOpt, None), ("slurm_time", SlurmTimeOpt, 60),
+          ("slurm_array_parallelism", SlurmParallelOpt, 64), ("slurm_cluster", SlurmClusterOpt, "slurm"))
 
 
 #: the options every measuring command takes, in the order --help lists them: before the command's
@@ -46,7 +61,7 @@ TAIL = (("overwrite", OverwriteOpt, False), ("figures", FiguresOpt, True), ("pro
 def run_options(*, skip: tuple[str, ...] = (), **defaults):
     """Declare the shared options on a measuring command once: the decorated function takes ``MODEL``,
     ``--out`` and its own options, and ``**shared``; its signature (what typer reads) gains :data:`HEAD`
-    after ``--out`` and :data:`TAIL` at the end, with ``defaults`` replacing a shared default
+    after ``--out`` and :data:`TAIL` and :data:`ENGINE` at the end, with ``defaults`` replacing a shared default
     (``n_seqs=256``) and the names in ``skip`` left out (``stream`` reads ``--length``, not ``--seq-len``)."""
     import inspect
 
@@ -60,7 +75,23 @@ def run_options(*, skip: tuple[str, ...] = (), **defaults):
                if p.kind is not inspect.Parameter.VAR_KEYWORD]
         first = [p for p in own if p.name in ("model", "out")]
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p.name not in ("model", "out")]
-        func.__signature__ = inspect.Signature(first + shared(HEAD) + rest + shared(TAIL))
+        func.__signature__ = inspect.Signature(first + shared(HEAD) + rest + shared(TAIL) + shared(ENGINE))
+        return func
+
+    return decorate
+
+
+def engine_params(*, skip: tuple[str, ...] = ()):
+    """Declare :data:`ENGINE` (less ``skip``: ``sweep`` and ``toy`` keep their own ``--jobs``) at the end of
+    a lab command's signature; the function takes them as ``**engine``."""
+    import inspect
+
+    def decorate(func):
+        own = [p for p in inspect.signature(func, eval_str=True).parameters.values()
+               if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+                 for name, annotation, default in ENGINE if name not in skip]
+        func.__signature__ = inspect.Signature(own + added)
         return func
 
     return decorate

@@ -1,0 +1,239 @@
+"""The engines' own parts (issue 41), fast: the ``--executor`` options, a job in its log, the progress
+over jobs, the local engine in this process, the Ray engine's dispatch (on a stand-in for Ray that runs
+each task at once), submitit's parameters and its in-process debug executor, and the comparison record.
+The engines themselves (a Ray cluster, submitit's local processes) run in tests/e2e/test_executors.py."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from sinkscope.comparison_record import read_comparison_record, write_comparison_record
+from sinkscope.engines.jobs import Job, Outcome, Progress, run_job
+from sinkscope.engines.local import run_local
+from sinkscope.engines.options import EngineOptions, check_engine, engine_options, gpus_per_run
+from sinkscope.engines.ray_engine import run_ray
+from sinkscope.engines.run import cluster_gpus, run_jobs
+from sinkscope.engines.slurm import executor_for, slurm_parameters
+from sinkscope.errors import SinkscopeError, phrase
+
+
+def square(x: int) -> int:
+    print(f"squaring {x}")
+    return x * x
+
+
+def refuse(x: int) -> int:
+    raise SinkscopeError(f"no model at m{x}; check the path.")
+
+
+def crash(x: int) -> int:
+    raise ValueError(f"bad {x}")
+
+
+def _jobs(tmp_path: Path, functions) -> list[Job]:
+    return [Job(f"run{k}", str(tmp_path / "logs" / f"run{k}.log"), f, (k,)) for k, f in enumerate(functions)]
+
+
+# ---- options -------------------------------------------------------------------------------------
+
+def test_engine_options_take_their_names_and_leave_the_rest():
+    engine = engine_options({"executor": "local", "jobs": 3, "seq_len": 32, "slurm_time": None})
+    assert engine == EngineOptions(jobs=3) and not engine.in_process
+    assert EngineOptions().in_process and not EngineOptions(executor="slurm").in_process
+
+
+@pytest.mark.parametrize("given, words", [
+    ({"executor": "dask"}, "unknown --executor 'dask'; use local, ray, slurm"),
+    ({"jobs": 0}, "--jobs must be a positive integer (got 0)"),
+    ({"jobs": True}, "--jobs must be a positive integer"),
+    ({"slurm_time": -5}, "--slurm-time must be a positive integer"),
+    ({"ray_gpus_per_run": -1}, "--ray-gpus-per-run must be 0 or more"),
+    ({"slurm_cluster": "pbs"}, "unknown --slurm-cluster 'pbs'"),
+    ({"executor": "slurm", "jobs": 2}, "--jobs sets the local executor's processes"),
+])
+def test_bad_engine_options_are_one_sentence(given, words):
+    with pytest.raises(SinkscopeError) as caught:
+        check_engine(EngineOptions(**given))
+    assert words in str(caught.value)
+    assert "--" not in caught.value.phrased("api")  # the API names them as keywords
+
+
+def test_a_missing_engine_package_names_the_pip_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "submitit" else real(name, *a))
+    with pytest.raises(SinkscopeError, match=r"pip install 'sinkscope\[slurm\]'"):
+        check_engine(EngineOptions(executor="slurm"))
+
+
+def test_slurm_off_a_cluster_says_where_to_run_it(monkeypatch):
+    import sinkscope.engines.options as engine_options
+
+    monkeypatch.setattr(engine_options.shutil, "which", lambda name: None)
+    with pytest.raises(SinkscopeError, match="does not have; run the command on the cluster's login node, or try the "
+                                             "runs here with --slurm-cluster local"):
+        check_engine(EngineOptions(executor="slurm"))
+    assert check_engine(EngineOptions(executor="slurm", slurm_cluster="local")).slurm_cluster == "local"
+
+
+@pytest.mark.parametrize("device, device_map, override, cluster, gpus", [
+    ("cpu", None, None, 4, 0.0), ("cuda", None, None, 0, 1.0), ("cuda:1", None, None, 4, 1.0),
+    ("auto", "auto", None, 0, 1.0), ("auto", None, None, 8, 1.0), ("auto", None, None, 0, 0.0),
+    ("cuda", None, 2, 8, 2.0), ("auto", "auto", 0.5, 8, 0.5),
+])
+def test_the_gpus_a_plan_asks_for(device, device_map, override, cluster, gpus):
+    assert gpus_per_run(device, device_map, override, cluster) == gpus
+
+
+# ---- a job in its log ----------------------------------------------------------------------------
+
+def test_a_job_runs_with_its_output_in_its_log(tmp_path, capfd):
+    outcome = run_job(_jobs(tmp_path, [square, square, square, square])[3])
+    assert outcome.ok and outcome.value == 9 and outcome.sentence is None and outcome.seconds >= 0
+    log = Path(outcome.log).read_text()
+    assert "sinkscope job run3: started" in log and "squaring 3" in log and "finished in" in log
+    print("after the job")  # the process's own output is back
+    assert "after the job" in capfd.readouterr().out and "after the job" not in Path(outcome.log).read_text()
+
+
+def test_a_failing_job_is_an_outcome_with_one_sentence_and_its_traceback_in_the_log(tmp_path):
+    refused, crashed = (run_job(job) for job in _jobs(tmp_path, [refuse, crash]))
+    assert not refused.ok and refused.sentence == "no model at m0; check the path."
+    assert refused.failure() == f"run0 failed: no model at m0; check the path (log: {refused.log})"
+    assert not crashed.ok and crashed.sentence == "ValueError: bad 1"
+    assert "Traceback" in Path(crashed.log).read_text() and "ValueError: bad 1" in Path(crashed.log).read_text()
+
+
+def test_a_log_is_appended_to_by_a_rerun(tmp_path):
+    job = _jobs(tmp_path, [square])[0]
+    run_job(job)
+    run_job(job)
+    assert Path(job.log).read_text().count("sinkscope job run0: started") == 2
+
+
+def test_progress_counts_done_running_and_failed(tmp_path):
+    jobs = _jobs(tmp_path, [square, square, square])
+    Path(jobs[2].log).parent.mkdir(parents=True)
+    Path(jobs[2].log).write_text("an earlier attempt\n")
+    progress = Progress(jobs, "local", show=False)
+    assert progress.running() == 0  # a log kept from an earlier attempt is not a running job
+    Path(jobs[0].log).write_text("sinkscope job run0: started\n")
+    assert progress.running() == 1
+    said = []
+    progress.finish(Outcome("run0", jobs[0].log, True), said.append)
+    progress.finish(Outcome("run1", jobs[1].log, False, "it broke."), said.append)
+    assert progress.running() == 0 and progress.failed == 1 and len(progress.finished) == 2
+    assert said == [f"run1 failed: it broke (log: {jobs[1].log})"]
+    progress.close()
+
+
+# ---- engines -------------------------------------------------------------------------------------
+
+def test_the_local_engine_runs_every_job_whatever_fails(tmp_path):
+    said = []
+    outcomes = run_jobs(_jobs(tmp_path, [square, refuse, square]), EngineOptions(), tmp_path, log=said.append,
+                        show_progress=False)
+    assert [o.ok for o in outcomes] == [True, False, True] and [o.value for o in outcomes] == [0, None, 4]
+    assert said == [outcomes[1].failure()]
+    assert cluster_gpus(EngineOptions()) == 0.0
+
+
+def test_run_local_keeps_the_jobs_order(tmp_path):
+    jobs = _jobs(tmp_path, [square, square])
+    outcomes = run_local(jobs, EngineOptions(), Progress(jobs, "local", show=False), lambda m: None)
+    assert [o.name for o in outcomes] == ["run0", "run1"]
+
+
+class _FakeRay(types.ModuleType):
+    """A stand-in for Ray that runs each task when it is submitted (the dispatch, not Ray, is under test)."""
+
+    def __init__(self):
+        super().__init__("ray")
+        self.initialized, self.inits, self.asked = False, [], []
+
+    def is_initialized(self):
+        return self.initialized
+
+    def init(self, **kwargs):
+        self.initialized = True
+        self.inits.append(kwargs)
+
+    def shutdown(self):
+        self.initialized = False
+
+    def cluster_resources(self):
+        return {"CPU": 2.0, "GPU": 1.0}
+
+    def remote(self, **_kwargs):
+        ray = self
+
+        def wrap(function):
+            class Task:
+                def options(self, **options):
+                    ray.asked.append(options)
+                    return self
+
+                def remote(self, *args):
+                    return function(*args)  # the "reference" is the result
+
+            return Task()
+
+        return wrap
+
+    def wait(self, pending, num_returns=1, timeout=None):
+        return pending[:num_returns], pending[num_returns:]
+
+    def get(self, ref):
+        return ref
+
+
+def test_the_ray_engine_asks_each_jobs_gpus_and_shuts_down_only_what_it_started(tmp_path, monkeypatch):
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    jobs = [Job(j.name, j.log, j.function, j.args, gpus=g) for j, g in zip(_jobs(tmp_path, [square, refuse]), (1.0, 0.0))]
+    outcomes = run_jobs(jobs, EngineOptions(executor="ray", ray_address="auto"), tmp_path, log=lambda m: None,
+                        show_progress=False)
+    assert [o.ok for o in outcomes] == [True, False]
+    assert fake.inits == [{"address": "auto", "include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}]
+    assert [(a["num_cpus"], a["num_gpus"]) for a in fake.asked] == [(1, 1.0), (1, 0.0)]
+    assert not fake.initialized  # started here, shut down here
+    fake.initialized = True  # a session the caller holds is used and left running
+    outcomes = run_ray(jobs[:1], EngineOptions(executor="ray"), Progress(jobs[:1], "ray", show=False), lambda m: None)
+    assert outcomes[0].value == 0 and fake.initialized and len(fake.inits) == 1
+    assert cluster_gpus(EngineOptions(executor="ray")) == 1.0
+
+
+def test_slurm_parameters_for_an_array_of_runs():
+    engine = EngineOptions(executor="slurm", slurm_partition="gpu", slurm_time=120, slurm_array_parallelism=4)
+    assert slurm_parameters(engine, 1) == {"timeout_min": 120, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": 4,
+                                           "gpus_per_node": 1, "name": "sinkscope", "slurm_array_parallelism": 4,
+                                           "slurm_partition": "gpu"}
+    assert "slurm_partition" not in slurm_parameters(EngineOptions(executor="slurm"), 0)
+
+
+def test_submitits_debug_executor_runs_the_array_in_this_process(tmp_path):
+    pytest.importorskip("submitit")
+    engine = EngineOptions(executor="slurm", slurm_cluster="debug")
+    assert type(executor_for(engine, tmp_path / "slurm", 0)._executor).__name__ == "DebugExecutor"
+    said = []
+    outcomes = run_jobs(_jobs(tmp_path, [square, crash]), engine, tmp_path, log=said.append, show_progress=False)
+    assert [o.ok for o in outcomes] == [True, False] and outcomes[0].value == 0
+    assert outcomes[1].sentence == "ValueError: bad 1" and len(said) == 2  # submitted, then the failure
+
+
+# ---- the comparison's record ---------------------------------------------------------------------
+
+def test_the_comparison_record_round_trips_and_refuses_a_planted_one(tmp_path):
+    write_comparison_record(tmp_path, ["a", "b"], ["A", "B"], "variant", False)
+    assert read_comparison_record(tmp_path) == {"runs": ["a", "b"], "labels": ["A", "B"], "group_by": "variant",
+                                                "series": False}
+    assert read_comparison_record(tmp_path / "none") is None
+    (tmp_path / "comparison.json").write_text('{"runs": ["../../etc"]}')
+    with pytest.raises(SinkscopeError, match="not a comparison's record"):
+        read_comparison_record(tmp_path)
+    assert phrase("x") == "x"
