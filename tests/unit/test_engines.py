@@ -237,3 +237,28 @@ def test_the_comparison_record_round_trips_and_refuses_a_planted_one(tmp_path):
     with pytest.raises(SinkscopeError, match="not a comparison's record"):
         read_comparison_record(tmp_path)
     assert phrase("x") == "x"
+
+
+def test_ctrl_c_while_waiting_on_slurm_names_the_array_to_cancel(tmp_path, monkeypatch):
+    import sinkscope.engines.slurm as slurm
+    from sinkscope.errors import Interrupted
+
+    class Handle:
+        def __init__(self, k):
+            self.job_id = f"4242_{k}"
+
+    class Executor:
+        def map_array(self, function, jobs):
+            return [Handle(k) for k in range(len(jobs))]
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(slurm, "executor_for", lambda engine, folder, gpus: Executor())
+    monkeypatch.setattr(slurm, "_wait", interrupted)
+    jobs = _jobs(tmp_path, [square, square])
+    with pytest.raises(Interrupted) as caught:
+        slurm.run_slurm(jobs, EngineOptions(executor="slurm", slurm_cluster="local"), tmp_path,
+                        Progress(jobs, "slurm", show=False), lambda m: None)
+    assert "the SLURM array 4242 keeps running" in str(caught.value) and "scancel 4242" in str(caught.value)
+    assert caught.value.exit_code == 130

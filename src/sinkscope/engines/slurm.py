@@ -16,6 +16,7 @@ from typing import Callable
 
 from sinkscope.engines.jobs import Job, Outcome, Progress, lost, run_job
 from sinkscope.engines.options import EngineOptions
+from sinkscope.errors import Interrupted, option
 
 
 def slurm_parameters(engine: EngineOptions, gpus: int) -> dict:
@@ -52,6 +53,17 @@ def run_slurm(jobs: list[Job], engine: EngineOptions, folder: Path, progress: Pr
     submitted = executor.map_array(run_job, jobs)
     log(f"Submitted {len(submitted)} runs as a job array through submitit ({engine.slurm_cluster}); its files are in "
         f"{folder}.")
+    try:
+        return _wait(jobs, submitted, progress, log)
+    except KeyboardInterrupt:
+        ids = sorted({str(handle.job_id).split("_")[0] for handle in submitted})
+        raise Interrupted(f"interrupted; the SLURM array {', '.join(ids)} keeps running on the cluster (scancel "
+                          f"{' '.join(ids)} stops it); its runs write their own folders, and the same command with "
+                          f"{option('resume', True)} later keeps the finished ones.") from None
+
+
+def _wait(jobs: list[Job], submitted: list, progress: Progress, log: Callable[[str], None]) -> list[Outcome]:
+    """Poll the array until every task has ended; the outcomes in the order of ``jobs``."""
     outcomes: dict[str, Outcome] = {}
     while len(outcomes) < len(jobs):
         for job, handle in zip(jobs, submitted):
