@@ -7,10 +7,11 @@ slow, over its set-up, call and tear-down (fixtures included), and fails it when
 
 - runs an optimizer step (``torch.optim`` step hook: the trainer, the toy task, ``Trainer``), or
 - starts a Python process: ``subprocess`` with a Python interpreter, ``torchrun`` or a console
-  script of this environment, or a ``multiprocessing`` process (a pool's workers included).
+  script of this environment, or a ``multiprocessing`` process (a pool's workers included), or
+- loads a GGUF file (the real SmolLM2: its first load on a fresh machine dequantises for ~20 s).
 
-Building the docs, executing the notebook, driving the browser, loading the real SmolLM2 and the
-whole conformance matrix are marked by hand (they spawn, or are slow by nature); the rest of the
+Building the docs, executing the notebook, driving the browser and the whole conformance matrix
+are marked by hand (they spawn, or are slow by nature); the rest of the
 rule cannot be told from inside a test. A fast test that takes more than about 2 s is a bug in
 the tier too: the terminal summary lists each one (a warning, not a failure: time depends on the
 machine's load).
@@ -78,11 +79,25 @@ def _optimizer_stepped(*_args, **_kwargs):
     WATCH.note("trains (runs an optimizer step)")
 
 
+def _watched_gguf(path, *args, **kwargs):
+    if Path(path).stat().st_size > 2**20:  # a real model's file, not a test's stand-in
+        WATCH.note("loads a GGUF file (the real SmolLM2)")
+    return _load_gguf(path, *args, **kwargs)
+
+
+_load_gguf = None
+
+
 def pytest_configure(config):
+    global _load_gguf
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    import sinkscope.sources as sources
 
     subprocess.Popen.__init__ = _watched_popen
     multiprocessing.process.BaseProcess.start = _watched_start
+    _load_gguf = sources._load_gguf
+    sources._load_gguf = _watched_gguf
     config._tier_hook = register_optimizer_step_post_hook(_optimizer_stepped)
     config._tier_over = []
 
@@ -90,6 +105,10 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     subprocess.Popen.__init__ = _popen_init
     multiprocessing.process.BaseProcess.start = _process_start
+    if _load_gguf is not None:
+        import sinkscope.sources as sources
+
+        sources._load_gguf = _load_gguf
     if getattr(config, "_tier_hook", None) is not None:
         config._tier_hook.remove()
 

@@ -72,8 +72,12 @@ def test_a_missing_engine_package_names_the_pip_command(monkeypatch):
 
 
 def test_slurm_off_a_cluster_says_where_to_run_it(monkeypatch):
+    import importlib.util
+
     import sinkscope.engines.options as engine_options
 
+    real = importlib.util.find_spec  # the fast tier runs without the engines: submitit is taken as installed
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "submitit" else real(name, *a))
     monkeypatch.setattr(engine_options.shutil, "which", lambda name: None)
     with pytest.raises(SinkscopeError, match="does not have; run the command on the cluster's login node, or try the "
                                              "runs here with --slurm-cluster local"):
