@@ -184,8 +184,8 @@ def _shrink_value(key: str, value: Any, d: dict) -> Any:
         heads = next((d[k] for k in ("num_attention_heads", "n_head", "num_heads", "n_heads") if _is_int(d.get(k))),
                      None)
         return HEADS if heads is not None and value >= heads else KV_HEADS
-    if key in _FFN_KEYS:
-        return FFN if value > 0 else value
+    if key in _FFN_KEYS or (key.endswith("intermediate_size") and key not in _MOE_FFN_KEYS):
+        return FFN if value > 0 else value  # also the widths no list names yet (Ergo's first_dense_intermediate_size)
     if key in _MOE_FFN_KEYS:
         return MOE_FFN if value > 0 else value
     if key in _EXPERT_KEYS:

@@ -91,9 +91,26 @@ def count_parameters_meta(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+#: the largest size any parameter of a tiny model may have along one dimension: the shrunk sizes are
+#: all below it (vocabulary 128, widths 64-128, positions 256), so a larger one is a size field the
+#: shrinker does not know, which would cost gigabytes (a probe's (F, F) accumulators of a 32,768-wide MLP).
+MAX_TINY_DIM = 4096
+
+
 def build_tiny(model_type: str, seed: int = 0):
-    """A tiny random float32 eval-mode model of ``model_type`` with eager attention."""
+    """A tiny random float32 eval-mode model of ``model_type`` with eager attention.
+
+    Built on the meta device first: a parameter with a dimension over :data:`MAX_TINY_DIM` is refused
+    (ValueError naming it) before anything is allocated.
+    """
     config = tiny_config(model_type)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="eager")
+    for name, parameter in meta.named_parameters():
+        if max(parameter.shape, default=0) > MAX_TINY_DIM:
+            raise ValueError(f"{name} has shape {tuple(parameter.shape)} in the tiny config: a size field the "
+                             f"shrinker does not know (over {MAX_TINY_DIM})")
+    del meta
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
     model = model.float().eval()
