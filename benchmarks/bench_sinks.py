@@ -1,6 +1,7 @@
 """Speed and peak memory of `sinkscope sinks` against the usual ways of getting the same numbers.
 
     .venv/bin/python benchmarks/bench_sinks.py [--lengths 512 2048 8192] [--repeats 2]
+        [--methods plain sinkscope heads circuit ...] [--mmap-thresholds default off 1048576]
 
 For SmolLM2-135M (the embedded default, float32, CPU) on one window of Austen of each length:
 
@@ -11,6 +12,17 @@ For SmolLM2-135M (the embedded default, float32, CPU) on one window of Austen of
                  the sink numbers computed from the returned tensors
   (d) tlens      TransformerLens TransformerBridge.run_with_cache, numbers from the cache
                  (needs `pip install transformer-lens`; booted offline from the model with tokenizer=)
+  (e) heads, circuit   run_probes with the command's default probes (fused), against (a)
+  (f) plain+loss a forward with every position's logits and the next-token loss (the floor of a
+                 run that reads the loss: `heads --ablate-dormant`, `inject`)
+  (g) selectivity       the command's probes on a trainer normgate GPT at SmolLM2's shape
+                 (30 layers, 9 heads, width 576, vocabulary 49,152; random weights), against
+  (g') gpt-plain        that GPT's own forward (SDPA, every position's logits, as it returns them)
+
+--mmap-thresholds runs each sinkscope method once per setting of SINKSCOPE_MMAP_THRESHOLD
+(sinkscope/heap.py): ``default`` (the 16 MiB every measuring run fixes), ``off`` (glibc's own
+dynamic threshold) or a size in bytes. The floors (plain, plain+loss, gpt-plain) run once, with
+glibc's default, as a user's own forward would.
 
 Each (method, length) runs in its own process. Time is the median wall time of the call over
 --repeats runs after one warm-up at 64 tokens; peak memory is the process's peak resident set
@@ -36,7 +48,12 @@ import time
 #: 64-row passes worst (issue 25), so one thread is the default and more are asked for.
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 
-METHODS = ["plain", "sinkscope", "explicit", "hf-eager", "tlens"]
+METHODS = ["plain", "sinkscope", "explicit", "hf-eager", "tlens", "heads", "circuit", "plain+loss", "selectivity",
+           "gpt-plain"]
+#: the forward each method is compared with (its ratios' denominator).
+FLOOR = {"selectivity": "gpt-plain", "gpt-plain": "gpt-plain", "plain+loss": "plain+loss"}
+#: the methods that run sinkscope's runner (and so fix the mmap threshold); the others run once.
+SINKSCOPE_METHODS = {"sinkscope", "explicit", "heads", "circuit", "selectivity"}
 
 
 def rss_mb() -> float:
@@ -95,6 +112,32 @@ def numbers_from_weights(attentions, values, hidden, n_kv, head_dim):
     return out
 
 
+def _smollm2_shape_gpt():
+    """A trainer normgate GPT at SmolLM2-135M's shape (random weights, float32, eval)."""
+    import torch
+    from sinkscope.train.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=49152, block_size=16384, n_layer=30, n_head=9, n_embd=576,
+                         variant="normgate")).eval()
+
+
+def _command_call(command_name: str, model):
+    """``call(ids)``: run_probes with ``command_name``'s default probes (fused capture)."""
+    from sinkscope.capture import ModelSpec
+    from sinkscope.commands import get_command, make_probes
+    from sinkscope.runner import run_probes
+
+    command = get_command(command_name)
+    spec = ModelSpec.from_model(model)
+
+    def call(ids):
+        probes = make_probes(command, command.options(), spec)
+        run_probes(model, ids.numpy(), probes, batch_size=1, progress=False)
+        [p.rows() for p in probes]
+    return call
+
+
 def worker(method: str, length: int, repeats: int) -> dict:
     import torch
 
@@ -112,6 +155,23 @@ def worker(method: str, length: int, repeats: int) -> dict:
         def call(ids):
             with torch.inference_mode():
                 model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    elif method == "plain+loss":
+        model.set_attn_implementation("sdpa")
+
+        def call(ids):
+            with torch.inference_mode():
+                model(input_ids=ids, labels=ids, use_cache=False).loss.item()
+    elif method in ("heads", "circuit"):
+        call = _command_call(method, model)
+    elif method in ("selectivity", "gpt-plain"):
+        del loaded, model
+        gpt = _smollm2_shape_gpt()
+        if method == "selectivity":
+            call = _command_call("selectivity", gpt)
+        else:
+            def call(ids):
+                with torch.inference_mode():
+                    gpt(ids)
     elif method in ("sinkscope", "explicit"):
         from sinkscope.capture import ModelSpec
         from sinkscope.commands.sinks import SINKS_PROBES
@@ -171,14 +231,17 @@ def worker(method: str, length: int, repeats: int) -> dict:
     return {"time_s": statistics.median(times), "peak_mb": peak, "base_mb": base}
 
 
-def run_one(method: str, length: int, repeats: int, mem_gb: float) -> dict:
+def run_one(method: str, length: int, repeats: int, mem_gb: float, mmap: str = "default") -> dict:
     cmd = [sys.executable, __file__, "--worker", method, str(length), "--repeats", str(repeats)]
+    env = {k: v for k, v in os.environ.items() if k != "SINKSCOPE_MMAP_THRESHOLD"}
+    if mmap != "default":
+        env["SINKSCOPE_MMAP_THRESHOLD"] = mmap
 
     def limit():
         cap = int(mem_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit)
+    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -192,6 +255,8 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--mem-limit-gb", type=float, default=20.0)
+    parser.add_argument("--mmap-thresholds", nargs="+", default=["default"], metavar="SETTING",
+                        help="default | off | BYTES: SINKSCOPE_MMAP_THRESHOLD for the sinkscope methods")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "LENGTH"))
     args = parser.parse_args()
     if args.worker:
@@ -200,21 +265,33 @@ def main() -> None:
 
     print(f"SmolLM2-135M float32 on CPU ({THREADS} thread{'s' if THREADS != 1 else ''}), one window per length; "
           f"median of {args.repeats}; peak = process peak RSS during the call (increase over the loaded model)")
-    print(f"{'tokens':>6} {'method':>10} {'time s':>8} {'x plain':>8} {'peak MB':>9} {'x plain':>8} {'+MB':>8} {'x plain':>8}")
+    print(f"{'tokens':>6} {'method':>11} {'mmap':>8} {'time s':>8} {'x floor':>8} {'peak MB':>9} {'x floor':>8} "
+          f"{'+MB':>8} {'x floor':>8}  floor")
     for length in args.lengths:
-        results = {m: run_one(m, length, args.repeats, args.mem_limit_gb) for m in args.methods}
-        plain = results.get("plain", {})
-        for method, r in results.items():
+        results = {}
+        for method in args.methods:
+            for mmap in (args.mmap_thresholds if method in SINKSCOPE_METHODS else ["default"]):
+                results[method, mmap] = run_one(method, length, args.repeats, args.mem_limit_gb, mmap)
+        floors = {}
+        for floor in {FLOOR.get(m, "plain") for m in args.methods}:
+            floors[floor] = results.get((floor, "default")) or run_one(floor, length, args.repeats, args.mem_limit_gb)
+        for (method, mmap), r in results.items():
+            floor_name = FLOOR.get(method, "plain")
             if "error" in r:
-                print(f"{length:>6} {method:>10}  {r['error']}")
+                print(f"{length:>6} {method:>11} {mmap:>8}  {r['error']}")
                 continue
-            inc = r["peak_mb"] - r["base_mb"]
-            t_ratio = r["time_s"] / plain["time_s"] if "time_s" in plain else float("nan")
-            m_ratio = r["peak_mb"] / plain["peak_mb"] if "peak_mb" in plain else float("nan")
-            plain_inc = plain.get("peak_mb", 0) - plain.get("base_mb", 0)
-            i_ratio = inc / plain_inc if plain_inc > 0 else float("nan")
-            print(f"{length:>6} {method:>10} {r['time_s']:>8.2f} {t_ratio:>8.2f} {r['peak_mb']:>9.0f} {m_ratio:>8.2f} "
-                  f"{inc:>8.0f} {i_ratio:>8.2f}", flush=True)
+            print_row(length, method, mmap, r, floors[floor_name], floor_name)
+
+
+def print_row(length: int, method: str, mmap: str, r: dict, floor: dict, floor_name: str) -> None:
+    """One table row: time, peak and peak increase, each with its ratio to ``floor``."""
+    inc = r["peak_mb"] - r["base_mb"]
+    t_ratio = r["time_s"] / floor["time_s"] if "time_s" in floor else float("nan")
+    m_ratio = r["peak_mb"] / floor["peak_mb"] if "peak_mb" in floor else float("nan")
+    floor_inc = floor.get("peak_mb", 0) - floor.get("base_mb", 0)
+    i_ratio = inc / floor_inc if floor_inc > 0 else float("nan")
+    print(f"{length:>6} {method:>11} {mmap:>8} {r['time_s']:>8.2f} {t_ratio:>8.2f} {r['peak_mb']:>9.0f} {m_ratio:>8.2f} "
+          f"{inc:>8.0f} {i_ratio:>8.2f}  {floor_name}", flush=True)
 
 
 if __name__ == "__main__":

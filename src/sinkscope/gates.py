@@ -86,14 +86,35 @@ def data_sink_keys(weights: Tensor, visible: Tensor, value_norms: Tensor, *,
         value_norms: ||v_j|| per query head (KV heads repeated), (B, H, S); the median is over
             the window's S keys (torch's lower median for an even count).
     Returns:
-        bool (B, H, S): the keys in the sink set.
+        bool (B, H, S): the keys in the sink set. The same as :func:`sink_key_sums` over blocks of
+        queries followed by :func:`sink_keys_from_sums` (the fused path's linear-memory form).
     """
     T, S = weights.shape[-2:]
-    rows = torch.arange(T, device=weights.device) + (S - T)  # (T,) absolute query positions
-    counted = visible & (rows >= FIRST_QUERY).view(-1, 1)  # (.., T, S): queries i >= 1 only
+    sums, seen = sink_key_sums(weights, visible, first_row=S - T)
+    return sink_keys_from_sums(sums, seen, value_norms, attention_above=attention_above, value_below=value_below,
+                               min_queries=min_queries)
+
+
+def sink_key_sums(weights: Tensor, visible: Tensor, *, first_row: int) -> tuple[Tensor, Tensor]:
+    """Per key, over a block of queries: sum_i a_ij and n_j over the counted queries i >= max(j, 1) that see j.
+
+    ``weights`` (B, H, n, S) and ``visible`` (B|1, H|1, n, S) hold n consecutive queries whose
+    first sits at absolute position ``first_row``. Returns (sums (B, H, S), counts (B|1, H|1, S)),
+    both float32; blocks add up to the whole window's (:func:`data_sink_keys`).
+    """
+    n, S = weights.shape[-2:]
+    rows = torch.arange(n, device=weights.device) + first_row  # (n,) absolute query positions
+    counted = visible & (rows >= FIRST_QUERY).view(-1, 1)  # (.., n, S): queries i >= 1 only
     counted = counted & (rows.view(-1, 1) >= torch.arange(S, device=weights.device).view(1, -1))  # i >= j
-    seen = counted.sum(-2).to(weights.dtype)  # (B|1, H|1, S)
-    alpha = (weights * counted).sum(-2) / seen.clamp_min(1)  # (B, H, S)
+    return (weights * counted).sum(-2), counted.sum(-2).to(weights.dtype)
+
+
+def sink_keys_from_sums(sums: Tensor, seen: Tensor, value_norms: Tensor, *,
+                        attention_above: float = DATA_SINK_ATTENTION,
+                        value_below: float = DATA_SINK_VALUE_RATIO,
+                        min_queries: int = DATA_SINK_MIN_QUERIES) -> Tensor:
+    """The sink set (bool (B, H, S)) from a window's :func:`sink_key_sums` and value norms (B, H, S)."""
+    alpha = sums / seen.clamp_min(1)  # (B, H, S)
     median = value_norms.median(dim=-1, keepdim=True).values  # (B, H, 1)
     most = seen.amax(-1, keepdim=True)  # (B|1, H|1, 1): the best-scored key's queries (T - 1; W - 1 when sliding)
     enough = seen >= torch.ceil(most / 2).clamp(min=1, max=int(min_queries))  # (B|1, H|1, S); on the device

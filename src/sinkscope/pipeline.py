@@ -52,11 +52,19 @@ from sinkscope.results import (
 )
 from sinkscope.runner import check_capture, run_probes
 from sinkscope.statefile import load_state, read_header, save_state
+from sinkscope.trained_context import (
+    config_context,
+    is_native_config,
+    learned_positions,
+    require_positions,
+    warn_past_context,
+)
 from sinkscope.sources import (
     LoadedModel,
     Source,
     check_device_map,
     check_model_size,
+    config_file_dict,
     context_length,
     embedding_rows,
     load_model,
@@ -226,8 +234,8 @@ def prepare(planned: RunPlan, inputs: Inputs | None = None, *, write: bool = Tru
         result.options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
     elif inputs.windows is not None:
         result.options = replace(options, seq_len=int(inputs.windows.shape[1]), n_seqs=int(inputs.windows.shape[0]))
-    if not command.reads_past_context:
-        _require_context(result.options.seq_len, limit)
+    if not command.reads_past_context and inputs.model is None and is_native_config(config_file_dict(source)):
+        require_positions(longest(result.options.seq_len), ("wpe", limit))  # the trainer's table, before loading
     return result
 
 
@@ -237,16 +245,8 @@ def longest(seq_len: int | tuple[int, ...] | None) -> int | None:
     return None if lengths is None else max(lengths)
 
 
-def _require_context(seq_len: int | tuple[int, ...] | None, limit: int | None) -> None:
-    seq_len = longest(seq_len)
-    if seq_len is not None and limit is not None and seq_len > limit:
-        raise SinkscopeError(f"{option('seq_len')} {seq_len} exceeds the model's context of {limit} tokens.")
-
-
 def _model_context(model: torch.nn.Module) -> int | None:
-    config = model.config
-    return (getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-            or getattr(config, "block_size", None))
+    return config_context(getattr(model, "config", None))
 
 
 # ---- load ------------------------------------------------------------------------------------------
@@ -262,6 +262,8 @@ class Loaded:
     load_s: float
     #: the logits check of the capture on the first window (``runner.check_capture``), for the manifest
     capture_check: dict = field(default_factory=dict)
+    #: the model's trained context (``trained_context.config_context``), None where its config does not say
+    trained_context: int | None = None
 
 
 def _windows(plan_: Prepared, tokenizer, log) -> corpus_mod.Windows:
@@ -347,8 +349,10 @@ def load(plan_: Prepared, log) -> Loaded:
                             trust_remote_code=options.trust_remote_code, tokenizer=tokenizer, log=log)
     load_s = time.perf_counter() - started
     spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
-    if not plan_.command.reads_past_context:
-        _require_context(options.seq_len, _model_context(loaded.model))
+    trained = _model_context(loaded.model)
+    if not plan_.command.reads_past_context:  # a learned table stops the run; computed positions warn (trained_context.py)
+        require_positions(longest(options.seq_len), learned_positions(loaded.model))
+        warn_past_context(longest(options.seq_len), trained, log)
     plan_.command.check_model(options, spec)
     if windows is None:
         windows = _windows(plan_, loaded.tokenizer, log)
@@ -358,7 +362,7 @@ def load(plan_: Prepared, log) -> Loaded:
     _check_measurable(plan_, loaded.model, spec, int(windows.tokens.shape[1]))
     check = check_capture(loaded.model, windows.tokens, attention=options.attention,
                           device=None if options.device_map else loaded.device)
-    return Loaded(loaded, windows, spec, load_s, check)
+    return Loaded(loaded, windows, spec, load_s, check, trained)
 
 
 def _check_same_windows(plan_: Prepared, windows: corpus_mod.Windows | None) -> None:
@@ -611,6 +615,7 @@ def assemble(plan_: Prepared, loaded: Loaded, probes: list[Probe], run_s: float,
             "bos_policy": options.bos, "bos_id": windows.bos_id, "tokens_sha256": windows.sha256,
             "tokenizer_bos_id": getattr(model.tokenizer, "bos_token_id", None),
             "rule": _window_rule(plan_),
+            "trained_context": loaded.trained_context,
             "starts": [list(s) for s in windows.starts],
         },
         probes={p.name: {"options": p.options(), "metrics": {m: asdict(i) for m, i in p.metrics.items()}}

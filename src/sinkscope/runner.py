@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sinkscope import heap
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.discover import input_device
@@ -138,12 +139,26 @@ def _forward_kwargs(model: torch.nn.Module, need_logits: bool) -> dict:
     return kwargs
 
 
+#: positions per block of the loss: the float32 log-softmax of a block is LOSS_BLOCK x vocabulary, not T x vocabulary.
+LOSS_BLOCK = 1024
+
+
 def next_token_loss(logits: Tensor, ids: Tensor) -> Tensor:
-    """Cross-entropy of predicting ``ids[:, i + 1]`` at position i, float32 (B, T-1)."""
+    """Cross-entropy of predicting ``ids[:, i + 1]`` at position i, float32 (B, T-1).
+
+    Computed over blocks of :data:`LOSS_BLOCK` positions: each position's loss is its own row's
+    (the same numbers as one call), and the float32 copy and log-softmax never hold more than a
+    block (at 16,384 tokens a whole (T, V) float32 copy is 3.2 GB for SmolLM2's 49,152 tokens).
+    """
     B, T = ids.shape
     targets = ids[:, 1:].to(logits.device)  # (B, T-1)
-    flat = logits[:, :-1].float().reshape(B * (T - 1), -1)  # (B*(T-1), V)
-    return F.cross_entropy(flat, targets.reshape(-1), reduction="none").view(B, T - 1)  # (B, T-1)
+    losses = torch.empty(B, T - 1, dtype=torch.float32, device=logits.device)  # (B, T-1)
+    for start in range(0, T - 1, LOSS_BLOCK):
+        stop = min(start + LOSS_BLOCK, T - 1)
+        block = logits[:, start:stop].float()  # (B, n, V)
+        losses[:, start:stop] = F.cross_entropy(block.reshape(-1, block.shape[-1]), targets[:, start:stop].reshape(-1),
+                                                reduction="none").view(B, stop - start)
+    return losses
 
 
 def is_native(model: torch.nn.Module) -> bool:
@@ -206,6 +221,7 @@ def run_probes(
             raise SinkscopeError(problem)
     if not passes:  # every probe has what it needs already (a second stage that changes nothing): no forward
         return batch_size
+    heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES)  # else glibc's heap grows with the length (heap.py)
     bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
                        dynamic_ncols=True)
     switch = _PassSwitch([d for _, d in passes])

@@ -58,3 +58,21 @@ def test_full_shapes_need_a_gpu(gpu_check):
         pytest.skip("a GPU is present")
     with pytest.raises(SystemExit):
         gpu_check.main([])
+
+
+def test_tiny_long_context_dry_run_on_cpu(gpu_check, capsys, monkeypatch):
+    """--long (issue 42): the exactness check at its length, then plain against all five at each long length."""
+    monkeypatch.setattr(gpu_check, "kernel_check", lambda *args: None)  # covered by the dry run above
+    monkeypatch.setattr(gpu_check, "median_check", lambda *args: None)
+    results = gpu_check.main(["--tiny", "--long", "--device", "cpu", "--repeats", "1"])
+    out = capsys.readouterr().out
+    lengths = gpu_check.LONG_LENGTHS_TINY
+    assert [(r["model"], r["tokens"], r["run"]) for r in results] == [
+        (m, t, run) for m in ("llama-1b", "gpt-oss-20b")
+        for t, run in [(gpu_check.EXACT_LENGTH_TINY, "p0 exact")] + [(t, r) for t in lengths[m] for r in ("plain", "all 5")]]
+    exact = [r["ratio"] for r in results if r["run"] == "p0 exact"]
+    assert all(0 <= d <= 1e-3 for d in exact)  # tiny models: the fused p0 mass equals the explicit one to round-off
+    assert out.count("p0 mass, fused against the exact path (explicit)") == 2
+    assert all(r["seconds"] > 0 for r in results if r["run"] != "p0 exact")
+    assert gpu_check.LONG_LENGTHS == {"llama-1b": (32768, 131072), "gpt-oss-20b": (32768,)}
+    assert gpu_check.EXACT_LENGTH == 4096

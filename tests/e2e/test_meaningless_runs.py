@@ -122,7 +122,7 @@ def test_measure_leaves_the_model_in_the_mode_it_came_in(llama):
 
 def test_api_messages_use_the_api_names(tiny_llama_dir, tmp_path):
     with pytest.raises(SinkscopeError) as caught:
-        sinkscope.measure("sinks", str(tiny_llama_dir), seq_len=100_000)
+        sinkscope.measure("sinks", str(tiny_llama_dir), seq_len=1)
     assert "seq_len" in str(caught.value) and "--seq-len" not in str(caught.value)
     out = tmp_path / "taken"
     out.mkdir()

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from typing import Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.discover import LAYER_OF, Parts, _family_eager, find_submodule
@@ -42,6 +43,7 @@ from sinkscope.capture.families import ModelSpec, family_of, get_submodule
 from sinkscope.capture.kernels import attention_with_lse
 from sinkscope.capture.masks import _additive, causal_additive_mask, fold_into_mask
 from sinkscope.capture.record import AttentionRecord, sink_rows
+from sinkscope.capture.window_masks import fused_eager_mask, fused_sdpa_mask
 from sinkscope.errors import SinkscopeError
 
 IMPLEMENTATION = "sinkscope"
@@ -102,6 +104,12 @@ class _ActiveCapture:
         self.waiting: dict[int, AttentionRecord] = {}
         self.gate_after_attention = False  # set from discover.Parts by capture()
         self.resid_pre: dict[int, Tensor] = {}
+        #: the model's code tolerates a None mask for a layer transformers would mask (it supports SDPA or
+        #: flash attention); set by capture()
+        self.none_mask_ok = False
+        #: every attention call names its sliding window (``discover.Parts.window_kwarg``): a plain window's
+        #: mask may be left to the kernel (``window_masks.py``); set by capture()
+        self.window_kwarg = False
 
     def observes(self, template: str) -> bool:
         """Whether the pass running now observes ``template``.
@@ -252,11 +260,12 @@ def sinkscope_fused_attention(
     soft-capping fall back to the explicit function, with the causal mask built here when
     ``sdpa_mask`` left it implicit (None).
     """
-    attention_mask = fold_into_mask(attention_mask, kwargs, query, key)
+    attention_mask = fold_into_mask(attention_mask, kwargs, query, key, kwargs.get("sliding_window"))
     if kwargs.get("softcap") is not None:
         S = key.shape[-2]
-        if attention_mask is None:  # sdpa_mask returns None when the mask is plain causal
-            mask = causal_additive_mask(query.shape[-2], S, query.dtype, query.device)  # (1, 1, T, S)
+        if attention_mask is None:  # None: plain causal, within the layer's window if any (window_masks.py)
+            mask = causal_additive_mask(query.shape[-2], S, query.dtype, query.device,
+                                        kwargs.get("sliding_window"))  # (1, 1, T, S)
         else:
             mask = _additive(attention_mask[:, :, :, :S], query.dtype)  # (B, 1, T, S)
         return sinkscope_attention(module, query, key, value, mask, **kwargs)
@@ -269,15 +278,18 @@ def sinkscope_fused_attention(
         value = active.values(layer, value)  # (B, Hkv, S, D)
     S = key.shape[-2]
     mask = None if attention_mask is None else _additive(attention_mask[:, :, :, :S], query.dtype)
+    # no mask: causal, within the window the call names (a plain window's mask is left out only for models whose
+    # calls name it, as transformers' flash path reads it: window_masks.py)
+    window = kwargs.get("sliding_window") if mask is None else None
     scale = _scale(query, kwargs)
     quiet = None
     records = active is not None and active.records_now()
     if records and "quiet" in active.record_columns:
         # exposure: the quiet-set indicators ride along as extra value columns of the same call
         out, lse, quiet = _attention_with_columns(query, key, value, scale, mask,
-                                                  AttentionRecord.quiet_indicator_columns(value))
+                                                  AttentionRecord.quiet_indicator_columns(value), window)
     else:
-        out, lse = attention_with_lse(query, key, value, scale, mask)  # (B, H, T, D), (B, H, T); GQA inside
+        out, lse = attention_with_lse(query, key, value, scale, mask, window=window)  # (B, H, T, D), (B, H, T)
     sinks = _sink_logits(module, kwargs)
     if sinks is not None:  # both forms (an extra softmax column, the output rescaled by sigmoid(LSE - b)) are this
         phi = torch.sigmoid(sink_rows(sinks) - lse)  # (B, H, T); b (1, H, 1) per head or (B, H, T) per query
@@ -285,7 +297,8 @@ def sinkscope_fused_attention(
     if records:
         active.emit_record(layer, AttentionRecord(
             layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
-            kernel_lse=lse, sliding_window=_sliding_window(module, kwargs), sink_logits=sinks,
+            kernel_lse=lse, sink_logits=sinks,
+            sliding_window=window if mask is None else _sliding_window(module, kwargs),  # None: the window applied
             output_gate=active.pending_gates.pop(layer, None), quiet_columns=quiet,
         ))
     return out.transpose(1, 2).contiguous(), None  # (B, T, H, D)
@@ -296,7 +309,7 @@ COLUMN_ALIGNMENT = 8
 
 
 def _attention_with_columns(query: Tensor, key: Tensor, value: Tensor, scale: float, mask: Tensor | None,
-                            columns: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+                            columns: Tensor, window: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """One fused call whose values carry ``columns`` (B, Hkv, S, K) after the real D: out, lse, column outputs.
 
     q, k and v are zero-padded to one width, a multiple of :data:`COLUMN_ALIGNMENT` (the CPU
@@ -308,7 +321,7 @@ def _attention_with_columns(query: Tensor, key: Tensor, value: Tensor, scale: fl
     width += -width % COLUMN_ALIGNMENT
     v = torch.cat([value, columns.to(value.dtype)], dim=-1)  # (B, Hkv, S, D+K)
     q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (query, key, v))  # (B, H|Hkv, T|S, W)
-    out, lse = attention_with_lse(q, k, v, scale, mask)  # (B, H, T, W), (B, H, T)
+    out, lse = attention_with_lse(q, k, v, scale, mask, window=window)  # (B, H, T, W), (B, H, T)
     return out[..., :D], lse, out[..., D:D + K].float()
 
 
@@ -332,10 +345,24 @@ def register_interfaces() -> None:
         AttentionInterface.register(IMPLEMENTATION, sinkscope_attention)
         AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
         AttentionInterface.register(FUSED_IMPLEMENTATION, sinkscope_fused_attention)
-        AttentionMaskInterface.register(FUSED_IMPLEMENTATION, sdpa_mask)
+        AttentionMaskInterface.register(FUSED_IMPLEMENTATION, functools.partial(fused_sdpa_mask,
+                                                                                window_named=_window_named))
         AttentionInterface.register(FUSED_EAGER_MASK, sinkscope_fused_attention)
-        AttentionMaskInterface.register(FUSED_EAGER_MASK, eager_mask)
+        AttentionMaskInterface.register(FUSED_EAGER_MASK, functools.partial(
+            fused_eager_mask, none_allowed=_none_mask_ok, window_named=_window_named))
         _registered = True
+
+
+def _none_mask_ok() -> bool:
+    """Whether the model under the active capture tolerates a None mask (``_ActiveCapture.none_mask_ok``)."""
+    active = _ACTIVE.get()
+    return active is not None and active.none_mask_ok
+
+
+def _window_named() -> bool:
+    """Whether the active capture's model names its sliding window in every attention call (``window_kwarg``)."""
+    active = _ACTIVE.get()
+    return active is not None and active.window_kwarg
 
 
 # ---- hooks outside the attention function ---------------------------------------------------------
@@ -525,11 +552,14 @@ def _read_eager_weights(model: nn.Module, family: Parts, active: _ActiveCapture)
 def capture(model: nn.Module, sink: HookSink, *, mode: str = "fused") -> Iterator[ModelSpec]:
     """Attach the hook points ``sink`` asks for to ``model`` for the duration of the block.
 
-    The attention implementation is switched to sinkscope's (``mode``: ``"fused"``, kernel
-    LSE and linear memory, or ``"explicit"``, the family's eager weights) only when an
-    attention record is observed, the values are intervened on or the sink asks for it
-    (``attention_function``); otherwise the model keeps its own implementation and only forward
-    hooks are added.
+    In ``"fused"`` mode (kernel LSE and linear memory, the default) every softmax layer runs
+    sinkscope's fused function for the whole block, on every pass, whether or not a record is
+    read: a sink that reads only the residual stream gets the SDPA flash kernel too, never the
+    eager T x T scores the model is loaded with (issue 42). In ``"explicit"`` mode (the family's
+    eager weights, the reference) the implementation is switched only when an attention record
+    is observed, the values are intervened on or the sink asks for it (``attention_function``);
+    otherwise the model keeps its own implementation and only forward hooks are added. A family
+    whose attention does not go through transformers' interface always keeps its own.
 
     Yields:
         The model's :class:`ModelSpec`.
@@ -540,6 +570,10 @@ def capture(model: nn.Module, sink: HookSink, *, mode: str = "fused") -> Iterato
         raise ValueError(f"mode must be one of {sorted(MODES)}, not {mode!r}")
     active = _ActiveCapture(sink, spec, family.sink_form)
     active.gate_after_attention = family.gate_module is not None and family.gate_after_attention
+    active.none_mask_ok = bool(getattr(model, "_supports_sdpa", True) or getattr(model, "_supports_flash_attn", False))
+    active.window_kwarg = family.window_kwarg
+    if mode == "fused" and family.interface:  # the fused kernel on every pass, records or not (docstring)
+        active.attention_function = True
     switch = (bool({hp.ATTN, hp.ATTN_V} & (sink.observed | sink.intervened))
               or active.attention_function) and family.interface
     previous = model.config._attn_implementation

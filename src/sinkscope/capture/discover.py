@@ -96,6 +96,7 @@ class Parts:
         gate_after_attention: the gate module runs after the attention function (LFM3, Dots3,
             Inkling2), so the capture holds each record until the gate is read.
         gate_reader: turns that output into (B, T, H, D) gate values.
+        window_kwarg: every layer's attention call passes ``sliding_window`` (see the field).
         absent: hook point -> why this model has none.
     """
 
@@ -123,6 +124,9 @@ class Parts:
     interface: bool = True
     gate_unread: str | None = None
     gate_after_attention: bool = False
+    #: every decoder layer's attention call names its sliding window (``sliding_window=``, None on a full
+    #: layer): the fused capture may then leave a plain window's mask to the kernel (``window_masks.py``)
+    window_kwarg: bool = False
     gate_module: str | None = None
     gate_reader: Callable | None = None
     absent: dict = field(default_factory=dict)
@@ -217,6 +221,8 @@ class _AttentionCall:
     sink: Tensor | None
     output: Tensor | None = None
     done: int = -1
+    #: the call carried a ``sliding_window`` keyword (None on a full layer), as transformers' flash path reads it
+    window_kwarg: bool = False
 
 
 def _first_tensor(value) -> Tensor | None:
@@ -283,7 +289,8 @@ def _trace(model: nn.Module, layers: nn.ModuleList, prefix: str):
         if not isinstance(sink, Tensor):
             sink = kwargs.get("sinks")  # (B, H, T, 1) per query (Inkling2), or a per-head (H,)
         record = _AttentionCall(module, tick(), current[-1] if current else None, tuple(query.shape),
-                                tuple(key.shape), tuple(value.shape), sink if isinstance(sink, Tensor) else None)
+                                tuple(key.shape), tuple(value.shape), sink if isinstance(sink, Tensor) else None,
+                                window_kwarg="sliding_window" in kwargs)
         attention_calls.append(record)
         eager = _family_eager(module)
         if eager is None:
@@ -694,6 +701,7 @@ def _discover(model: nn.Module) -> Parts:
         sink_form=sink_form, interface=interface,
         gate_module=gate_module, gate_reader=gate_reader, gate_unread=gate_unread,
         gate_after_attention=gate_call is not None and gate_call.start > record.done,
+        window_kwarg=all(r.window_kwarg for r in attention_layers.values()),
         absent={k: v for k, v in absent.items() if v},
     )
 

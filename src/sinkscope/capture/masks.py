@@ -13,24 +13,27 @@ import torch
 from torch import Tensor
 
 
-def fold_into_mask(attention_mask: Tensor | None, kwargs: dict, query: Tensor, key: Tensor) -> Tensor | None:
+def fold_into_mask(attention_mask: Tensor | None, kwargs: dict, query: Tensor, key: Tensor,
+                   window: int | None = None) -> Tensor | None:
     """The mask with what some models pass beside it folded in: a sparse indexer's ``indices``, a ``position_bias``.
 
     ``position_bias`` (Inkling's; (B or 1, H, T, S)) is added to every logit, as the model's eager
     function adds it; folded into the additive mask, the fused kernel and the record's logits see it
-    too. Both are removed from ``kwargs``.
+    too. Both are removed from ``kwargs``. A None mask is plain causal, within ``window`` keys where
+    the layer has a sliding window (the fused capture leaves a plain window's mask out: ``window_masks.py``).
     """
-    attention_mask = sparse_index_mask(attention_mask, kwargs.pop("indices", None), query, key)
+    attention_mask = sparse_index_mask(attention_mask, kwargs.pop("indices", None), query, key, window)
     bias = kwargs.pop("position_bias", None)
     if isinstance(bias, Tensor):
         S = key.shape[-2]
-        base = causal_additive_mask(query.shape[-2], S, query.dtype, query.device) if attention_mask is None \
+        base = causal_additive_mask(query.shape[-2], S, query.dtype, query.device, window) if attention_mask is None \
             else _additive(attention_mask[:, :, :, :S], query.dtype)
         attention_mask = base + bias[..., :S].to(query.dtype)  # (B, H, T, S)
     return attention_mask
 
 
-def sparse_index_mask(attention_mask: Tensor | None, indices: Tensor | None, query: Tensor, key: Tensor) -> Tensor | None:
+def sparse_index_mask(attention_mask: Tensor | None, indices: Tensor | None, query: Tensor, key: Tensor,
+                      window: int | None = None) -> Tensor | None:
     """The mask with only the keys a sparse indexer selected visible (DeepSeek V3.2's DSA, GLM-MoE-DSA, ...).
 
     Such models hand a registered attention implementation the top-k key positions of each query
@@ -42,7 +45,7 @@ def sparse_index_mask(attention_mask: Tensor | None, indices: Tensor | None, que
         return attention_mask
     T, S = query.shape[-2], key.shape[-2]
     if attention_mask is None:
-        base = causal_additive_mask(T, S, query.dtype, query.device)  # (1, 1, T, S)
+        base = causal_additive_mask(T, S, query.dtype, query.device, window)  # (1, 1, T, S)
     else:
         base = _additive(attention_mask[:, :, :, :S], query.dtype)  # (B, 1, T, S)
     hidden = torch.ones(indices.shape[0], T, S, dtype=torch.bool, device=query.device)
@@ -50,10 +53,14 @@ def sparse_index_mask(attention_mask: Tensor | None, indices: Tensor | None, que
     return base.masked_fill(hidden, torch.finfo(query.dtype).min)
 
 
-def causal_additive_mask(T: int, S: int, dtype: torch.dtype, device) -> Tensor:
-    """0 where key j <= i + S - T (query i may see it), the dtype's minimum elsewhere; (1, 1, T, S)."""
+def causal_additive_mask(T: int, S: int, dtype: torch.dtype, device, window: int | None = None) -> Tensor:
+    """0 where key j <= i + S - T (query i may see it; with ``window`` W also j > i + S - T - W),
+    the dtype's minimum elsewhere; (1, 1, T, S)."""
     rows = torch.arange(T, device=device).unsqueeze(-1) + (S - T)  # (T, 1)
-    hidden = torch.arange(S, device=device).unsqueeze(0) > rows  # (T, S)
+    cols = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    hidden = cols > rows  # (T, S)
+    if window is not None:
+        hidden = hidden | (cols <= rows - window)  # (T, S)
     return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min).view(1, 1, T, S)
 
 

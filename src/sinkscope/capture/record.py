@@ -159,15 +159,20 @@ class AttentionRecord:
         """The phantom logit of each row, float32, broadcastable to (B, H, T): (1, H, 1) or (B, H, T)."""
         return sink_rows(self.sink_logits)
 
-    def _causal_fill(self, s: Tensor, keys: slice) -> Tensor:
-        """-inf where a key of the slice ``keys`` is after query i (plain causal mask).
+    def _causal_fill(self, s: Tensor, keys: slice, rows: slice = slice(None)) -> Tensor:
+        """-inf where a key of the slice ``keys`` is after query i, or (``sliding_window`` W) at or
+        before i - W: the mask None stands for (plain causal; a plain window, ``window_masks.py``).
 
-        Key positions are built on the device: no host data is copied into the layer loop.
+        ``s`` holds the queries of ``rows``. Positions are built on the device: no host data is
+        copied into the layer loop.
         """
         T, S = self.query.shape[-2], self.key.shape[-2]
-        rows = torch.arange(T, device=s.device).unsqueeze(-1) + (S - T)  # (T, 1)
-        positions = torch.arange(S, device=s.device)[keys]  # (S',)
-        return s.masked_fill(positions.unsqueeze(0) > rows, float("-inf"))
+        queries = (torch.arange(T, device=s.device)[rows] + (S - T)).unsqueeze(-1)  # (n, 1) absolute positions
+        positions = torch.arange(S, device=s.device)[keys].unsqueeze(0)  # (1, S')
+        hidden = positions > queries  # (n, S')
+        if self.sliding_window is not None:
+            hidden = hidden | (positions <= queries - self.sliding_window)  # (n, S')
+        return s.masked_fill(hidden, float("-inf"))
 
     def _capped(self, s: Tensor) -> Tensor:
         """c * tanh(s / c) under soft-capping, else ``s`` unchanged."""
@@ -202,6 +207,20 @@ class AttentionRecord:
                 s = self._causal_fill(s, slice(None))
             self._cache["logits"] = s
         return self._cache["logits"]
+
+    def row_logits(self, rows: slice) -> Tensor:
+        """s_ij for the queries of ``rows`` (a slice of the T queries) and every key, float32, (B, H, n, S).
+
+        The same numbers as ``logits()[:, :, rows]`` without the (T, S) matrix: a probe that reads
+        whole rows walks the queries in blocks (``head_importance --sink-set data``).
+        """
+        groups = self.n_heads // self.n_kv_heads
+        k = self.key.float().repeat_interleave(groups, dim=1)  # (B, H, S, D)
+        s = self._capped(torch.matmul(self.query[:, :, rows].float(), k.transpose(-1, -2)) * self.scale)  # (B, H, n, S)
+        s = self._biased(s)  # (B, H, n, S)
+        if self.mask is not None:
+            return s + self.mask[:, :, rows].float()  # (B, 1, n, S) broadcast over heads
+        return self._causal_fill(s, slice(None), rows)
 
     def key_logits(self, keys: int | slice) -> Tensor:
         """s_ij for a key position or a slice of them only, float32, (B, H, T, K): linear memory."""

@@ -21,10 +21,11 @@ window and head the keys j with alpha_j = mean over the queries i >= max(j, 1) t
 a_ij above ``sink_attention`` (0.3, SPEC's sink-rate epsilon) *and* ||v_j|| below
 ``sink_value_ratio`` (0.5) times the median value norm of the window's keys (that value head),
 plus the phantom where the model has one (its value is 0). The seed gives no threshold; these
-are chosen here. ``data`` reads whole rows, so its fused path materialises the weights
-exp(s_ij - LSE_i) one layer at a time (quadratic memory in the sequence length, as
-``--attention explicit``); the row ``sink_keys`` is the mean number of keys in the set per
-window (phantom not counted). ``auto`` is what
+are chosen here. ``data`` reads whole rows: its fused path walks the queries in blocks of at
+most :data:`BLOCK_BYTES` of weights exp(s_ij - LSE_i), twice (the per-key sums, then each row's
+gate), so no (T, S) matrix exists (issue 42); ``--attention explicit`` has the model's weights
+anyway. The row ``sink_keys`` is the mean number of keys in the set per window (phantom not
+counted). ``auto`` is what
 the model has, its phantom where it has one, else key 0. A phantom outside the sink set counts as
 active mass (``1 - a_i0`` includes it); on a sliding-window layer queries past the window cannot
 see key 0, so ``first`` gives them G = 1.
@@ -50,6 +51,8 @@ from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CleanLossSum
 
 #: seed 004 leaves the dormancy threshold open; 0.1 (a head passing under a tenth of its input).
 DORMANT_BELOW = 0.1
+#: the most float32 weights one query block of ``--sink-set data``'s fused path holds (bytes).
+BLOCK_BYTES = 64 << 20
 
 
 def _positive(value: float) -> str | None:
@@ -173,19 +176,47 @@ class HeadImportance(CleanLossSum, Probe):
         if record.weights_only:
             raise SinkscopeError(f"{option('sink_set')} data needs the value vectors, which this model's attention path does not "
                                  "expose (the eager fallback); use first, phantom or first+phantom.")
-        logits = record.logits()  # (B, H, T, S) with the model's mask
-        visible = logits > MASKED_BELOW  # (B, H, T, S)
-        if record.is_fused:  # a_ij = exp(s_ij - LSE_i) (1 - phi_i)
-            weights = torch.exp(logits - record.lse().unsqueeze(-1)) * record.real_mass().unsqueeze(-1)
-        else:
-            weights = record.weights.float()  # (B, H, T, S)
         norms = record._per_query_head(record.value_norms())  # (B, H, S)
-        keys = gates.data_sink_keys(weights, visible, norms, attention_above=self.sink_attention,
-                                    value_below=self.sink_value_ratio, min_queries=self.sink_min_queries)  # (B, H, S)
+        rules = dict(attention_above=self.sink_attention, value_below=self.sink_value_ratio,
+                     min_queries=self.sink_min_queries)
+        phantom = self.phantom and record.has_phantom
+        if not record.is_fused:  # the model's weights exist already
+            weights = record.weights.float()  # (B, H, T, S)
+            keys = gates.data_sink_keys(weights, record.logits() > MASKED_BELOW, norms, **rules)  # (B, H, S)
+            self._count_sink_keys(layer, keys)
+            return gates.gate_from_sink_keys(weights, keys, phantom=phantom)
+        B, H, T, _ = record.query.shape
+        S = record.key.shape[-2]
+        lse, real = record.lse(), record.real_mass()  # (B, H, T) each
+        step = max(1, BLOCK_BYTES // (4 * B * H * S))  # queries per block
+
+        def block(rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = record.row_logits(rows)  # (B, H, n, S) with the model's mask
+            weights = torch.exp(logits - lse[:, :, rows].unsqueeze(-1)) * real[:, :, rows].unsqueeze(-1)  # a_ij
+            return weights, logits > MASKED_BELOW  # (B, H, n, S) each
+
+        blocks = [slice(start, min(start + step, T)) for start in range(0, T, step)]
+        sums = torch.zeros(B, H, S, dtype=torch.float32, device=record.query.device)  # sum_i a_ij
+        seen = torch.zeros(B, H, S, dtype=torch.float32, device=record.query.device)  # n_j
+        kept = None
+        for rows in blocks:
+            weights, visible = block(rows)
+            part_sums, part_seen = gates.sink_key_sums(weights, visible, first_row=rows.start + S - T)
+            sums, seen = sums + part_sums, seen + part_seen
+            kept = weights if len(blocks) == 1 else None  # one block: its weights serve the gate too
+        keys = gates.sink_keys_from_sums(sums, seen, norms, **rules)  # (B, H, S)
+        self._count_sink_keys(layer, keys)
+        gate = torch.empty(B, H, T, dtype=torch.float32, device=record.query.device)  # (B, H, T)
+        for rows in blocks:
+            weights = kept if kept is not None else block(rows)[0]
+            gate[:, :, rows] = gates.gate_from_sink_keys(weights, keys, phantom=phantom)
+        return gate
+
+    def _count_sink_keys(self, layer: int, keys: torch.Tensor) -> None:
+        """The set's size, whether it holds key 0, whether it is empty: one item per window and head."""
         self.sink_keys.add(layer, keys.sum(-1, keepdim=True).double(), item_dims=(0, 2))
         self.sink_key0.add(layer, keys[..., :1].double(), item_dims=(0, 2))  # (B, H, 1): one item per window
         self.sink_empty.add(layer, (~keys.any(-1, keepdim=True)).double(), item_dims=(0, 2))
-        return gates.gate_from_sink_keys(weights, keys, phantom=self.phantom and record.has_phantom)
 
     # ---- finalising ------------------------------------------------------------------------------
     def _importance_acc(self) -> HeadMeans:

@@ -38,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from sinkscope import heap
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import layer_windows
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.stream import heap, rotary
+from sinkscope.stream import rotary
 from sinkscope.cache import Policy, keep_slots, last_slots, visible
 
 
@@ -291,7 +292,7 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     L = ids.shape[1]
     if policy.positions == "cache" and layout.inv_freq is None:
         raise SinkscopeError(layout.rotary_problem or f"{option('positions')} cache needs a rotary model; use {option('positions')} original.")
-    heap.fix_mmap_threshold()  # else glibc serves each chunk's logits from a fragmenting heap (heap.py)
+    heap.fix_mmap_threshold(heap.STREAM_THRESHOLD_BYTES)  # else glibc serves each chunk's logits from a fragmenting heap (heap.py)
     device = ids.device
     dtype = next(model.parameters()).dtype
     cache = DynamicCache()

@@ -200,9 +200,12 @@ def test_capture_installs_only_what_is_asked():
     def hook_count():
         return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
-    with capture(model, Collect(hp.RESID_POST)):
+    with capture(model, Collect(hp.RESID_POST), mode="explicit"):
         assert hook_count() == spec.n_layers
-        assert model.config._attn_implementation == "eager"  # no attention point asked: not switched
+        assert model.config._attn_implementation == "eager"  # explicit, no attention point asked: not switched
+    with capture(model, Collect(hp.RESID_POST)):  # fused: the fused kernel even for the residual stream alone
+        assert hook_count() == spec.n_layers
+        assert model.config._attn_implementation == "sinkscope_fused"
     with capture(model, Collect(hp.ATTN), mode="fused"):
         assert hook_count() == 0 and model.config._attn_implementation == "sinkscope_fused"
     assert hook_count() == 0 and model.config._attn_implementation == "eager"
