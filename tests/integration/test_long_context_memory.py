@@ -24,7 +24,7 @@ from transformers import GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForC
 
 from sinkscope.capture import ModelSpec, kernels
 from sinkscope.probes import discover, get_probe
-from sinkscope.probes import head_importance
+from sinkscope.probes import eviction, head_importance
 from sinkscope.results import rows_to_frame
 from sinkscope.runner import run_probes
 from sinkscope.train.model import GPT, GPTConfig
@@ -158,3 +158,16 @@ def test_sliding_window_layers_allocate_no_mask_on_the_fused_path(family, monkey
     assert hits == [], f"{family} allocated {hits[:3]}"
     assert {(c["window"], c["masked"]) for c in kernels.kernel_choices()} >= {(16, False)}
     assert np.isfinite(frame["value"]).all() and len(frame) > 0
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "mistral"])
+def test_eviction_in_query_blocks_equals_one_block_and_allocates_no_pattern(family, monkeypatch):
+    model = _sliding(family)
+    monkeypatch.setattr(kernels, "WINDOW_QUERY_BLOCK", 64)
+    _, whole = _watched(model, ["eviction"])
+    # (B, H, S) float32 = 2 * 4 * 256 * 4 bytes per query: blocks of 16 queries
+    monkeypatch.setattr(eviction, "BLOCK_BYTES", 4 * 2 * 4 * T * 16)
+    hits, blocked = _watched(model, ["eviction"])
+    assert hits == [], f"{family} allocated {hits[:3]}"
+    pd.testing.assert_frame_equal(blocked, whole, rtol=1e-6, atol=1e-7)
+    assert set(whole["metric"]) >= {"eviction_mass", "eviction_shift_rel"} and np.isfinite(whole["value"]).all()

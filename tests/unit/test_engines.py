@@ -1,7 +1,8 @@
 """The engines' own parts (issue 41), fast: the ``--executor`` options, a job in its log, the progress
 over jobs, the local engine in this process, the Ray engine's dispatch (on a stand-in for Ray that runs
 each task at once), submitit's parameters and its in-process debug executor, and the comparison record.
-The engines themselves (a Ray cluster, submitit's local processes) run in tests/e2e/test_executors.py."""
+The engines themselves (a Ray cluster, submitit's local processes) run in tests/e2e/test_scaling_out.py
+(slow: they spawn Python)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,8 @@ let eviction reclaim it silently; one that parks it on key 0 loses it when key 0
 layers, and sliding layers whose window covers the whole sequence, give no rows. A key that
 stays visible (the trainer's ``sinktoken`` keeps its sink token) is not an eviction.
 
-Cost: the layer's weights are materialised (the explicit path's memory, (B, H, T, T)), one
-sliding layer at a time; lower ``--batch-size`` for long windows.
+Cost: on the fused path the rows are walked in blocks of at most :data:`BLOCK_BYTES` of weights
+(no (T, S) matrix, issue 42); ``--attention explicit`` reads the model's own (B, H, T, S) weights.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
 
 _SOURCE = "seed 002 (eviction in sliding windows); sinkscope.probes.eviction"
+#: the most float32 weights one query block of the fused path holds (bytes).
+BLOCK_BYTES = 64 << 20
 
 
 @register_probe("eviction", metrics={
@@ -92,22 +94,17 @@ class Eviction(Probe):
         if rows.numel() == 0:
             return
         keys = rows + offset - W + 1  # the oldest key of each full window, (N,)
-        logits = record.logits()  # (B, H, T, S), masked
-        if record.is_fused:
-            a = torch.exp(logits - record.lse().unsqueeze(-1)) * record.real_mass().unsqueeze(-1)  # (B, H, T, S)
-        else:
-            a = record.weights.float()  # (B, H, T, S)
         v = record.value.float()  # (B, Hkv, S, D)
         if record.value_gate is not None and not record.routing_gate:
             v = v * record.value_gate.float().unsqueeze(-1)  # g_j v_j
         v = v.repeat_interleave(record.n_heads // record.n_kv_heads, dim=1)  # (B, H, S, D)
-        o = torch.matmul(a, v)[:, :, rows]  # (B, H, N, D)
-        B, H = a.shape[:2]
-        index = keys.view(1, 1, -1, 1).expand(B, H, -1, 1)
-        a_e = a[:, :, rows].gather(-1, index).squeeze(-1)  # (B, H, N)
+        if record.is_fused:
+            a_e, o, next_logit = self._fused_rows(record, start, keys, v)
+        else:
+            a_e, o, next_logit = self._explicit_rows(record, rows, keys, v)
+        B, H = a_e.shape[:2]
         v_e = v[:, :, keys]  # (B, H, N, D)
         # a key leaves iff query i+1 cannot see it (the window's mask, not an assumption about it)
-        next_logit = logits[:, :, rows + 1].gather(-1, index).squeeze(-1)  # (B, H, N)
         event = (next_logit <= MASKED_BELOW).float()  # (B, H, N)
         delta = (a_e / (1 - a_e).clamp(min=1e-12)).unsqueeze(-1) * (o - v_e)  # (B, H, N, D)
         shift = delta.norm(dim=-1)  # (B, H, N)
@@ -119,6 +116,42 @@ class Eviction(Probe):
         anchor = (keys == 0).float().view(1, 1, -1) * event  # (B, H, N)
         self.anchor_events.add(layer, anchor, item_dims=(0, 2))
         self.anchor.add(layer, rel * anchor, item_dims=(0, 2))
+
+    @staticmethod
+    def _explicit_rows(record: AttentionRecord, rows: torch.Tensor, keys: torch.Tensor,
+                       v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """From the model's weights: a_ie, o_i (B, H, N, D) and s_{i+1, e}, for the N queries ``rows``."""
+        a = record.weights.float()  # (B, H, T, S)
+        B, H = a.shape[:2]
+        index = keys.view(1, 1, -1, 1).expand(B, H, -1, 1)
+        a_e = a[:, :, rows].gather(-1, index).squeeze(-1)  # (B, H, N)
+        o = torch.matmul(a[:, :, rows], v)  # (B, H, N, D)
+        next_logit = record.logits()[:, :, rows + 1].gather(-1, index).squeeze(-1)  # (B, H, N)
+        return a_e, o, next_logit
+
+    @staticmethod
+    def _fused_rows(record: AttentionRecord, start: int, keys: torch.Tensor,
+                    v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The same from the kernel's LSE, one block of queries at a time: no (T, S) matrix (issue 42).
+
+        a_ij = exp(s_ij - LSE_i) (1 - phi_i) for a block of rows (B, H, n, S); query i + 1's logit at
+        key e from the next block's first row where it is not in this one.
+        """
+        T, S = record.query.shape[-2], record.key.shape[-2]
+        B, H = record.query.shape[:2]
+        lse, real = record.lse(), record.real_mass()  # (B, H, T) each
+        step = max(1, BLOCK_BYTES // (4 * B * H * S))  # queries per block
+        a_es, outs, nexts = [], [], []
+        for first in range(start, T - 1, step):
+            last = min(first + step, T - 1)  # rows first .. last - 1, and their next queries up to last
+            logits = record.row_logits(slice(first, last + 1))  # (B, H, n + 1, S)
+            n = last - first
+            a = torch.exp(logits[:, :, :n] - lse[:, :, first:last].unsqueeze(-1)) * real[:, :, first:last].unsqueeze(-1)
+            index = keys[first - start:last - start].view(1, 1, -1, 1).expand(B, H, -1, 1)  # (B, H, n, 1)
+            a_es.append(a.gather(-1, index).squeeze(-1))  # (B, H, n)
+            outs.append(torch.matmul(a, v))  # (B, H, n, D)
+            nexts.append(logits[:, :, 1:].gather(-1, index).squeeze(-1))  # (B, H, n): query i + 1 at key e
+        return torch.cat(a_es, dim=2), torch.cat(outs, dim=2), torch.cat(nexts, dim=2)
 
     def rows(self) -> list[Row]:
         out: list[Row] = []

@@ -143,6 +143,18 @@ def bos_summary(windows: dict) -> str:
     return f"{policy}: no BOS prepended (the tokenizer's BOS is id {tokenizer_bos})"
 
 
+def trained_context_summary(windows: dict) -> str:
+    """The model's trained context, and whether the windows are past it (SPEC.md "Past the trained context")."""
+    trained = windows.get("trained_context")
+    if not isinstance(trained, int) or isinstance(trained, bool):
+        return "—" if "trained_context" not in windows else "not named by the config"
+    lengths = windows.get("seq_len")
+    longest = max(lengths) if isinstance(lengths, list) and lengths else lengths
+    if isinstance(longest, int) and longest > trained:
+        return f"{trained} tokens; the windows ({longest} tokens) are past it"
+    return f"{trained} tokens"
+
+
 def _differences(runs: list[RunData], skip: tuple[str, ...] = ()) -> list[str]:
     """Warnings for a comparison of runs whose windows differ in seq-len, corpus or BOS policy."""
     def windows(run):
@@ -193,6 +205,8 @@ def _run_info(runs: list[RunData]) -> dict:
         ("corpus sha256", lambda m: str(get(m, "corpus", "sha256"))[:16]),
         ("BOS policy", lambda m: bos_summary(m.get("windows") if isinstance(m.get("windows"), dict) else {})),
         ("seq-len", lambda m: get(m, "windows", "seq_len")),
+        ("trained context", lambda m: trained_context_summary(m.get("windows") if isinstance(m.get("windows"), dict)
+                                                              else {})),
         ("n-seqs", lambda m: get(m, "windows", "n_seqs")),
         ("seed", lambda m: get(m, "windows", "seed")),
         ("dtype", lambda m: get(m, "dtype")),

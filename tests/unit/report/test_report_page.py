@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 
 from sinkscope.report import figures
 from sinkscope.report.page import (COLLAPSE_ROWS, Page, _differences, _embed_png, _keeper, _metric_docs, _pm, _run_info,
-                                   bos_summary, fmt, fmt_se)
+                                   bos_summary, fmt, fmt_se, trained_context_summary)
 from sinkscope.report.runs import RunData
 
 DOC = {"label": "Value-norm ratio", "unit": "ratio", "formula": "f", "source": "s", "direction": "", "per":
@@ -85,3 +85,13 @@ def test_what_was_run_and_where_runs_differ():
     warnings = _differences([a, b])
     assert len(warnings) == 1 and "differ in seq-len (a: 32; b: 64)" in warnings[0]
     assert _differences([a, b], skip=("seq-len",)) == []
+
+
+def test_the_trained_context_row_says_when_the_windows_are_past_it():
+    assert trained_context_summary({"trained_context": 8192, "seq_len": 512}) == "8192 tokens"
+    assert trained_context_summary({"trained_context": 8192, "seq_len": 16384}) == (
+        "8192 tokens; the windows (16384 tokens) are past it")
+    assert trained_context_summary({"trained_context": 512, "seq_len": [128, 1024]}) == (
+        "512 tokens; the windows (1024 tokens) are past it")  # several lengths: the longest
+    assert trained_context_summary({"trained_context": None}) == "not named by the config"
+    assert trained_context_summary({"seq_len": 512}) == "—"  # a run written before the manifest recorded it
