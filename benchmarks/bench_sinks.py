@@ -12,7 +12,8 @@ For SmolLM2-135M (the embedded default, float32, CPU) on one window of Austen of
                  the sink numbers computed from the returned tensors
   (d) tlens      TransformerLens TransformerBridge.run_with_cache, numbers from the cache
                  (needs `pip install transformer-lens`; booted offline from the model with tokenizer=)
-  (e) heads, circuit   run_probes with the command's default probes (fused), against (a)
+  (e) heads, circuit   run_probes with the command's default probes (fused; circuit without its
+                 BOS experiments, eight loss passes bench_commands.py times), against (a)
   (f) plain+loss a forward with every position's logits and the next-token loss (the floor of a
                  run that reads the loss: `heads --ablate-dormant`, `inject`)
   (g) selectivity       the command's probes on a trainer normgate GPT at SmolLM2's shape
@@ -20,8 +21,8 @@ For SmolLM2-135M (the embedded default, float32, CPU) on one window of Austen of
   (g') gpt-plain        that GPT's own forward (SDPA, every position's logits, as it returns them)
 
 --mmap-thresholds runs each sinkscope method once per setting of SINKSCOPE_MMAP_THRESHOLD
-(sinkscope/heap.py): ``default`` (the 16 MiB every measuring run fixes), ``off`` (glibc's own
-dynamic threshold) or a size in bytes. The floors (plain, plain+loss, gpt-plain) run once, with
+(sinkscope/heap.py): ``default`` (what a run does unasked: 4 MiB), ``off`` (glibc's own dynamic
+threshold) or a size in bytes. The floors (plain, plain+loss, gpt-plain) run once, with
 glibc's default, as a user's own forward would.
 
 Each (method, length) runs in its own process. Time is the median wall time of the call over
@@ -123,16 +124,25 @@ def _smollm2_shape_gpt():
 
 
 def _command_call(command_name: str, model):
-    """``call(ids)``: run_probes with ``command_name``'s default probes (fused capture)."""
+    """``call(ids)``: run_probes with ``command_name``'s default probes (fused capture).
+
+    ``circuit`` without its BOS experiments: those are eight more passes with every logit and the
+    loss, timed against their own floor by ``bench_commands.py``; here the one measuring pass.
+    """
+    import dataclasses
+
     from sinkscope.capture import ModelSpec
     from sinkscope.commands import get_command, make_probes
     from sinkscope.runner import run_probes
 
     command = get_command(command_name)
     spec = ModelSpec.from_model(model)
+    options = command.options()
+    if command_name == "circuit":
+        options = dataclasses.replace(options, bos_experiments=False)
 
     def call(ids):
-        probes = make_probes(command, command.options(), spec)
+        probes = make_probes(command, options, spec)
         run_probes(model, ids.numpy(), probes, batch_size=1, progress=False)
         [p.rows() for p in probes]
     return call

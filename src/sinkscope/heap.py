@@ -1,21 +1,23 @@
-"""Keep the process's heap from growing with the sequence length (issues 25 and 42).
+"""glibc's mmap threshold, fixed per process: 4 MiB for measuring runs, 1 MiB for ``stream`` (issues 25, 42).
 
-A large block (a layer's (T, C) activations, a chunk's logits) that glibc serves above its mmap
-threshold gets its own mapping and goes back to the system whole when freed. But glibc raises
-that threshold to the size of each such block freed (its "dynamic mmap threshold", up to 32 MB),
-so from the second layer on the same blocks come from the heap, between small long-lived
-tensors, and the heap fragments and grows. Measured on SmolLM2-135M (docs/costs.md, "Memory at
-long context"): `sinks` at 8,192 tokens peaked at 1.63x a plain SDPA forward's resident memory
-with glibc's default, from the heap and not from live tensors.
+A large block (a chunk's logits, a layer's (T, C) activations) that glibc serves above its mmap
+threshold gets its own mapping and goes back to the system whole when freed. glibc raises that
+threshold to the size of each such block freed (its "dynamic mmap threshold", up to 32 MiB), so
+later blocks below that size come from the heap, between small long-lived tensors, where they
+fragment it and the process's resident memory grows. ``mallopt(M_MMAP_THRESHOLD, n)`` fixes the
+threshold at n bytes, which also turns the dynamic adjustment off.
 
-``mallopt(M_MMAP_THRESHOLD, n)`` fixes the threshold at n bytes, which also turns the dynamic
-adjustment off. Two sizes are used:
-
-- :data:`RUN_THRESHOLD_BYTES`, 16 MiB, for every measuring run (``runner.run_probes``). A smaller
-  threshold maps and faults afresh every block above it: at 1 MiB `sinks` took 1.69x the time at
-  512 tokens and 1.44x at 2,048; at 16 MiB no time cost was measurable (docs/costs.md).
-- :data:`STREAM_THRESHOLD_BYTES`, 1 MiB, for ``stream``: each chunk's logits (12.6 MB for SmolLM2
-  at chunk 64) sit between the cache's small tensors; 16 MiB would leave them on the heap.
+- Every measuring run (``runner.run_probes``) fixes :data:`RUN_THRESHOLD_BYTES`, 4 MiB. Measured on
+  SmolLM2-135M with `benchmarks/bench_sinks.py --mmap-thresholds` (docs/costs.md, "Memory at long
+  context"): glibc's own threshold let `heads` peak at 1.38x a plain forward at 8,192 tokens and
+  `selectivity` at 1.25x; a fixed 16 MiB gave `sinks` 1.24x at 2,048 and 1.20x at 16,384 tokens;
+  8 MiB, 1.18x at 2,048; 4 MiB kept every one within 1.01-1.08x. Below it (a window of 512
+  tokens: SmolLM2's largest block is 3 MB) nothing changes; a threshold of 1 MiB maps and faults
+  every block above it afresh (`sinks` took 1.69x the time at 512 tokens).
+- ``stream`` fixes :data:`STREAM_THRESHOLD_BYTES`, 1 MiB: each chunk's logits (12.6 MB for
+  SmolLM2 at chunk 64) sit between the cache's small tensors, and with glibc's default the heap
+  grew by about 0.23 MB per token read (3 GB at 16k tokens); fixed, 32,768 tokens peak at 0.99x a
+  plain 512-token forward (benchmarks/bench_stream.py).
 
 The setting is process-wide and only changes where glibc puts blocks of at least that size. The
 lowest threshold asked for in a process wins (a stream after a run keeps 1 MiB). The environment
@@ -33,8 +35,8 @@ import os
 import platform
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
-#: the threshold every measuring run fixes (docs/costs.md, "Memory at long context").
-RUN_THRESHOLD_BYTES = 16 << 20
+#: the threshold every measuring run fixes (docs/costs.md, "Memory at long context"); None would leave glibc alone.
+RUN_THRESHOLD_BYTES: int | None = 4 << 20
 #: the threshold ``stream`` fixes: below its chunk's logits.
 STREAM_THRESHOLD_BYTES = 1 << 20
 #: the largest threshold glibc accepts (HEAP_MAX / 2 on 64-bit systems).
@@ -55,8 +57,9 @@ def glibc_mallopt():
         return None
 
 
-def asked_threshold(default: int) -> int | None:
-    """The threshold to set: ``SINKSCOPE_MMAP_THRESHOLD`` when given (None for ``off``), else ``default``.
+def asked_threshold(default: int | None) -> int | None:
+    """The threshold to set: ``SINKSCOPE_MMAP_THRESHOLD`` when given (None for ``off``), else ``default``
+    (None: leave glibc alone).
 
     A value that is neither ``off`` nor a whole number of bytes in [0, 32 MiB] is ignored (the default applies).
     """
@@ -68,11 +71,12 @@ def asked_threshold(default: int) -> int | None:
     return default
 
 
-def fix_mmap_threshold(size: int = STREAM_THRESHOLD_BYTES) -> bool:
+def fix_mmap_threshold(size: int | None = STREAM_THRESHOLD_BYTES) -> bool:
     """Fix glibc's mmap threshold at ``size`` bytes (or what the environment asks), unless a lower one is set.
 
     Returns True where the threshold in force is now at most the one asked for (set here or before),
-    False off glibc, where ``mallopt`` refuses, or with ``SINKSCOPE_MMAP_THRESHOLD=off``.
+    False off glibc, where ``mallopt`` refuses, with ``SINKSCOPE_MMAP_THRESHOLD=off``, or where
+    ``size`` is None and the environment asks for nothing (glibc left alone).
     """
     wanted = asked_threshold(size)
     if wanted is None:

@@ -221,7 +221,7 @@ def run_probes(
             raise SinkscopeError(problem)
     if not passes:  # every probe has what it needs already (a second stage that changes nothing): no forward
         return batch_size
-    heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES)  # else glibc's heap grows with the length (heap.py)
+    heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES)  # else glibc's heap fragments at long windows (heap.py)
     bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
                        dynamic_ncols=True)
     switch = _PassSwitch([d for _, d in passes])

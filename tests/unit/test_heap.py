@@ -18,6 +18,8 @@ import pytest
 from sinkscope import heap
 
 ON_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+#: a run's threshold where one is fixed (a size the environment may give; runs fix none by default)
+RUN_16_MIB = 16 << 20
 
 
 @pytest.fixture(autouse=True)
@@ -47,24 +49,24 @@ def calls(monkeypatch) -> list[tuple[int, int]]:
 
 
 def test_the_lowest_threshold_asked_for_wins_and_mallopt_runs_only_to_lower_it(calls):
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is True
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is True  # already in force
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is True
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is True  # already in force
     assert heap.fix_mmap_threshold(heap.STREAM_THRESHOLD_BYTES) is True  # lowered
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is True  # 1 MiB stays
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is True  # 1 MiB stays
     assert calls == [(heap.M_MMAP_THRESHOLD, 16 << 20), (heap.M_MMAP_THRESHOLD, 1 << 20)]
     assert heap.fixed_threshold() == 1 << 20
 
 
 def test_the_environment_sets_the_size_or_turns_it_off(calls, monkeypatch):
     monkeypatch.setenv(heap.ENVIRONMENT, "off")
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is False
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is False
     assert calls == [] and heap.fixed_threshold() is None
     monkeypatch.setenv(heap.ENVIRONMENT, "4194304")
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is True
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is True
     assert calls == [(heap.M_MMAP_THRESHOLD, 4 << 20)]
     heap.forget()
     monkeypatch.setenv(heap.ENVIRONMENT, "a lot")  # not a size: the caller's default
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is True
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is True
     assert calls[-1] == (heap.M_MMAP_THRESHOLD, 16 << 20)
     heap.forget()
     monkeypatch.setenv(heap.ENVIRONMENT, str(64 << 20))  # above what glibc accepts: the default
@@ -77,7 +79,7 @@ def test_on_glibc_the_threshold_is_set_and_the_library_opened_once(monkeypatch):
     opened = []
     real_cdll = ctypes.CDLL
     monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: opened.append(a) or real_cdll(*a, **k))
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is True
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is True
     assert heap.fix_mmap_threshold(heap.STREAM_THRESHOLD_BYTES) is True
     assert len(opened) == 1 and heap.glibc_mallopt.cache_info().misses == 1
 
@@ -118,11 +120,11 @@ def test_mallopt_refusing_gives_false_and_remembers_nothing(monkeypatch):
             return 0  # glibc's "failed"
 
     monkeypatch.setattr(ctypes, "CDLL", lambda *args, **kwargs: Libc())
-    assert heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES) is False and heap.fixed_threshold() is None
+    assert heap.fix_mmap_threshold(RUN_16_MIB) is False and heap.fixed_threshold() is None
 
 
-def test_run_probes_fixes_the_run_threshold(calls):
-    """Every measuring run goes through ``run_probes``, which fixes 16 MiB before its first batch."""
+def test_run_probes_fixes_the_run_threshold_or_what_the_environment_asks(calls, monkeypatch):
+    """Every measuring run goes through ``run_probes``, which fixes 4 MiB (or the environment's size) first."""
     import numpy as np
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -131,4 +133,17 @@ def test_run_probes_fixes_the_run_threshold(calls):
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1)).eval()
     run_probes(model, np.zeros((1, 8), dtype=np.int64), [], batch_size=1, progress=False)
-    assert calls == [(heap.M_MMAP_THRESHOLD, heap.RUN_THRESHOLD_BYTES)]
+    assert heap.RUN_THRESHOLD_BYTES == 4 << 20
+    assert calls == [(heap.M_MMAP_THRESHOLD, 4 << 20)]
+    heap.forget()
+    monkeypatch.setenv(heap.ENVIRONMENT, str(RUN_16_MIB))
+    run_probes(model, np.zeros((1, 8), dtype=np.int64), [], batch_size=1, progress=False)
+    assert calls[-1] == (heap.M_MMAP_THRESHOLD, RUN_16_MIB)
+
+
+def test_no_size_and_no_environment_leaves_glibc_alone(calls, monkeypatch):
+    assert heap.fix_mmap_threshold(None) is False
+    assert calls == [] and heap.fixed_threshold() is None
+    monkeypatch.setenv(heap.ENVIRONMENT, str(8 << 20))
+    assert heap.fix_mmap_threshold(None) is True
+    assert calls == [(heap.M_MMAP_THRESHOLD, 8 << 20)]
