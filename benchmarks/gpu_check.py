@@ -179,12 +179,13 @@ def choose_plain(model: torch.nn.Module, preferred: str, device: torch.device, i
 def kernel_check(device: torch.device, dtype: torch.dtype, tiny: bool) -> None:
     """Each fused kernel of kernels.py on this device against the blocked path, once."""
     from sinkscope.capture import kernels as K
+    from sinkscope.capture.masks import causal_additive_mask
 
     g = torch.Generator().manual_seed(0)
     B, H, T, D = (1, 2, 200, 64) if tiny else (1, 8, 1000, 64)  # T: not a multiple of the kernels' tiles
     q, k, v = (torch.randn(B, H, T, D, generator=g).to(device, dtype) for _ in range(3))
     window = 16 if tiny else 128
-    mask = K._window_bias(T, T, window, dtype, device)
+    mask = causal_additive_mask(T, T, dtype, device, window)
     print(f"kernels on {device} ({str(dtype).removeprefix('torch.')}, B {B} H {H} T {T} D {D}):")
     cases = (("causal", {}), (f"sliding window {window}", {"window": window}), ("explicit mask", {"mask": mask}))
     for label, kwargs in cases:

@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from sinkscope.capture.masks import _additive, causal_additive_mask, hidden_keys
+
 log = logging.getLogger(__name__)
 
 #: queries per block in the blocked fallback.
@@ -233,7 +235,8 @@ def _private_attention(kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: floa
             False, scale=scale, window_size_left=window - 1, window_size_right=0)[:2]
         return out.transpose(1, 2), lse
     if window is not None and bias is None:  # a bias-taking kernel: spell the window out
-        bias, causal = _aligned_bias(_window_bias(q.shape[-2], k.shape[-2], window, q.dtype, q.device), q), False
+        bias = causal_additive_mask(q.shape[-2], k.shape[-2], q.dtype, q.device, window)  # (1, 1, T, S)
+        bias, causal = _aligned_bias(bias, q), False
     if kernel == CUDNN:
         out, lse = aten._scaled_dot_product_cudnn_attention(q, k, v, bias, True, 0.0, causal, False, scale=scale)[:2]
         return out, lse
@@ -265,8 +268,7 @@ def _cpu_flash_windowed(q: Tensor, k: Tensor, v: Tensor, scale: float, window: i
         last_key = stop + S - T  # exclusive
         rows = torch.arange(start, stop, device=q.device).unsqueeze(-1) + (S - T)  # (n, 1) absolute positions
         cols = torch.arange(first_key, last_key, device=q.device).unsqueeze(0)  # (1, K)
-        hidden = (cols > rows) | (cols <= rows - window)  # (n, K)
-        bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill(hidden, torch.finfo(q.dtype).min)
+        bias = _additive(~hidden_keys(rows, cols, window), q.dtype)  # (n, K)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q[:, :, start:stop], k[:, :, first_key:last_key], v[:, :, first_key:last_key], 0.0, False,
             attn_mask=bias[None, None], scale=scale)[:2]  # (B, H, n, D), (B, H, n)
@@ -280,15 +282,6 @@ def _lse_bht(lse: Tensor, B: int, H: int, T: int) -> Tensor:
     if lse.dim() == 4:
         lse = lse[..., 0]  # (B, H, T)
     return lse[:, :, :T].float()  # (B, H, T)
-
-
-def _window_bias(T: int, S: int, window: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Additive (1, 1, T, S) mask of a causal sliding window: key j visible to query i iff
-    i' - W < j <= i' with i' = i + S - T (0 visible, dtype's lowest value hidden)."""
-    rows = torch.arange(T, device=device).unsqueeze(-1) + (S - T)  # (T, 1)
-    cols = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
-    hidden = (cols > rows) | (cols <= rows - window)  # (T, S)
-    return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min)[None, None]
 
 
 def _aligned_bias(mask: Tensor, q: Tensor) -> Tensor:
@@ -318,11 +311,7 @@ def blocked_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, ma
             s = s + mask[:, :, start:stop].float()
         else:
             rows = torch.arange(start, stop, device=q.device).unsqueeze(-1) + (S - T)  # (b, 1)
-            cols = torch.arange(S, device=q.device).unsqueeze(0)  # (1, S)
-            hidden = cols > rows  # (b, S)
-            if window is not None:
-                hidden = hidden | (cols <= rows - window)  # (b, S)
-            s = s.masked_fill(hidden, float("-inf"))
+            s = s.masked_fill(hidden_keys(rows, torch.arange(S, device=q.device).unsqueeze(0), window), float("-inf"))
         lse = torch.logsumexp(s, dim=-1)  # (B, H, b)
         p = torch.exp(s - lse.unsqueeze(-1))  # (B, H, b, S)
         outs.append(torch.matmul(p, v.float()).to(q.dtype))  # (B, H, b, D)
@@ -364,7 +353,7 @@ def _agrees_with_reference(kernel: str, device: torch.device, dtype: torch.dtype
     scale = head_dim ** -0.5
     mask = None
     if masked:  # a sliding window plus a padded first key in window 1: what real masks hold
-        bias = _window_bias(T, T, W, dtype, device).expand(B, 1, T, T).clone()  # (B, 1, T, T)
+        bias = causal_additive_mask(T, T, dtype, device, W).expand(B, 1, T, T).clone()  # (B, 1, T, T)
         bias[1, :, 1:, 0] = torch.finfo(dtype).min
         mask = bias
     window = W if windowed and not masked else None

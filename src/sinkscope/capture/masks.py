@@ -1,6 +1,8 @@
 """Additive attention masks, shared by discovery's recording function and the registered ones.
 
-``causal_additive_mask`` builds the plain causal mask that ``sdpa_mask`` leaves implicit (None);
+``hidden_keys`` is the causal (sliding-window) rule itself, on absolute positions, shared by the
+kernels, the records and ``causal_additive_mask``, which builds the plain causal mask that
+``sdpa_mask`` leaves implicit (None);
 ``_additive`` turns a boolean keep-mask into an additive float one; ``sparse_index_mask`` and
 ``fold_into_mask`` fold what some models hand an attention function beside its mask (a sparse
 indexer's ``indices``, a ``position_bias``) into it. Torch only: ``discover.py`` and
@@ -53,14 +55,23 @@ def sparse_index_mask(attention_mask: Tensor | None, indices: Tensor | None, que
     return base.masked_fill(hidden, torch.finfo(query.dtype).min)
 
 
-def causal_additive_mask(T: int, S: int, dtype: torch.dtype, device, window: int | None = None) -> Tensor:
-    """0 where key j <= i + S - T (query i may see it; with ``window`` W also j > i + S - T - W),
-    the dtype's minimum elsewhere; (1, 1, T, S)."""
-    rows = torch.arange(T, device=device).unsqueeze(-1) + (S - T)  # (T, 1)
-    cols = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
-    hidden = cols > rows  # (T, S)
+def hidden_keys(queries: Tensor, keys: Tensor, window: int | None = None) -> Tensor:
+    """Where key position j is hidden from query position i under causal attention: j > i, and with a
+    sliding ``window`` W also j <= i - W (transformers' ``sliding_window``: W keys, i's own included).
+
+    ``queries`` and ``keys`` are absolute positions that broadcast, e.g. (n, 1) and (1, K); bool.
+    """
+    hidden = keys > queries  # (n, K)
     if window is not None:
-        hidden = hidden | (cols <= rows - window)  # (T, S)
+        hidden = hidden | (keys <= queries - window)  # (n, K)
+    return hidden
+
+
+def causal_additive_mask(T: int, S: int, dtype: torch.dtype, device, window: int | None = None) -> Tensor:
+    """0 where query i (at position i + S - T) sees key j (:func:`hidden_keys`), the dtype's minimum
+    elsewhere; (1, 1, T, S)."""
+    rows = torch.arange(T, device=device).unsqueeze(-1) + (S - T)  # (T, 1)
+    hidden = hidden_keys(rows, torch.arange(S, device=device).unsqueeze(0), window)  # (T, S)
     return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(hidden, torch.finfo(dtype).min).view(1, 1, T, S)
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from sinkscope.capture.masks import hidden_keys
+
 #: SPEC.md "Quiet mass (exposure)" and "Value-read injection": the cutoffs of a head's quiet
 #: reads, as (name, quantile of the sequence's read norms); a read is quiet when its norm is
 #: strictly below the cutoff.
@@ -169,10 +171,7 @@ class AttentionRecord:
         T, S = self.query.shape[-2], self.key.shape[-2]
         queries = (torch.arange(T, device=s.device)[rows] + (S - T)).unsqueeze(-1)  # (n, 1) absolute positions
         positions = torch.arange(S, device=s.device)[keys].unsqueeze(0)  # (1, S')
-        hidden = positions > queries  # (n, S')
-        if self.sliding_window is not None:
-            hidden = hidden | (positions <= queries - self.sliding_window)  # (n, S')
-        return s.masked_fill(hidden, float("-inf"))
+        return s.masked_fill(hidden_keys(queries, positions, self.sliding_window), float("-inf"))  # (.., n, S')
 
     def _capped(self, s: Tensor) -> Tensor:
         """c * tanh(s / c) under soft-capping, else ``s`` unchanged."""

@@ -18,6 +18,7 @@ import torch
 from sinkscope.capture import kernels as K
 from sinkscope.capture.kernels import (BLOCKED, CPU_FLASH, CUDNN, EFFICIENT, FLASH, FLASH_WINDOW, DeviceInfo, Problem,
                                        attention_with_lse, blocked_attention_with_lse, candidate_kernels)
+from sinkscope.capture.masks import causal_additive_mask
 from sync_guard import no_host_sync
 
 
@@ -165,7 +166,7 @@ class FakeKernels:
         if kernel == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory")
         if window is not None and bias is None:
-            bias = K._window_bias(q.shape[-2], k.shape[-2], window, q.dtype, q.device)
+            bias = causal_additive_mask(q.shape[-2], k.shape[-2], q.dtype, q.device, window)
         out, lse = K._private_attention(CPU_FLASH, q, k, v, scale, None if bias is None else bias.contiguous(), None)
         if kernel == CUDNN:
             return out, (lse / math.log(2)).unsqueeze(-1)  # (B, H, T, 1) in log2: must be rejected
@@ -209,7 +210,7 @@ def test_fallback_order_self_check_and_log_once(fake_cuda, caplog):
 
 def test_masked_and_windowed_calls_use_the_right_kernels(fake_cuda):
     q, k, v = qkv(dtype=torch.bfloat16, D=16, T=37)  # S not a multiple of 16: the bias is padded
-    mask = K._window_bias(37, 37, 5, torch.bfloat16, torch.device("cpu"))
+    mask = causal_additive_mask(37, 37, torch.bfloat16, torch.device("cpu"), 5)
     out, lse = attention_with_lse(q, k, v, 0.25, mask)
     assert K.kernel_choices()[-1]["kernel"] == EFFICIENT  # flash takes no mask
     ref_out, ref_lse = numpy_attention(q, k, v, 0.25, causal_visible(37, 37, 5))
