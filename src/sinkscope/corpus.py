@@ -208,6 +208,21 @@ def check_token_range(tokens: np.ndarray, n_embeddings: int | None) -> None:
             f"(ids 0 to {n_embeddings - 1}); the tokenizer does not belong to this model.")
 
 
+def text_window(doc_ids: list[np.ndarray], *, seq_len: int | None, bos_id: int | None) -> Windows:
+    """One window: the documents' tokens in order (BOS first when ``bos_id`` is set), cut at ``seq_len``.
+
+    ``sinkscope explore``'s window is the text itself; fewer than 2 tokens is one sentence.
+    """
+    body = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in doc_ids]) if doc_ids else np.zeros(0, np.int64)
+    row = np.concatenate([np.asarray([bos_id], dtype=np.int64), body]) if bos_id is not None else body
+    if seq_len is not None:
+        row = row[:seq_len]
+    if len(row) < 2:
+        raise SinkscopeError(f"the text is {len(row)} token{'s' if len(row) != 1 else ''} long; the explorer needs at "
+                             "least 2 (a query and a key): give a longer text.")
+    return Windows(row[None, :].astype(np.int64), bos_id, [(0, 0)], int(body.size))
+
+
 def make_windows(doc_ids: list[np.ndarray], *, seq_len: int, n_seqs: int, seed: int, bos_id: int | None) -> Windows:
     """Draw ``n_seqs`` windows of ``seq_len`` tokens (see the module docstring for the rule)."""
     check_seed(seed)

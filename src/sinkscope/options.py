@@ -51,6 +51,11 @@ class RunOptions:
         checkpoint_seconds: how often the accumulators are saved for ``resume`` (0: every batch).
         device_map: shard a large model over devices through accelerate (``auto``,
             ``balanced``, ``sequential``); probes run on each layer's device.
+        explore_heads: the heads whose attention patterns the report's explorer keeps (``auto``:
+            the top ones by position-0 mass plus a seeded sample; ``all``; ``none``; ``L.H,...``).
+        explore_windows: how many of the first windows the explorer keeps (0: none).
+        explore_max_mb: the explorer's data budget in the page, in MB (patterns past it are left
+            out, window 0's top heads last); None: no budget.
     """
 
     model: str | None = None
@@ -73,6 +78,9 @@ class RunOptions:
     resume: bool = False
     checkpoint_seconds: float = 30.0
     device_map: str | None = None
+    explore_heads: str = "auto"
+    explore_windows: int = 2
+    explore_max_mb: float | None = 3.5
 
     def __post_init__(self):
         expand_paths(self, model="MODEL", out=option("out"), text_file=option("text_file"))
@@ -104,6 +112,8 @@ class Command:
         read_windows: a function that replaces ``runner.run_probes`` (same signature) and reads
             each window its own way (``stream``: through a bounded cache); None: ``run_probes``.
         reads_past_context: the windows may be longer than the model's context (``stream``).
+        one_window: the command reads one window, the text itself (its first ``seq_len`` tokens,
+            BOS by the policy), not windows drawn from a corpus (``explore``).
         followup: ``(options, spec, probes) -> [(probe name, parameters), ...]``: probes of a
             second stage over the same windows, chosen from the first stage's finished probes
             (merged over processes), e.g. zeroing the heads the first stage found dormant
@@ -121,6 +131,7 @@ class Command:
     followup: Callable[[Any, "ModelSpec", list], list[tuple[str, dict]]] | None = None
     read_windows: Callable[..., int] | None = None
     reads_past_context: bool = False
+    one_window: bool = False
 
 
 def check_options(options: RunOptions) -> None:
@@ -143,6 +154,18 @@ def check_options(options: RunOptions) -> None:
     if not options.checkpoint_seconds >= 0:  # NaN too
         raise SinkscopeError(f"{option('checkpoint_seconds')} must be 0 or more (got {options.checkpoint_seconds:g}).")
     check_seed(options.seed)
+    check_explore(options)
+
+
+def check_explore(options: RunOptions) -> None:
+    """``--explore-heads``, ``--explore-windows`` and ``--explore-max-mb``, before anything loads."""
+    from sinkscope.explorer_data import parse_heads
+
+    parse_heads(options.explore_heads)
+    if options.explore_windows < 0:
+        raise SinkscopeError(f"{option('explore_windows')} must be 0 or more (got {options.explore_windows}).")
+    if options.explore_max_mb is not None and not options.explore_max_mb > 0:
+        raise SinkscopeError(f"{option('explore_max_mb')} must be more than 0 (got {options.explore_max_mb:g}).")
 
 
 

@@ -205,6 +205,9 @@ def prepare(planned: RunPlan, inputs: Inputs | None = None, *, write: bool = Tru
                         and inputs.texts is None and not options.text_file and not options.dataset)
     corpus = None
     if inputs.windows is None and not checkpoint_split:
+        text = getattr(options, "text", None)  # explore --text
+        if inputs.texts is None and text is not None:
+            inputs = replace(inputs, texts=[text])
         corpus = corpus_mod.Corpus("texts", list(inputs.texts), {"kind": "texts"}) if inputs.texts is not None \
             else corpus_mod.load_corpus(options.text_file, options.dataset)
     device = distributed.local_device(options.device) if world_size > 1 else options.device
@@ -231,7 +234,8 @@ def prepare(planned: RunPlan, inputs: Inputs | None = None, *, write: bool = Tru
         raise SinkscopeError("windows= are measured at their own length; several seq_len values need texts or a corpus.")
     limit = context_length(source) if inputs.model is None else _model_context(inputs.model)
     if options.seq_len is None and inputs.windows is None and not checkpoint_split:
-        result.options = replace(options, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
+        cap = ONE_WINDOW_SEQ_LEN if command.one_window else DEFAULT_SEQ_LEN  # explore: the text, up to 4,096 tokens
+        result.options = replace(options, seq_len=min(cap, limit or cap))
     elif inputs.windows is not None:
         result.options = replace(options, seq_len=int(inputs.windows.shape[1]), n_seqs=int(inputs.windows.shape[0]))
     if not command.reads_past_context and inputs.model is None and is_native_config(config_file_dict(source)):
@@ -266,11 +270,19 @@ class Loaded:
     trained_context: int | None = None
 
 
+#: the most tokens of its text a one-window command (``explore``) reads when --seq-len is not given.
+ONE_WINDOW_SEQ_LEN = 4096
+
+
 def _windows(plan_: Prepared, tokenizer, log) -> corpus_mod.Windows:
     options, corpus = plan_.options, plan_.corpus
     log(f"Tokenising the corpus {corpus.describe()} ...")
     bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
     doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
+    if plan_.command.one_window:  # explore: the text itself, its first seq_len tokens
+        windows = corpus_mod.text_window(doc_ids, seq_len=longest(options.seq_len), bos_id=bos_id)
+        plan_.options = replace(options, seq_len=int(windows.tokens.shape[1]), n_seqs=1)
+        return windows
     source = plan_.source
     hint = ("; a trigger-task checkpoint's vocabulary is its task's words: measure it without a text, on its own "
             "validation windows") if source.kind == "checkpoint" else ""
@@ -341,6 +353,7 @@ def load(plan_: Prepared, log) -> Loaded:
         tokenizer = load_tokenizer(plan_.source, trust_remote_code=options.trust_remote_code)
         if windows is None and tokenizer is not None:
             windows = _windows(plan_, tokenizer, log)
+            options = plan_.options  # a one-window command's length is its text's
             corpus_mod.check_token_range(windows.tokens, vocab_size(plan_.source))
         _check_same_windows(plan_, windows)  # before the model loads, when the tokenizer came first
         log(f"Loading {plan_.source.label or plan_.source.location} ...")
@@ -356,6 +369,7 @@ def load(plan_: Prepared, log) -> Loaded:
     plan_.command.check_model(options, spec)
     if windows is None:
         windows = _windows(plan_, loaded.tokenizer, log)
+        options = plan_.options
     _check_same_windows(plan_, windows)
     corpus_mod.check_token_range(windows.tokens, embedding_rows(loaded.model))
     _fill_bos_token_id(plan_, loaded.tokenizer, windows)
@@ -381,6 +395,9 @@ def _check_measurable(plan_: Prepared, model, spec: ModelSpec, seq_len: int) -> 
         reason = get_probe(name).unmeasurable(spec, windows, seq_len)
         if reason:
             raise SinkscopeError(f"the probe {name} cannot measure this model: {reason}.")
+    from sinkscope.explorer_data import check_heads_exist
+
+    check_heads_exist(plan_.options.explore_heads, spec.n_layers, spec.n_heads, spec.attention_layers)
 
 
 def _warn_if_unfinished(source: Source, log) -> None:
@@ -775,6 +792,8 @@ def carry_out(plan_: Prepared, write: bool, log, *, finish: bool = True) -> Resu
             distributed.finish()
         return None
     result = assemble_lengths(plan_, loaded, finished) if len(lengths) > 1 else assemble(plan_, loaded, *finished)
+    if len(lengths) <= 1:
+        _add_explorer(plan_, loaded, result, log)
     _warn_non_finite(result.table, log)
     if write:
         result.save(plan_.out_dir, overwrite=plan_.options.overwrite,
@@ -785,6 +804,32 @@ def carry_out(plan_: Prepared, write: bool, log, *, finish: bool = True) -> Resu
     if plan_.world_size > 1 and finish:
         distributed.finish()
     return result
+
+
+def _run_p0(table: pd.DataFrame, spec: ModelSpec):
+    """The run's per-head ``p0_mass`` as an (L, H) array (NaN where it has none), or None without such rows."""
+    rows = table[(table.metric == "p0_mass") & table.layer.notna() & table["head"].notna()]
+    if rows.empty or rows.duplicated(["layer", "head"]).any():
+        return None
+    p0 = np.full((spec.n_layers, spec.n_heads), np.nan)
+    p0[rows.layer.astype(int).to_numpy(), rows["head"].astype(int).to_numpy()] = rows["value"].to_numpy(dtype=float)
+    return p0
+
+
+def _add_explorer(plan_: Prepared, loaded: Loaded, result: Result, log) -> None:
+    """The explorer's patterns (``explore_pass.py``) into the result and its manifest (``explorer``)."""
+    from sinkscope.explore_pass import explore
+
+    options = plan_.options
+    if plan_.command.read_windows is not None:  # stream: its windows are read through a bounded cache
+        return
+    found = explore(loaded.model.model, loaded.model.tokenizer, loaded.spec, loaded.windows.tokens,
+                    heads=options.explore_heads, windows=options.explore_windows, max_mb=options.explore_max_mb,
+                    seed=options.seed, attention=options.attention,
+                    device=None if options.device_map else loaded.model.device, log=log,
+                    run_p0=_run_p0(result.table, loaded.spec))
+    if found is not None:
+        result.explorer, result.manifest["explorer"] = found
 
 
 def option_fields(options_cls: type[RunOptions]) -> list[str]:

@@ -356,7 +356,7 @@ def _check_not_cwd(out_dir: Path) -> None:
 #: the files a run folder holds (``figures/`` holds PNG and SVG files only).
 #: arrays some commands add beside the table (``Result.arrays``): ``stream``'s every-token NLL.
 ARRAY_FILES = ("stream_nll.npy",)
-RUN_FILES = ("results.csv", "results.parquet", "manifest.json", "tokens.npy", "report.html", *ARRAY_FILES)
+RUN_FILES = ("results.csv", "results.parquet", "manifest.json", "tokens.npy", "report.html", "explorer.npz", *ARRAY_FILES)
 
 
 def is_legacy_run_file(rel: str) -> bool:

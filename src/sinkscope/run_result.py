@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.explorer_data import FILE as EXPLORER_FILE
+from sinkscope.explorer_data import ExplorerData
 from sinkscope.results import lock_run_dir, staged_run_dir, write_tables
 
 
@@ -34,6 +36,8 @@ class Result:
     path: Path | None = None
     #: further arrays of the run, written as ``<name>.npy`` (``stream_nll``: every token's NLL).
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the report's explorer: a few heads' attention patterns (``explorer_data.py``), or None.
+    explorer: ExplorerData | None = None
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
@@ -43,7 +47,9 @@ class Result:
 
         path = Path(path)
         tokens = np.load(path / "tokens.npy", allow_pickle=False)
-        return cls(read_results(path), read_json(path / "manifest.json", "the run's manifest"), tokens, path)
+        explorer = ExplorerData.load(path / EXPLORER_FILE) if (path / EXPLORER_FILE).is_file() else None
+        return cls(read_results(path), read_json(path / "manifest.json", "the run's manifest"), tokens, path,
+                   explorer=explorer)
 
     def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
         """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report).
@@ -57,6 +63,8 @@ class Result:
                 stack.enter_context(lock_run_dir(out_dir))
             with staged_run_dir(out_dir, overwrite) as stage:
                 write_tables(stage, self.table, self.manifest, self.tokens, self.arrays)
+                if self.explorer is not None:
+                    self.explorer.save(stage / EXPLORER_FILE)
                 if figures:
                     from sinkscope.report import build_report
 
@@ -76,6 +84,40 @@ class Result:
 
             build_report([self.path], out=self.path, labels=[self.path.name])
         return page
+
+    def show(self, *, height: int = 900):
+        """The attention explorer of this run (``docs/explorer.md``), inline in a notebook.
+
+        In Jupyter (IPython) the explorer is displayed in an isolated frame of ``height`` pixels; elsewhere
+        it is written to a temporary HTML file whose path is printed and returned (None in a notebook).
+        A run measured with ``explore_heads="none"`` or ``explore_windows=0`` has no explorer: one sentence.
+        """
+        import html as html_mod
+
+        from sinkscope.report.explorer import standalone
+
+        if self.explorer is None:
+            raise SinkscopeError("this result holds no attention patterns to show; measure with explore_windows >= 1 "
+                                 "and explore_heads other than 'none'.")
+        label = self.path.name if self.path is not None else str(self.manifest.get("command", "run"))
+        page = standalone(label, self.table, self.manifest, self.explorer)
+        frame = (f'<iframe srcdoc="{html_mod.escape(page, quote=True)}" style="width:100%;height:{int(height)}px;'
+                 'border:1px solid #ddd" sandbox="allow-scripts"></iframe>')
+        try:
+            from IPython import get_ipython
+            from IPython.display import HTML, display
+        except ImportError:
+            get_ipython = None
+        if get_ipython is not None and get_ipython() is not None:
+            display(HTML(frame))
+            return None
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".html", prefix="sinkscope-explorer-", delete=False,
+                                         encoding="utf-8") as handle:
+            handle.write(page)
+        print(f"The explorer is in {handle.name}; open it in a browser.")
+        return Path(handle.name)
 
     def __repr__(self) -> str:
         return (f"Result({self.manifest.get('command')!r}, {len(self.table)} rows, "

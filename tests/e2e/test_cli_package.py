@@ -17,11 +17,12 @@ def _registered_by(module) -> set[str]:
 
 
 def test_each_module_registers_its_own_commands():
-    assert _registered_by(measure) == {"sinks", "selectivity", "heads", "inject", "circuit", "stream", "measure"}
+    assert _registered_by(measure) == {"sinks", "selectivity", "heads", "inject", "circuit", "stream", "measure",
+                                        "explore"}
     assert _registered_by(lab) == {"train", "sweep", "toy", "run"}
     assert _registered_by(inspect) == {"report", "ls"}
     names = [info.name or info.callback.__name__ for info in base.app.registered_commands]
-    assert names[0] == "sinks" and len(names) == len(set(names)) == 13  # measuring commands listed first
+    assert names[0] == "sinks" and len(names) == len(set(names)) == 14  # measuring commands listed first
 
 
 def test_the_shared_options_are_declared_once_and_used_by_every_measuring_command():
@@ -31,7 +32,7 @@ def test_the_shared_options_are_declared_once_and_used_by_every_measuring_comman
     assert flags["SeqLenOpt"] == ("--seq-len",) and flags["OutOpt"] == ("--out", "-o")
     import inspect
 
-    for command in ("sinks", "selectivity", "heads", "circuit", "stream", "measure"):
+    for command in ("sinks", "selectivity", "heads", "circuit", "stream", "measure", "explore"):
         function = getattr(measure, command)
         shared = [p for p in inspect.signature(function).parameters.values() if p.annotation is options.DeviceOpt]
         assert len(shared) == 1 and "device" not in function.__code__.co_varnames[:function.__code__.co_argcount]

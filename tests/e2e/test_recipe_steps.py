@@ -83,7 +83,7 @@ def test_step_overrides_and_variables_fail_in_one_sentence(tmp_path):
     with pytest.raises(SinkscopeError, match="step 1 \\(sinks\\) uses \\{nowhere\\}, which \\[vars\\] does not define"):
         load_steps(str(recipe))
     recipe.write_text('[[steps]]\ncommand = "fit"\n')
-    with pytest.raises(SinkscopeError, match="step 1 of the recipe .* names the command 'fit'; known: circuit, heads, inject, measure, report, selectivity, sinks, stream, sweep, toy, train"):
+    with pytest.raises(SinkscopeError, match="step 1 of the recipe .* names the command 'fit'; known: circuit, explore, heads, inject, measure, report, selectivity, sinks, stream, sweep, toy, train"):
         load_steps(str(recipe))
     recipe.write_text('[[steps]]\ncommand = "report"\n[steps.options]\nruns = "a"\n')
     with pytest.raises(SinkscopeError, match="'runs' must be a list of strings"):

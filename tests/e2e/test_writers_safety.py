@@ -117,7 +117,7 @@ def command_args(name: str, tiny_llama_dir: Path, gated: Path, text_file: Path) 
 
 
 #: the measuring commands whose fastest settings ``command_args`` knows (a new one must be added there).
-COMMANDS = ("circuit", "heads", "inject", "measure", "selectivity", "sinks", "stream")
+COMMANDS = ("circuit", "explore", "heads", "inject", "measure", "selectivity", "sinks", "stream")
 
 
 @pytest.mark.parametrize("name", sorted(discover()))

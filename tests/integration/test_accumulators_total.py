@@ -68,10 +68,12 @@ def package_probes() -> list[str]:
     """Every probe registered by the package itself (not test or plugin probes) that ``run_probes`` runs.
 
     ``stream`` reads its windows through its command's own reader; its resume and two-process
-    merge are tested end to end in tests/integration/commands/test_stream.py.
+    merge are tested end to end in tests/integration/commands/test_stream.py. ``explorer`` keeps
+    patterns, not sums, in a pass of its own after the measurement: it is never resumed or merged
+    (tests/unit/probes/test_explorer.py tests its rollback).
     """
     return sorted(name for name, cls in discover().items()
-                  if cls.__module__.startswith("sinkscope.probes.") and not cls.reads_windows)
+                  if cls.__module__.startswith("sinkscope.probes.") and not cls.reads_windows and name != "explorer")
 
 
 def run(model, tokens, probe: Probe, start: int = 0) -> Probe:

@@ -133,7 +133,8 @@ def test_the_loss_change_is_two_passes_of_one_kernel(command, forwards):
     options, probe, label, listed, change, (clean_metric, changed_metric, delta_metric) = RUNS[command]
     model = build("llama")
     ids = random_ids(N_WINDOWS, SEQ_LEN, seed=3).numpy()  # (5, 24)
-    result = sinkscope.measure(command, model, windows=ids, batch_size=BATCH, progress=False, **options)
+    result = sinkscope.measure(command, model, windows=ids, batch_size=BATCH, progress=False, explore_windows=0,
+                               **options)  # the explorer's own pass after the measurement is not one of its stages
     # per batch: the first stage's clean pass (reading the loss), then the second stage's changed pass alone
     assert forwards == [(None, True)] * 3 + [(label, True)] * 3
     targets = result.manifest["probes"][probe]["options"][listed]
@@ -162,7 +163,7 @@ def test_no_second_stage_forward_when_nothing_is_dormant(forwards):
     model = build("llama")
     ids = random_ids(N_WINDOWS, SEQ_LEN, seed=3).numpy()
     result = sinkscope.measure("heads", model, windows=ids, batch_size=BATCH, progress=False,
-                               ablate_dormant=True, dormant_below=1e-9)
+                               ablate_dormant=True, dormant_below=1e-9, explore_windows=0)
     assert forwards == [(None, True)] * 3  # the first stage's clean passes, reading the loss
     rows = result.table[result.table.probe == "head_ablation"]
     value = dict(zip(rows.metric, rows.value))

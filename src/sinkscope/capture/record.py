@@ -183,14 +183,17 @@ class AttentionRecord:
             x = x.repeat_interleave(self.n_heads // x.shape[1], dim=1)  # (B, H, S)
         return x
 
-    def _biased(self, s: Tensor, keys: slice | None = None) -> Tensor:
-        """``s`` (B, H, T, K) plus ``key_bias`` of those keys (all keys when ``keys`` is None)."""
+    def _biased(self, s: Tensor, keys: slice | None = None, heads: Tensor | None = None) -> Tensor:
+        """``s`` (B, H', T, K) plus ``key_bias`` of those keys (all keys when ``keys`` is None) and
+        query heads (all when ``heads`` is None; else the H' heads of that index)."""
         if self.key_bias is None:
             return s
         bias = self._per_query_head(self.key_bias.float())  # (B, H, S)
         if keys is not None:
             bias = bias[..., keys]  # (B, H, K)
-        return s + bias.unsqueeze(2)  # (B, H, T, K)
+        if heads is not None:
+            bias = bias[:, heads]  # (B, H', K)
+        return s + bias.unsqueeze(2)  # (B, H', T, K)
 
     # ---- row reductions ---------------------------------------------------------------------
     def logits(self) -> Tensor:
@@ -207,19 +210,27 @@ class AttentionRecord:
             self._cache["logits"] = s
         return self._cache["logits"]
 
-    def row_logits(self, rows: slice) -> Tensor:
-        """s_ij for the queries of ``rows`` (a slice of the T queries) and every key, float32, (B, H, n, S).
+    def row_logits(self, rows: slice, *, heads: Tensor | None = None, keys: slice = slice(None)) -> Tensor:
+        """s_ij for the queries of ``rows`` (a slice of the T queries) and the keys of ``keys`` (all by
+        default), float32, (B, H, n, K); with ``heads`` (an index of query heads) only those, (B, H', n, K).
 
-        The same numbers as ``logits()[:, :, rows]`` without the (T, S) matrix: a probe that reads
-        whole rows walks the queries in blocks (``head_importance --sink-set data``).
+        The same numbers as ``logits()[:, heads][:, :, rows, keys]`` without the (T, S) matrix: a
+        probe that reads whole rows walks the queries in blocks (``head_importance --sink-set
+        data``), and the explorer reads a few heads' visible keys only (``probes/explorer.py``).
         """
         groups = self.n_heads // self.n_kv_heads
-        k = self.key.float().repeat_interleave(groups, dim=1)  # (B, H, S, D)
-        s = self._capped(torch.matmul(self.query[:, :, rows].float(), k.transpose(-1, -2)) * self.scale)  # (B, H, n, S)
-        s = self._biased(s)  # (B, H, n, S)
+        k = self.key[:, :, keys].float().repeat_interleave(groups, dim=1)  # (B, H, K, D)
+        q = self.query[:, :, rows].float()  # (B, H, n, D)
+        if heads is not None:
+            k, q = k[:, heads], q[:, heads]  # (B, H', K, D), (B, H', n, D)
+        s = self._capped(torch.matmul(q, k.transpose(-1, -2)) * self.scale)  # (B, H', n, K)
+        s = self._biased(s, keys, heads)  # (B, H', n, K)
         if self.mask is not None:
-            return s + self.mask[:, :, rows].float()  # (B, 1, n, S) broadcast over heads
-        return self._causal_fill(s, slice(None), rows)
+            mask = self.mask[:, :, rows, keys]  # (B, 1 | H, n, K): one mask for every head, or one per head
+            if heads is not None and mask.shape[1] > 1:
+                mask = mask[:, heads]  # (B, H', n, K)
+            return s + mask.float()
+        return self._causal_fill(s, keys, rows)
 
     def key_logits(self, keys: int | slice) -> Tensor:
         """s_ij for a key position or a slice of them only, float32, (B, H, T, K): linear memory."""

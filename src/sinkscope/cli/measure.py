@@ -299,3 +299,43 @@ def measure(
     _run("measure", {**locals(), **shared, "probes": probe, "params": param or [], "plugins": plugin or []})
 
 
+
+
+@app.command()
+@_friendly_errors
+@run_options(n_seqs=1, explore_windows=1)
+def explore(
+    model: ModelArg = None,
+    out: OutOpt = None,
+    text: Annotated[Optional[str], typer.Option("--text", help="The text to explore (or --text-file FILE); its first --seq-len tokens [default: 4,096, or the model's context if shorter].")] = None,
+    open_page: Annotated[bool, typer.Option("--open", help="Open the page in the default browser when it is written.")] = False,
+    **shared,
+) -> None:
+    """One text's attention explorer: the heads grid, each kept head's pattern and the text view.
+
+    Writes a run folder whose report.html is the explorer (docs/explorer.md) and prints the page's path.
+
+    Examples:
+
+    \b
+        sinkscope explore --text "The quick brown fox jumps over the lazy dog."
+
+    \b
+        sinkscope explore EleutherAI/pythia-1b --text-file essay.txt --explore-heads all --out runs/essay
+    """
+    values = {**{k: v for k, v in locals().items() if k not in ("model", "open_page", "shared")}, **shared}
+    from sinkscope.engines.options import engine_options
+    from sinkscope.executors import execute, written_path
+    from sinkscope.plan import plan
+
+    engine = engine_options(values)
+    plans = plan("explore", values, models=model, revisions=values.get("revision"))
+    outcome = execute(plans, engine=engine)
+    if outcome is None:
+        return
+    page = written_path(outcome) / "report.html"
+    typer.echo(str(page) if page.is_file() else str(written_path(outcome)))
+    if open_page and page.is_file():
+        import webbrowser
+
+        webbrowser.open(page.resolve().as_uri())

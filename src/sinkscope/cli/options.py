@@ -28,6 +28,9 @@ FiguresOpt = Annotated[bool, typer.Option("--figures/--no-figures", help="Draw h
 AttentionOpt = Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.")]
 DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.")]
+ExploreHeadsOpt = Annotated[str, typer.Option("--explore-heads", help="The heads whose attention patterns the report's explorer keeps: auto (the 8 of highest position-0 mass, the run's p0_mass where it has one, plus 4 drawn with --seed) | all | none | LAYER.HEAD,... (3.1,5.0).", rich_help_panel="Explorer")]
+ExploreWindowsOpt = Annotated[int, typer.Option("--explore-windows", help="The explorer keeps the first N windows of tokens.npy (0: no explorer).", rich_help_panel="Explorer")]
+ExploreMaxMbOpt = Annotated[Optional[float], typer.Option("--explore-max-mb", help="The explorer's data in report.html stays within this many MB (later patterns are left out; window 0's top heads are kept first).", rich_help_panel="Explorer")]
 CheckpointSecondsOpt = Annotated[float, typer.Option("--checkpoint-seconds", help="Save the accumulators for --resume this often (0: every batch).")]
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where the runs of several models, revisions or lengths go: local (this machine; --jobs processes) | ray | slurm (docs/scaling.md).", rich_help_panel="Executor")]
@@ -55,7 +58,8 @@ HEAD = (("text_file", TextFileOpt, None), ("dataset", DatasetOpt, None), ("seq_l
         ("trust_remote_code", TrustOpt, False))
 TAIL = (("overwrite", OverwriteOpt, False), ("figures", FiguresOpt, True), ("progress", ProgressOpt, True),
         ("attention", AttentionOpt, "fused"), ("resume", ResumeOpt, False), ("device_map", DeviceMapOpt, None),
-        ("checkpoint_seconds", CheckpointSecondsOpt, 30.0))
+        ("checkpoint_seconds", CheckpointSecondsOpt, 30.0), ("explore_heads", ExploreHeadsOpt, "auto"),
+        ("explore_windows", ExploreWindowsOpt, 2), ("explore_max_mb", ExploreMaxMbOpt, 3.5))
 
 
 def run_options(*, skip: tuple[str, ...] = (), **defaults):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from sinkscope.explorer_data import FILE as EXPLORER_FILE
+from sinkscope.explorer_data import ExplorerData
 from sinkscope.version import __version__
 from sinkscope.errors import SinkscopeError
 from sinkscope.fileio import read_json
@@ -53,6 +55,8 @@ class RunData:
     manifest: dict
     table: pd.DataFrame
     shown: str = ""
+    #: the explorer's patterns (``explorer.npz``), or None for a run without them.
+    explorer: ExplorerData | None = None
 
     def __post_init__(self):
         self.shown = self.shown or str(self.path)
@@ -74,7 +78,8 @@ def read_run(path: str | Path, label: str | None = None) -> RunData:
             f"{path} was written with run format {version!r}; this sinkscope ({__version__}) reads format "
             f"{RUN_FORMAT_VERSION}: rerun the measurement with this version."
         )
-    return RunData(folder, label or folder.resolve().name, manifest, read_results(folder))
+    explorer = ExplorerData.load(folder / EXPLORER_FILE) if (folder / EXPLORER_FILE).is_file() else None
+    return RunData(folder, label or folder.resolve().name, manifest, read_results(folder), explorer=explorer)
 
 
 # ---- what a run holds --------------------------------------------------------------------------------
