@@ -191,3 +191,21 @@ def test_show_outside_a_notebook_writes_the_page(tmp_path, monkeypatch):
     assert page.parent == tmp_path and "data-sinkscope-explorer" in text and "sinkscopeExplorer" in text
     with pytest.raises(SinkscopeError, match="holds no attention patterns"):
         sinkscope.measure("sinks", build("llama"), windows=random_ids(1, 12), explore_windows=0, **quiet).show()
+
+
+def test_show_in_a_notebook_displays_the_page_in_a_frame(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+    import IPython.display
+
+    shown = []
+    InteractiveShell.instance()
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    try:
+        result = sinkscope.measure("sinks", build("llama"), windows=random_ids(1, 12, seed=2), **quiet)
+        assert result.show(height=700) is None
+    finally:
+        InteractiveShell.clear_instance()
+    (frame,) = shown
+    html = frame.data
+    assert html.startswith("<iframe srcdoc=") and "height:700px" in html and 'sandbox="allow-scripts"' in html
+    assert html.startswith('<iframe srcdoc="&lt;!DOCTYPE html&gt;') and "data-sinkscope-explorer" in html
