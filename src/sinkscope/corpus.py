@@ -208,6 +208,46 @@ def check_token_range(tokens: np.ndarray, n_embeddings: int | None) -> None:
             f"(ids 0 to {n_embeddings - 1}); the tokenizer does not belong to this model.")
 
 
+#: ``sinks --inputs``: Gu et al.'s three inputs (ICLR 2025, Table 1).
+INPUTS = ("text", "random", "repeated")
+
+
+def synthetic_windows(kind: str, vocab_size: int, excluded: set[int], *, seq_len: int, n_seqs: int, seed: int,
+                      bos_id: int | None) -> tuple[Windows, dict]:
+    """Gu et al.'s ``random`` and ``repeated`` inputs (SPEC.md "Gu et al.'s inputs"): (windows, manifest record).
+
+    The ids are drawn from the tokenizer's ids ``0 .. vocab_size - 1`` less ``excluded`` (its special
+    tokens: no BOS or EOS inside a window) with ``numpy.random.default_rng(seed)``:
+
+        random     every position of every window uniform over those ids
+        repeated   one id per window, uniform over them, repeated over the window
+
+    BOS comes first when ``bos_id`` is set (``--bos``), as for text windows.
+    """
+    check_seed(seed)
+    allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int64), np.fromiter(excluded, dtype=np.int64))
+    if len(allowed) == 0:
+        raise SinkscopeError("the tokenizer has no ordinary token to draw windows from.")
+    body = seq_len - (1 if bos_id is not None else 0)
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        rows = allowed[rng.integers(0, len(allowed), size=(n_seqs, body))]  # (n, body)
+        record = {"kind": "random", "rule": "ids uniform over the tokenizer's ids less its special ones, "
+                                            "numpy.random.default_rng(seed).integers"}
+    elif kind == "repeated":
+        chosen = allowed[rng.integers(0, len(allowed), size=n_seqs)]  # (n,) one id per window
+        rows = np.repeat(chosen[:, None], body, axis=1)  # (n, body)
+        record = {"kind": "repeated", "token_ids": [int(t) for t in chosen],
+                  "rule": "one id per window, uniform over the tokenizer's ids less its special ones, repeated"}
+    else:
+        raise SinkscopeError(f"unknown {option('inputs')} {kind!r}; use {', '.join(INPUTS)}.")
+    if bos_id is not None:
+        rows = np.concatenate([np.full((n_seqs, 1), bos_id, dtype=np.int64), rows], axis=1)
+    record.update(vocab_size=int(vocab_size), excluded_ids=sorted(int(i) for i in excluded), bos_first=bos_id is not None,
+                  seed=int(seed))
+    return Windows(np.ascontiguousarray(rows, dtype=np.int64), bos_id, [], 0), record
+
+
 def text_window(doc_ids: list[np.ndarray], *, seq_len: int | None, bos_id: int | None) -> Windows:
     """One window: the documents' tokens in order (BOS first when ``bos_id`` is set), cut at ``seq_len``.
 

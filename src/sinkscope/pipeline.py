@@ -117,6 +117,8 @@ class Prepared:
     expect_tokens: str | None = None
     #: the plan this run was prepared from (the manifest's ``plan``).
     plan: RunPlan | None = None
+    #: ``sinks --inputs random|repeated``: how the windows were drawn (the manifest's ``windows.inputs``).
+    inputs_record: dict | None = None
 
     @property
     def progress_file(self) -> Path | None:
@@ -202,7 +204,8 @@ def prepare(planned: RunPlan, inputs: Inputs | None = None, *, write: bool = Tru
     # A trainer checkpoint measured without a text of the user's is measured on its own validation
     # split (never training text), under the window policy it was trained with.
     checkpoint_split = (inputs.model is None and source.kind == "checkpoint" and inputs.windows is None
-                        and inputs.texts is None and not options.text_file and not options.dataset)
+                        and inputs.texts is None and not options.text_file and not options.dataset
+                        and getattr(options, "inputs", "text") == "text")
     corpus = None
     if inputs.windows is None and not checkpoint_split:
         text = getattr(options, "text", None)  # explore --text
@@ -276,6 +279,15 @@ ONE_WINDOW_SEQ_LEN = 4096
 
 def _windows(plan_: Prepared, tokenizer, log) -> corpus_mod.Windows:
     options, corpus = plan_.options, plan_.corpus
+    inputs = getattr(options, "inputs", "text")
+    if inputs != "text":  # sinks --inputs random | repeated: Gu et al.'s inputs, no corpus read
+        bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
+        special = set(getattr(tokenizer, "all_special_ids", None) or [])
+        windows, plan_.inputs_record = corpus_mod.synthetic_windows(
+            inputs, len(tokenizer), special, seq_len=longest(options.seq_len), n_seqs=options.n_seqs,
+            seed=options.seed, bos_id=bos_id)
+        log(f"Drawing {options.n_seqs} windows of {inputs} tokens ...")
+        return windows
     log(f"Tokenising the corpus {corpus.describe()} ...")
     bos_id = corpus_mod.resolve_bos(options.bos, tokenizer)
     doc_ids = corpus_mod.tokenize_documents(tokenizer, corpus.documents)
@@ -634,6 +646,7 @@ def assemble(plan_: Prepared, loaded: Loaded, probes: list[Probe], run_s: float,
             "rule": _window_rule(plan_),
             "trained_context": loaded.trained_context,
             "starts": [list(s) for s in windows.starts],
+            **({"inputs": plan_.inputs_record} if plan_.inputs_record else {}),
         },
         probes={p.name: {"options": p.options(), "metrics": {m: asdict(i) for m, i in p.metrics.items()}}
                 for p in probes},
@@ -738,6 +751,8 @@ def decode_token_ids(frame: pd.DataFrame, tokenizer) -> None:
 
 def _corpus_record(plan_: Prepared, windows: corpus_mod.Windows) -> dict | None:
     corpus = plan_.corpus
+    if plan_.inputs_record:  # no text was read
+        return {"kind": f"{plan_.inputs_record['kind']} tokens", "name": plan_.inputs_record["kind"], "n_tokens": 0}
     if plan_.checkpoint_split:
         return {"kind": "checkpoint validation split", "checkpoint": plan_.source.location,
                 "checkpoint_abs_path": str(Path(plan_.source.path).resolve()), "n_tokens": windows.n_corpus_tokens}
@@ -748,6 +763,8 @@ def _corpus_record(plan_: Prepared, windows: corpus_mod.Windows) -> dict | None:
 
 
 def _window_rule(plan_: Prepared) -> str:
+    if plan_.inputs_record:
+        return plan_.inputs_record["rule"] + " (seeded by seed); BOS prepended when bos_id is set"
     if plan_.checkpoint_split:
         return ("the checkpoint's validation split under the window policy it was trained with "
                 "(sinkscope.train.tasks.checkpoint_windows, seeded by seed); the BOS policy is the task's")

@@ -25,7 +25,9 @@ COVERED = {"sinks-smollm2.toml": "test_sinks_recipes_together_named_by_recipe",
            "trigger-baseline-vs-sinklogit.toml": "test_recipe_steps.py::test_bundled_trigger_recipe_trains_probes_and_compares",
            "sweep-trigger.toml": "test_sweep_trigger_recipe",
            "sweep-text-tiny.toml": "test_sweep_text_recipe",
-           "toy-superposition.toml": "test_toy_recipe"}
+           "toy-superposition.toml": "test_toy_recipe",
+           "gu-inputs.toml": "test_gu_inputs_recipe",
+           "sink-audit.toml": "test_sink_audit_recipe"}
 
 
 def sets(items):
@@ -112,3 +114,26 @@ def test_toy_recipe(tmp_path):
     result = CliRunner().invoke(app, ["run", str(PROBES / "toy-superposition.toml"), *sets(small)])
     assert result.exit_code == 0, result.output
     assert len(pd.read_csv(out / "toy.csv")) == 2 * 2 * 4 and (out / "toy.png").is_file()
+
+
+def test_gu_inputs_recipe(tiny_llama_dir, tmp_path):
+    root = tmp_path / "gu"
+    result = CliRunner().invoke(app, ["run", str(PROBES / "gu-inputs.toml"), "--model", str(tiny_llama_dir),
+                                      *sets(["seq_len=16", "n_seqs=2", "sinks.figures=false", "progress=false",
+                                             f"vars.root={root}"])])
+    assert result.exit_code == 0, result.output
+    assert (root / "compare" / "report.html").is_file()
+    repeated = np.load(root / "repeated" / "tokens.npy")
+    assert (repeated[:, 1:] == repeated[:, 1:2]).all()  # BOS (the tiny tokenizer adds none) then one id
+    for name in ("text", "random", "repeated"):
+        table = pd.read_csv(root / name / "results.csv")
+        assert "sink_rate" in set(table.metric)
+
+
+def test_sink_audit_recipe(tiny_llama_dir, text_file, tmp_path):
+    out = tmp_path / "audit"
+    result = CliRunner().invoke(app, ["run", str(PROBES / "sink-audit.toml"), "--model", str(tiny_llama_dir),
+                                      *sets([*SMALL, f"text_file={text_file}", f"out={out}"])])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "results.csv")
+    assert {"p0_mass", "sink_head_share"} <= set(table.metric) and (table[table.metric == "sink_rate"].first_query == 1).all()

@@ -413,3 +413,34 @@ def test_dataset_corpus_without_the_datasets_package(monkeypatch):
         dataset_corpus("wikitext:wikitext-2-raw-v1:test")
     assert_one_sentence(str(info.value))
     assert "datasets" in str(info.value)
+
+
+def test_random_inputs_are_uniform_over_the_ordinary_ids_with_the_seed():
+    from sinkscope.corpus import synthetic_windows
+
+    windows, record = synthetic_windows("random", 50, {0, 1, 2}, seq_len=400, n_seqs=30, seed=5, bos_id=1)
+    tokens = windows.tokens
+    assert tokens.shape == (30, 400) and (tokens[:, 0] == 1).all()  # BOS first
+    body = tokens[:, 1:]
+    assert body.min() >= 3 and body.max() <= 49  # no special id inside a window
+    counts = np.bincount(body.ravel(), minlength=50)[3:]  # 47 ids, 11,970 draws: about 255 each
+    expected = body.size / 47
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < 90  # 46 degrees of freedom: p < 1e-4 above this
+    again, _ = synthetic_windows("random", 50, {0, 1, 2}, seq_len=400, n_seqs=30, seed=5, bos_id=1)
+    other, _ = synthetic_windows("random", 50, {0, 1, 2}, seq_len=400, n_seqs=30, seed=6, bos_id=1)
+    assert (again.tokens == tokens).all() and (other.tokens != tokens).any()
+    expected_body = np.arange(3, 50)[np.random.default_rng(5).integers(0, 47, size=(30, 399))]
+    assert (body == expected_body).all()  # the rule the manifest states
+    assert record["kind"] == "random" and record["excluded_ids"] == [0, 1, 2] and record["bos_first"]
+
+
+def test_repeated_inputs_repeat_one_id_per_window():
+    from sinkscope.corpus import synthetic_windows
+
+    windows, record = synthetic_windows("repeated", 50, {0}, seq_len=64, n_seqs=6, seed=2, bos_id=None)
+    tokens = windows.tokens
+    assert tokens.shape == (6, 64)
+    assert (tokens == tokens[:, :1]).all()  # every position is the window's one id
+    assert record["token_ids"] == tokens[:, 0].tolist() and 0 not in record["token_ids"]
+    assert not record["bos_first"]

@@ -23,6 +23,8 @@ def sinks(
     massive_top_k: Annotated[int, typer.Option("--massive-top-k", help="The K largest residual entries per layer (distinct position and channel) with channel, position, token and Sun et al.'s criterion [default: 0 = none; 10 with --massive-intervention].")] = 0,
     massive_min_abs: Annotated[float, typer.Option("--massive-min-abs", help="Massive: |h| above this (Sun et al.: 100).")] = 100.0,
     massive_min_ratio: Annotated[float, typer.Option("--massive-min-ratio", help="Massive: |h| at least this times the window's median |h| (Sun et al.: 1000).")] = 1000.0,
+    sink_first_query: Annotated[Optional[int], typer.Option("--sink-first-query", help="sink_rate's alpha averages the queries t >= this [default: t >= k, Gu et al.'s]; 1 = the queries after the first (a first_query column).")] = None,
+    inputs: Annotated[str, typer.Option("--inputs", help="text (the corpus's windows) | random (ids uniform over the vocabulary) | repeated (one id per window, repeated): Gu et al.'s three inputs, drawn with --seed.")] = "text",
     massive_intervention: Annotated[Optional[str], typer.Option("--massive-intervention", help="zero | mean: then set the massive top-k entries (at their first layer) to 0 or their mean and report the loss change: a second pass, clean and intervened.")] = None,
     **shared,
 ) -> None:
@@ -46,6 +48,9 @@ def sinks(
 
     \b
         sinkscope sinks --massive-top-k 10 --massive-intervention zero   # Sun et al.: set them to 0, loss change
+
+    \b
+        sinkscope sinks --inputs random --seq-len 64 --n-seqs 64         # Gu et al.'s Table 1, random tokens
 
     \b
         torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256

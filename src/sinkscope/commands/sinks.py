@@ -45,10 +45,15 @@ class SinksOptions(RunOptions):
         massive_top_k: the top-k residual entries per layer (0: none; 10 with an intervention).
         massive_min_abs, massive_min_ratio: Sun et al.'s criterion, |h| > 100 and >= 1,000 x median.
         massive_intervention: ``zero`` | ``mean``: set the massive entries so and report the loss change.
+        sink_first_query: sink_rate's alpha_k averages the queries t >= this (None: t >= k, Gu et al.'s).
+        inputs: ``text`` (the corpus's windows) | ``random`` | ``repeated``: Gu et al.'s three inputs
+            (SPEC.md "Gu et al.'s inputs"; ``corpus.synthetic_windows``).
     """
 
     sink_epsilon: float = 0.3
     sink_layer_start: int | None = None
+    sink_first_query: int | None = None
+    inputs: str = "text"
     massive_top_k: int = 0
     massive_min_abs: float = 100.0
     massive_min_ratio: float = 1000.0
@@ -80,7 +85,8 @@ def massive_top_k(options: SinksOptions) -> int:
 
 
 def _probes(options: SinksOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
-    rate = {"epsilon": options.sink_epsilon, "layer_start": sink_layer_start(options, spec)}
+    rate = {"epsilon": options.sink_epsilon, "layer_start": sink_layer_start(options, spec),
+            **({"first_query": options.sink_first_query} if options.sink_first_query is not None else {})}
     probes = [(name, rate if name == "sink_rate" else {}) for name in SINKS_PROBES]
     if massive_top_k(options):
         probes.append(("massive_topk", {"top_k": massive_top_k(options), "min_abs": options.massive_min_abs,
@@ -112,6 +118,15 @@ def _check(options: SinksOptions) -> None:
         raise SinkscopeError(f"{option('massive_min_abs')} and {option('massive_min_ratio')} must be 0 or more.")
     if options.massive_intervention is not None and options.massive_intervention not in MASSIVE_INTERVENTIONS:
         raise SinkscopeError(f"unknown {option('massive_intervention')} {options.massive_intervention!r}; use zero or mean.")
+    from sinkscope.corpus import INPUTS
+
+    if options.inputs not in INPUTS:
+        raise SinkscopeError(f"unknown {option('inputs')} {options.inputs!r}; use {', '.join(INPUTS)}.")
+    if options.inputs != "text" and (options.text_file or options.dataset):
+        raise SinkscopeError(f"{option('inputs')} {options.inputs} draws its own token ids; it reads no "
+                             f"{option('text_file')} or {option('dataset')}.")
+    if options.sink_first_query is not None and options.sink_first_query < 0:
+        raise SinkscopeError(f"{option('sink_first_query')} must be 0 or more (got {options.sink_first_query}).")
     if not 0.0 < options.sink_epsilon < 1.0:
         raise SinkscopeError(f"{option('sink_epsilon')} must lie in (0, 1) (got {options.sink_epsilon}).")
     check_layer_start(options.sink_layer_start, None)

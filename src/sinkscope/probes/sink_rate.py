@@ -33,17 +33,21 @@ from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
 
 
-def key_importance(record: AttentionRecord, k: int = 0) -> torch.Tensor:
-    """alpha_k = mean over queries t >= k of a_tk (phantom, if any, in the normaliser), (B, H).
+def key_importance(record: AttentionRecord, k: int = 0, first_query: int | None = None) -> torch.Tensor:
+    """alpha_k = mean over queries t >= max(k, first_query) of a_tk (phantom, if any, in the normaliser), (B, H).
 
-    Gu et al.'s importance of key k; ``sink_rate`` and circuit's ``bos_sink_rate`` threshold it.
+    Gu et al.'s importance of key k (``first_query`` None: every query t >= k); ``sink_rate`` and
+    circuit's ``bos_sink_rate`` threshold it.
     """
-    return record.key_mass(k, over="all")[:, :, k:].mean(dim=-1)  # (B, H, T - k) -> (B, H)
+    first = k if first_query is None else max(k, first_query)
+    return record.key_mass(k, over="all")[:, :, first:].mean(dim=-1)  # (B, H, T - first) -> (B, H)
 
 
-def key_importance_in_reach(record: AttentionRecord, k: int = 0) -> torch.Tensor:
-    """alpha_k^reach = mean of a_tk over the queries t that can see key k (not masked), (B, H)."""
+def key_importance_in_reach(record: AttentionRecord, k: int = 0, first_query: int | None = None) -> torch.Tensor:
+    """alpha_k^reach = mean of a_tk over the queries t >= first_query that can see key k (not masked), (B, H)."""
     visible = record.key_visible(k).to(torch.float32)  # (B, H, T); t < k are masked
+    if first_query:
+        visible[:, :, :first_query] = 0.0
     mass = record.key_mass(k, over="all")  # (B, H, T)
     return (mass * visible).sum(dim=-1) / visible.sum(dim=-1).clamp(min=1.0)  # (B, H)
 
@@ -56,6 +60,9 @@ def key_importance_in_reach(record: AttentionRecord, k: int = 0) -> torch.Tensor
         Param("key", int, 0, "the key position k whose importance alpha_k is thresholded",
               check=lambda v: None if v >= 0 else "must be at least 0"),
         Param("layer_start", int, 2, "first layer of the sink_rate_from_layer row (None: no such row)",
+              check=lambda v: None if v >= 0 else "must be at least 0", optional=True),
+        Param("first_query", int, None, "alpha_k averages the queries t >= max(k, this) (None: t >= k, Gu et al.'s; "
+              "1: the queries after the first, a third-party audit's); a first_query column when set",
               check=lambda v: None if v >= 0 else "must be at least 0", optional=True),
     ),
     metrics={
@@ -97,6 +104,7 @@ class SinkRate(Probe):
     epsilon: float
     key: int
     layer_start: int | None
+    first_query: int | None
 
     def setup(self) -> None:
         self.hits = HeadMeans(self.spec.n_layers, self.spec.n_heads)
@@ -106,15 +114,23 @@ class SinkRate(Probe):
 
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
-        alpha = key_importance(record, self.key)  # (B, H)
+        alpha = key_importance(record, self.key, self.first_query)  # (B, H)
         self.alpha.add(layer, alpha, item_dims=(0,))
         self.hits.add(layer, (alpha > self.epsilon).float(), item_dims=(0,))
         if record.sliding_window is not None:
-            reach = key_importance_in_reach(record, self.key)  # (B, H)
+            reach = key_importance_in_reach(record, self.key, self.first_query)  # (B, H)
             self.alpha_in_reach.add(layer, reach, item_dims=(0,))
             self.hits_in_reach.add(layer, (reach > self.epsilon).float(), item_dims=(0,))
 
     def rows(self) -> list[Row]:
+        rows = self._rows()
+        if self.first_query is None:
+            return rows
+        column = (("first_query", self.first_query),)
+        return [Row(r.probe, r.metric, r.layer, r.head, r.value, r.n, tuple(r.conditions or ()) + column, se=r.se)
+                for r in rows]
+
+    def _rows(self) -> list[Row]:
         rows = self.hits.rows(self.name, "sink_rate") + self.alpha.rows(self.name, "sink_alpha")
         rows += (self.hits_in_reach.rows(self.name, "sink_rate_in_reach")
                  + self.alpha_in_reach.rows(self.name, "sink_alpha_in_reach"))  # empty without sliding layers

@@ -122,3 +122,45 @@ def test_key_importance_helpers():
 def test_bad_parameters_are_refused(params):
     with pytest.raises(SinkscopeError):
         SinkRate(spec(), **params)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("first_query", [1, 3])
+def test_first_query_averages_the_later_queries_only(first_query, window):
+    """alpha_0 over t >= first_query (the audit's protocol at 1): the reference's rows from t on, a first_query column."""
+    layer = make_layer(0, B=4, T=12, seed=21, window=window)
+    probe = SinkRate(spec(n_layers=1), epsilon=0.3, layer_start=None, first_query=first_query)
+    probe.attention(0, layer.record)
+    rows = probe.rows()
+    alpha = layer.a[:, :, first_query:, 0].mean(-1)  # (B, H): mean over t >= first_query of a_t0
+    got = by_key(rows, "sink_alpha")
+    for h in range(alpha.shape[1]):
+        assert got[(0, h)].value == pytest.approx(alpha[:, h].mean(), rel=1e-5)
+    rate = by_key(rows, "sink_rate")
+    for h in range(alpha.shape[1]):
+        assert rate[(0, h)].value == pytest.approx((alpha[:, h] > 0.3).mean())
+    assert all(dict(r.conditions)["first_query"] == first_query for r in rows)
+    plain = SinkRate(spec(n_layers=1), epsilon=0.3, layer_start=None)
+    plain.attention(0, make_layer(0, B=4, T=12, seed=21, window=window).record)
+    assert by_key(plain.rows(), "sink_alpha")[(0, 0)].value != got[(0, 0)].value  # query 0's a_00 = 1 is left out
+    assert all("first_query" not in dict(r.conditions) for r in plain.rows())
+    if window is not None:  # in reach: the queries t >= first_query that see key 0
+        seen = layer.visible[:, 0].copy()
+        seen[:first_query] = False
+        reach = layer.a[:, :, seen, 0].mean(-1)
+        assert by_key(rows, "sink_alpha_in_reach")[(0, 2)].value == pytest.approx(reach[:, 2].mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize("epsilon", [0.05, 0.3, 0.5, 0.9])
+def test_epsilon_thresholds_alpha_as_the_formula_says(epsilon):
+    layer = make_layer(0, B=5, T=10, seed=22)
+    probe = SinkRate(spec(n_layers=1), epsilon=epsilon, layer_start=None)
+    probe.attention(0, layer.record)
+    alpha = layer.a[:, :, :, 0].mean(-1)  # (B, H), t >= 0
+    rate = by_key(probe.rows(), "sink_rate")
+    assert rate[(0, None)].value == pytest.approx((alpha > epsilon).mean())
+
+
+def test_a_negative_first_query_is_refused():
+    with pytest.raises(SinkscopeError, match="first_query must be at least 0"):
+        SinkRate(spec(n_layers=1), first_query=-1)
