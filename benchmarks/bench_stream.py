@@ -17,7 +17,8 @@ own process, after loading the model and one warm-up forward pass of 64 tokens:
            --repeats, interleaved per repeat; target (issues 25 and 28): (d) / (c) <= 1.5.
            For scale, also: plain forward passes of --cache tokens each (SDPA; on CPU a chunk of 64
            rows reads every weight 8x as often per token as a pass of 512) and one dense forward
-           over all --tokens tokens.
+           over all --tokens tokens. (e) The quantised cache (issue 45): sinks at 4-bit kivi and at
+           2-bit per-token with the 4 sink tokens exact, against (d)'s unquantised sinks; target <= 1.3x.
 
 Prints a table; `--json PATH` also writes the numbers.
 """
@@ -109,7 +110,10 @@ def worker(kind: str, args) -> dict:
                 "tokens": int(ids.shape[1]), "ppl": float(torch.exp(nll.double().mean()))}
     times: dict[str, list[float]] = {}
     policies = {"window": Policy("window", args.cache, 0, "cache"), "sinks": Policy("sinks", args.cache, 4, "cache"),
-                "h2o": Policy("h2o", args.cache, 0, "cache", args.cache // 2)}
+                "h2o": Policy("h2o", args.cache, 0, "cache", args.cache // 2),
+                "sinks-kivi4": Policy("sinks", args.cache, 4, "cache", kv_bits=4, kv_group=64, kv_scheme="kivi"),
+                "sinks-token2": Policy("sinks", args.cache, 4, "cache", kv_bits=2, kv_group=64, kv_scheme="per-token",
+                                       protect_sinks=4)}
     windows = [ids[:, s:s + args.cache] for s in range(0, ids.shape[1], args.cache)]
     for _ in range(args.repeats):
         started = time.perf_counter()
@@ -162,6 +166,10 @@ def main() -> None:
                  "h2o": "(d) stream h2o, chunk 64"}[name]
         print(f"  {label:38s} {speed[name]:8.2f}   {args.tokens / speed[name]:8.0f}   {speed[name] / speed['floor']:6.2f}x   {speed[name] / speed['plain']:6.2f}x")
     print("  (ratios: to (c), then to the plain forwards); target (d) / (c) <= 1.5x")
+    print(f"\nquantised cache (issue 45), over {args.tokens} tokens         seconds   / unquantised sinks")
+    for name, label in (("sinks-kivi4", "(e) sinks 4, 4-bit kivi g64"), ("sinks-token2", "(e) sinks 4, 2-bit per-token g64, 4 exact")):
+        print(f"  {label:44s} {speed[name]:8.2f}   {speed[name] / speed['sinks']:6.2f}x")
+    print("  target (e) / (d) sinks <= 1.3x")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"args": vars(args), **results}, handle, indent=1)

@@ -46,6 +46,13 @@ class Policy:
         positions: ``cache`` (positions counted within the cache, keys re-rotated: StreamingLLM) or
             ``original`` (every token keeps its position in the document: kvpress).
         recent: ``h2o``'s recent keys (the rest of the budget goes to heavy hitters).
+        kv_bits: the bits each cached key and value is stored in (16: not quantised; ``kv_quant``).
+        kv_group: elements per quantisation group.
+        kv_scheme: the group layout, ``kivi`` or ``per-token`` (``kv_quant``).
+        protect_sinks: the document's first tokens the cache keeps in full precision.
+        protect: ``""``, or keys chosen to stay in full precision: ``top-p0:N`` (the N of highest
+            accumulated attention, as KVSink proposes) or ``random:N`` (its control); per layer and
+            key-value head (``stream.reader``).
     """
 
     name: str
@@ -53,6 +60,11 @@ class Policy:
     sink_tokens: int = 0
     positions: str = "original"
     recent: int = 0
+    kv_bits: int = 16
+    kv_group: int = 64
+    kv_scheme: str = "kivi"
+    protect_sinks: int = 0
+    protect: str = ""
 
     def __post_init__(self):
         if self.name not in POLICIES:
@@ -62,6 +74,8 @@ class Policy:
         if self.name == "sinks" and not 0 < self.sink_tokens < self.cache:
             raise SinkscopeError(f"sinks keeps 1 to cache - 1 sink tokens; {self.sink_tokens} with a cache of "
                                  f"{self.cache} leaves no recent keys.")
+        if self.protect and not parse_protect(self.protect):
+            raise SinkscopeError(f"{option('protect')} takes top-p0:N or random:N with N >= 1 (got {self.protect!r}).")
         if self.positions not in POSITIONS:
             raise SinkscopeError(f"unknown {option('positions')} {self.positions!r}; use cache, original or both.")
 
@@ -69,15 +83,50 @@ class Policy:
     def label(self) -> str:
         """``full``, ``window 256``, ``sinks 4+252``, ``h2o 128+128`` (heavy + recent); and the positions."""
         if self.name == "full":
-            return "full"
+            return "full" + self.kv_label
         budget = {"window": f"{self.cache}", "sinks": f"{self.sink_tokens}+{self.cache - self.sink_tokens}",
                   "h2o": f"{self.cache - self.recent}+{self.recent}"}[self.name]
-        return f"{self.name} {budget} ({self.positions} positions)"
+        return f"{self.name} {budget} ({self.positions} positions)" + self.kv_label
 
-    def conditions(self) -> tuple[tuple[str, object], ...]:
-        """The table's condition columns of this policy's rows."""
-        return (("policy", self.name), ("cache", self.cache), ("sink_tokens", self.sink_tokens),
-                ("positions", self.positions))
+    @property
+    def quantised(self) -> bool:
+        return self.kv_bits != 16
+
+    @property
+    def kv_label(self) -> str:
+        """``""`` at 16 bits; else ``, 4-bit kivi g64`` and ``, first 4 exact`` when tokens are protected."""
+        if not self.quantised:
+            return ""
+        return f", {self.kv_bits}-bit {self.kv_scheme} g{self.kv_group}" + (
+            f", first {self.protect_sinks} exact" if self.protect_sinks else "") + (
+            f", {self.protect} exact" if self.protect else "")
+
+    @property
+    def protect_rule(self) -> tuple[str, int] | None:
+        """``protect`` as (``top-p0`` | ``random``, N), or None."""
+        if not self.protect:
+            return None
+        rule, _, count = self.protect.partition(":")
+        return rule, int(count)
+
+    def conditions(self, kv: bool = False) -> tuple[tuple[str, object], ...]:
+        """The table's condition columns of this policy's rows; ``kv`` adds the quantisation's (a run that quantises)."""
+        columns = (("policy", self.name), ("cache", self.cache), ("sink_tokens", self.sink_tokens),
+                   ("positions", self.positions))
+        if not kv:
+            return columns
+        return (*columns, ("kv_bits", self.kv_bits), ("kv_group", self.kv_group if self.quantised else None),
+                ("kv_scheme", self.kv_scheme if self.quantised else None),
+                ("protect_sinks", self.protect_sinks if self.quantised else None),
+                ("protect", (self.protect or None) if self.quantised else None))
+
+
+def parse_protect(text: str) -> tuple[str, int] | None:
+    """``top-p0:N`` / ``random:N`` (N >= 1) as (rule, N); None when malformed."""
+    rule, _, count = str(text).partition(":")
+    if rule not in ("top-p0", "random") or not count.isdigit() or int(count) < 1:
+        return None
+    return rule, int(count)
 
 
 def keep_slots(policy: Policy, n_slots: int, n_kv: int, device, scores: Tensor | None = None) -> Tensor | None:

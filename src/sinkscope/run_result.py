@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,22 @@ from sinkscope.errors import SinkscopeError
 from sinkscope.explorer_data import FILE as EXPLORER_FILE
 from sinkscope.explorer_data import ExplorerData
 from sinkscope.results import lock_run_dir, staged_run_dir, write_tables
+
+
+def _draw_report(stage: Path, out_dir: Path) -> None:
+    """report.html into the staging folder. A report that fails to draw costs the report, never the
+    measurement: the table, manifest and tokens are written all the same, and one sentence on
+    stderr says how to draw it again (``sinkscope report RUN``)."""
+    from sinkscope.report import build_report
+
+    try:
+        build_report([stage], out=stage, labels=[out_dir.name], shown_paths=[out_dir])
+    except SinkscopeError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a drawing bug must not throw away hours of measurement
+        first = str(error).splitlines()[0][:200] if str(error) else "no message"
+        print(f"warning: the report could not be drawn ({type(error).__name__}: {first}); the results are written in "
+              f"{out_dir}, and `sinkscope report {out_dir}` draws it again. Please report this.", file=sys.stderr)
 
 
 @dataclass
@@ -66,9 +83,7 @@ class Result:
                 if self.explorer is not None:
                     self.explorer.save(stage / EXPLORER_FILE)
                 if figures:
-                    from sinkscope.report import build_report
-
-                    build_report([stage], out=stage, labels=[out_dir.name], shown_paths=[out_dir])
+                    _draw_report(stage, out_dir)
         self.path = out_dir
         return out_dir
 

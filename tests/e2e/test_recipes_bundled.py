@@ -27,7 +27,8 @@ COVERED = {"sinks-smollm2.toml": "test_sinks_recipes_together_named_by_recipe",
            "sweep-text-tiny.toml": "test_sweep_text_recipe",
            "toy-superposition.toml": "test_toy_recipe",
            "gu-inputs.toml": "test_gu_inputs_recipe",
-           "sink-audit.toml": "test_sink_audit_recipe"}
+           "sink-audit.toml": "test_sink_audit_recipe",
+           "streaming-pretraining.toml": "test_streaming_pretraining_recipe"}
 
 
 def sets(items):
@@ -116,6 +117,7 @@ def test_toy_recipe(tmp_path):
     assert len(pd.read_csv(out / "toy.csv")) == 2 * 2 * 4 and (out / "toy.png").is_file()
 
 
+@pytest.mark.slow  # three measuring runs and a comparison page: ~8 s
 def test_gu_inputs_recipe(tiny_llama_dir, tmp_path):
     root = tmp_path / "gu"
     result = CliRunner().invoke(app, ["run", str(PROBES / "gu-inputs.toml"), "--model", str(tiny_llama_dir),
@@ -137,3 +139,29 @@ def test_sink_audit_recipe(tiny_llama_dir, text_file, tmp_path):
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "results.csv")
     assert {"p0_mass", "sink_head_share"} <= set(table.metric) and (table[table.metric == "sink_rate"].first_query == 1).all()
+
+
+@pytest.mark.slow  # trains three models
+def test_streaming_pretraining_recipe(tmp_path):
+    """Three trainer variants at a micro tier, each streamed with 0, 1, 2 and 4 kept tokens, one page."""
+    import json
+
+    root = tmp_path / "sp"
+    small = ["train.tier=micro", "train.steps=5", "length=64", "n_seqs=3", "stream.figures=false", "progress=false",
+             f"vars.root={root}"]
+    result = CliRunner().invoke(app, ["run", str(PROBES / "streaming-pretraining.toml"), *sets(small)])
+    assert result.exit_code == 0, result.output
+    page = (root / "compare" / "report.html").read_text()
+    for label in ("vanilla", "zero-sink softmax", "learnable sink token"):
+        assert label in page
+    for name in ("vanilla", "zero-sink", "sink-token"):
+        run = root / f"stream-{name}"
+        conditions = json.loads((run / "manifest.json").read_text())["probes"]["stream"]["options"]["conditions"]
+        assert [c["label"] for c in conditions][:5] == ["full", "window 32 (original positions)",
+                                                         "sinks 1+31 (original positions)",
+                                                         "sinks 2+30 (original positions)",
+                                                         "sinks 4+28 (original positions)"]
+        nll = np.load(run / "stream_nll.npy")
+        assert nll.shape == (9, 3, 63) and np.isfinite(nll).all()
+    token = np.load(root / "stream-sink-token" / "stream_nll.npy")
+    assert not np.allclose(token[1], token[2])  # window 32 evicts the learned token, sinks 1+31 keeps it

@@ -113,3 +113,24 @@ def test_the_readme_example_runs(tmp_path, monkeypatch):
     result = namespace["result"]
     assert set(result.table.probe) >= {"p0_mass", "sink_rate"}
     assert (tmp_path / "runs" / "smollm2" / "report.html").is_file()
+
+
+def test_a_report_that_fails_to_draw_costs_the_report_never_the_results(tiny_llama_dir, text_file, tmp_path,
+                                                                       monkeypatch, capsys):
+    import sinkscope.report as report
+
+    def broken(*args, **kwargs):
+        raise TypeError("a drawing bug")
+
+    monkeypatch.setattr(report, "build_report", broken)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "16",
+                                      "--n-seqs", "2", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "the report could not be drawn (TypeError: a drawing bug)" in result.output
+    assert (out / "results.csv").is_file() and (out / "manifest.json").is_file() and (out / "tokens.npy").is_file()
+    assert not (out / "report.html").exists()
+    monkeypatch.undo()
+    redraw = CliRunner().invoke(app, ["report", str(out)])
+    assert redraw.exit_code == 0, redraw.output
+    assert (out / "report.html").is_file()

@@ -252,6 +252,11 @@ def stream(
     mode: Annotated[str, typer.Option("--mode", help="stream (through the cache: memory bounded by it) | mask (one dense pass with the cache's mask: the exact reference, short texts).")] = "stream",
     h2o_recent: Annotated[float, typer.Option("--h2o-recent", help="h2o: the share of the cache kept for the most recent keys.")] = 0.5,
     bucket: Annotated[int, typer.Option("--bucket", help="Tokens per position bucket of the table and figures.")] = 256,
+    kv_bits: Annotated[str, typer.Option("--kv-bits", help="Bits of the cached keys and values, comma-separated among 16 (not quantised, the reference), 8, 4, 3, 2.", rich_help_panel="Quantised cache")] = "16",
+    kv_group: Annotated[str, typer.Option("--kv-group", help="Elements per quantisation group (32, 64, 128), comma-separated.", rich_help_panel="Quantised cache")] = "64",
+    kv_scheme: Annotated[str, typer.Option("--kv-scheme", help="kivi (keys per channel, values per token) | per-token (both per token), or both.", rich_help_panel="Quantised cache")] = "kivi",
+    protect_sinks: Annotated[str, typer.Option("--protect-sinks", help="The document's first N tokens kept in full precision, comma-separated.", rich_help_panel="Quantised cache")] = "0",
+    protect: Annotated[str, typer.Option("--protect", help="Keys kept in full precision by a rule, comma-separated: top-p0:N (the N of highest accumulated attention per layer and head, as KVSink) or random:N (its control).", rich_help_panel="Quantised cache")] = "",
     **shared,
 ) -> None:
     """Read a long text through a bounded KV cache: per-token NLL per policy, cache size and position convention.
@@ -273,6 +278,9 @@ def stream(
 
     \b
         sinkscope stream openai/gpt-oss-20b --sink-tokens 0 --policy full,window --device-map auto
+
+    \b
+        sinkscope stream --kv-bits 16,8,4,2 --protect-sinks 0,4 --policy full,window   # a quantised cache
     """
     _run("stream", {**locals(), **shared})
 

@@ -29,6 +29,8 @@ from sinkscope.options import Command, RunOptions, split_values
 POLICIES = ("full", "window", "sinks", "h2o")  # cache.POLICIES, without importing torch
 POSITIONS = ("cache", "original")
 MODES = ("stream", "mask")
+KV_BITS = (16, 8, 4, 3, 2)  # kv_quant.BITS, without importing torch
+KV_SCHEMES = ("kivi", "per-token")  # kv_quant.SCHEMES
 #: the mask-based mode materialises an L x L mask: longer documents are refused.
 MASK_MODE_MAX_LENGTH = 4096
 
@@ -47,6 +49,11 @@ class StreamOptions(RunOptions):
         mode: ``stream`` or ``mask`` (the exact reference).
         h2o_recent: h2o's share of the budget for recent keys.
         bucket: tokens per position bucket of the table and figures.
+        kv_bits: bits of the cached keys and values (16 = not quantised; SPEC.md "Quantised KV caches").
+        kv_group: elements per quantisation group.
+        kv_scheme: ``kivi`` and/or ``per-token`` (the group layout).
+        protect_sinks: the document's first tokens kept in full precision.
+        protect: keys kept in full precision by a rule, ``top-p0:N`` or ``random:N``.
     """
 
     n_seqs: int = 1
@@ -59,6 +66,11 @@ class StreamOptions(RunOptions):
     mode: str = "stream"
     h2o_recent: float = 0.5
     bucket: int = 256
+    kv_bits: tuple = (16,)
+    kv_group: tuple = (64,)
+    kv_scheme: tuple = ("kivi",)
+    protect_sinks: tuple = (0,)
+    protect: tuple = ()
 
     def __post_init__(self):
         super().__post_init__()
@@ -100,9 +112,13 @@ def _check(options: StreamOptions) -> None:
         raise SinkscopeError(f"{option('bucket')} must be at least 1 token (got {options.bucket}).")
     if not 0 < options.h2o_recent < 1:
         raise SinkscopeError(f"{option('h2o_recent')} is a share of the cache and must lie in (0, 1) (got {options.h2o_recent:g}).")
+    _check_quantisation(options)
     if options.mode not in MODES:
         raise SinkscopeError(f"unknown {option('mode')} {options.mode!r}; use stream or mask.")
     if options.mode == "mask":
+        if any(bits != 16 for bits in options.kv_bits):
+            raise SinkscopeError(f"{option('mode')} mask reads with no cache, so it cannot quantise one; use {option('mode')} "
+                                 f"stream with {option('kv_bits')}.")
         if "h2o" in options.policy:
             raise SinkscopeError(f"h2o's cache depends on the attention it reads, so {option('mode')} mask cannot show it; "
                                  f"drop h2o from {option('policy')} or use {option('mode')} stream.")
@@ -123,11 +139,38 @@ def _check(options: StreamOptions) -> None:
                                  f"a larger {option('cache')}.")
 
 
+def _check_quantisation(options: StreamOptions) -> None:
+    """``--kv-bits``, ``--kv-group``, ``--kv-scheme``, ``--protect-sinks``, parsed and checked."""
+    options.kv_bits = _whole("--kv-bits", options.kv_bits, 2)
+    bad = [b for b in options.kv_bits if b not in KV_BITS]
+    if bad:
+        raise SinkscopeError(f"{option('kv_bits')} takes {', '.join(map(str, KV_BITS))} (16 = not quantised), not {bad[0]}.")
+    options.kv_group = _whole("--kv-group", options.kv_group, 2)
+    options.protect_sinks = _whole("--protect-sinks", options.protect_sinks, 0)
+    schemes = split_values(options.kv_scheme)
+    unknown = [s for s in schemes if s not in KV_SCHEMES]
+    if unknown or not schemes or len(set(schemes)) != len(schemes):
+        raise SinkscopeError(f"{option('kv_scheme')} takes {' and/or '.join(KV_SCHEMES)} once each (got {options.kv_scheme!r}).")
+    options.kv_scheme = tuple(schemes)
+    rules = split_values(options.protect) if options.protect else []
+    for rule in rules:
+        kind, _, count = str(rule).partition(":")
+        if kind not in ("top-p0", "random") or not count.isdigit() or int(count) < 1:
+            raise SinkscopeError(f"{option('protect')} takes top-p0:N (the N keys of highest attention) or random:N, N >= 1 "
+                                 f"(got {rule!r}).")
+    if len(set(rules)) != len(rules):
+        raise SinkscopeError(f"{option('protect')} lists a rule twice ({', '.join(rules)}).")
+    options.protect = tuple(rules)
+
+
 def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:
     params = {"policies": tuple(options.policy), "caches": tuple(options.cache),
               "sink_tokens": tuple(options.sink_tokens), "positions": tuple(options.positions),
               "chunk": options.chunk, "mode": options.mode, "h2o_recent": float(options.h2o_recent),
-              "bucket": options.bucket, "length": options.length, "n_windows": options.n_seqs}
+              "bucket": options.bucket, "length": options.length, "n_windows": options.n_seqs,
+              "kv_bits": tuple(options.kv_bits), "kv_group": tuple(options.kv_group),
+              "kv_scheme": tuple(options.kv_scheme), "protect_sinks": tuple(options.protect_sinks),
+              "protect": tuple(options.protect)}
     beside = [("p0_mass", {})] + ([("phantom_mass", {})] if spec.has_phantom else [])
     return [("stream", params), *beside]
 

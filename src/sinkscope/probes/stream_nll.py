@@ -18,13 +18,15 @@ a value being that of the token it predicts, 1 .. L - 1).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, register_probe
-from sinkscope.cache import POLICIES, POSITIONS, Policy
+from sinkscope.cache import POLICIES, POSITIONS, Policy, parse_protect
+from sinkscope.kv_quant import BITS, SCHEMES
 
 SOURCE = "SPEC.md Streaming; Xiao et al. 2023 (StreamingLLM) Fig. 3; Zhang et al. 2023 (H2O)"
 
@@ -36,13 +38,52 @@ def _positive(values) -> str | None:
     return None if all(whole(v) for v in values) else "must hold whole numbers >= 1"
 
 
+def _bits(values) -> str | None:
+    return None if all(str(v).isdigit() and int(v) in BITS for v in values) else \
+        f"must hold bit widths among {', '.join(map(str, BITS))}"
+
+
+def _groups(values) -> str | None:
+    return None if all(str(v).isdigit() and int(v) >= 2 for v in values) else "must hold whole numbers >= 2"
+
+
+def _counts(values) -> str | None:
+    return None if all(str(v).isdigit() for v in values) else "must hold whole numbers >= 0"
+
+
+def _rules(values) -> str | None:
+    return None if all(parse_protect(v) for v in values) else "must hold top-p0:N or random:N (N >= 1)"
+
+
 def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tuple,
-                       h2o_recent: float) -> list[Policy]:
+                       h2o_recent: float, kv_bits: tuple = (16,), kv_groups: tuple = (64,),
+                       kv_schemes: tuple = ("kivi",), protect_sinks: tuple = (0,), protect: tuple = ()) -> list[Policy]:
     """Every reading condition of a run, in table order: full once, then per positions and cache.
 
     ``sinks`` with 0 sink tokens is ``window``; a sink count that leaves no recent key (>= cache)
     is skipped. ``h2o``'s recent share of the budget is ``h2o_recent`` (at least one key each way).
+    Each condition is read once per cache quantisation (``kv_quantisations``), 16 bits first.
     """
+    conditions = _policies(policies, caches, sink_tokens, positions, h2o_recent)
+    settings = kv_quantisations(kv_bits, kv_groups, kv_schemes, protect_sinks, protect)
+    return [replace(policy, **setting) for policy in conditions for setting in settings]
+
+
+def kv_quantisations(kv_bits: tuple, kv_groups: tuple, kv_schemes: tuple, protect_sinks: tuple,
+                     protect: tuple = ()) -> list[dict]:
+    """The cache quantisations of a run, as ``Policy`` fields: 16 bits once (nothing to group or
+    protect), then every bits x scheme x group x protection, where the protections are each
+    ``protect_sinks`` count, then each ``protect`` rule (``top-p0:N``, ``random:N``)."""
+    settings = [{}] if 16 in kv_bits else []
+    guards = [dict(protect_sinks=n) for n in protect_sinks] + [dict(protect=rule) for rule in protect]
+    settings += [dict(kv_bits=bits, kv_group=group, kv_scheme=scheme, **guard)
+                 for bits in kv_bits if bits != 16 for scheme in kv_schemes for group in kv_groups
+                 for guard in guards]
+    return settings
+
+
+def _policies(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tuple, h2o_recent: float) -> list[Policy]:
+    """The policy conditions, unquantised (:func:`reading_conditions`)."""
     conditions: list[Policy] = [Policy("full")] if "full" in policies else []
     for where in positions:
         for cache in caches:
@@ -87,6 +128,12 @@ def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, posit
         Param("bucket", int, 256, "tokens per position bucket", check=lambda v: _positive((v,))),
         Param("length", int, 2048, "tokens per document (window)", check=lambda v: None if v >= 2 else "must be >= 2"),
         Param("n_windows", int, 1, "windows (documents) of the run", check=lambda v: _positive((v,))),
+        Param("kv_bits", tuple, (16,), "bits of the cached keys and values (16 = not quantised)", check=_bits),
+        Param("kv_group", tuple, (64,), "elements per quantisation group", check=_groups),
+        Param("kv_scheme", tuple, ("kivi",), "quantisation group layout", choices=SCHEMES),
+        Param("protect_sinks", tuple, (0,), "the document's first tokens kept in full precision", check=_counts),
+        Param("protect", tuple, (), "keys kept in full precision by attention (top-p0:N) or at random (random:N)",
+              check=_rules),
     ),
     summary="per-token NLL of a long text read through a bounded KV cache, per policy (StreamingLLM, H2O)",
 )
@@ -99,8 +146,14 @@ class StreamNLL(Probe):
     def setup(self) -> None:
         self.caches = tuple(int(c) for c in self.caches)
         self.sink_tokens = tuple(int(n) for n in self.sink_tokens)
+        self.kv_bits = tuple(int(b) for b in self.kv_bits)
+        self.kv_group = tuple(int(g) for g in self.kv_group)
+        self.protect_sinks = tuple(int(n) for n in self.protect_sinks)
         self.conditions = reading_conditions(self.policies, self.caches, self.sink_tokens, self.positions,
-                                             self.h2o_recent)
+                                             self.h2o_recent, self.kv_bits, self.kv_group, tuple(self.kv_scheme),
+                                             self.protect_sinks, tuple(self.protect))
+        #: the run quantises: every row carries the quantisation's columns
+        self.quantises = any(policy.quantised for policy in self.conditions)
         self.nll = torch.zeros(len(self.conditions), self.n_windows, self.length - 1)  # (C, N, L - 1) float32
         self.read = torch.zeros(len(self.conditions), self.n_windows)  # 1 where a window was read (merges by +)
 
@@ -127,7 +180,7 @@ class StreamNLL(Probe):
             per_doc = nll.mean(1)  # (n,)
             mean = float(per_doc.mean())
             se = float(per_doc.std(unbiased=True) / math.sqrt(n_docs)) if n_docs > 1 else math.nan
-            conditions = (*policy.conditions(), ("position_bucket", None))
+            conditions = (*policy.conditions(self.quantises), ("position_bucket", None))
             rows += [Row(self.name, "stream_nll", None, None, mean, n_docs * L1, conditions, se),
                      Row(self.name, "stream_ppl", None, None, math.exp(mean), n_docs * L1, conditions,
                          math.exp(mean) * se)]
@@ -136,7 +189,7 @@ class StreamNLL(Probe):
                 values = nll[:, inside]  # (n, b)
                 bucket_mean = float(values.mean())
                 bucket_se = float(values.mean(1).std(unbiased=True) / math.sqrt(n_docs)) if n_docs > 1 else math.nan
-                at = (*policy.conditions(), ("position_bucket", int(start)))
+                at = (*policy.conditions(self.quantises), ("position_bucket", int(start)))
                 count = int(values.numel())
                 rows += [Row(self.name, "stream_nll", None, None, bucket_mean, count, at, bucket_se),
                          Row(self.name, "stream_ppl", None, None, math.exp(bucket_mean), count, at,
@@ -151,4 +204,5 @@ class StreamNLL(Probe):
         """The parameters, plus the reading conditions in the order of ``stream_nll.npy``'s first axis."""
         return {**super().options(), "conditions": [
             {"policy": p.name, "cache": p.cache, "sink_tokens": p.sink_tokens, "positions": p.positions,
-             "recent": p.recent, "label": p.label} for p in self.conditions]}
+             "recent": p.recent, "kv_bits": p.kv_bits, "kv_group": p.kv_group, "kv_scheme": p.kv_scheme,
+             "protect_sinks": p.protect_sinks, "protect": p.protect, "label": p.label} for p in self.conditions]}

@@ -4,7 +4,9 @@ Figures, per run and position convention:
 
 - log-perplexity (the mean NLL in nats) against position, one panel per cache size and one line
   per policy, the dense reading (``full``) dashed in every panel: StreamingLLM's Figure 3;
-- perplexity against cache size, one line per policy, ``full`` as a horizontal line.
+- perplexity against cache size, one line per policy, ``full`` as a horizontal line;
+- with a quantised cache (``--kv-bits``), perplexity against bits, one line per protection
+  (``stream_quant``); the two figures above then draw the 16-bit readings.
 
 The table gives every condition's perplexity over the whole text (± its standard error over
 documents where there are several), one column per run, and each run's ``p0_mass`` on the same
@@ -20,7 +22,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter
 
-from sinkscope.report import figures
+from sinkscope.report import figures, stream_quant
 from sinkscope.report.page import Page
 from sinkscope.report.runs import RunData
 
@@ -180,6 +182,11 @@ def _entry(page: Page) -> dict:
             continue
         suffix = f"_{k}" if len(runs) > 1 else ""
         name = f"{run.label}: " if len(runs) > 1 else ""
+        if stream_quant.quantises(ppl):
+            overall = ppl[ppl["position_bucket"].isna()]
+            fig = stream_quant.ppl_by_bits(overall, f"{name}perplexity against bits of the cache", _condition)
+            figs.append(page.keep(fig, f"stream_ppl_bits{suffix}", f"{name}perplexity against bits, one line per protection"))
+            nll, ppl = stream_quant.unquantised(nll), stream_quant.unquantised(ppl)
         for where in dict.fromkeys(nll.loc[nll["policy"] != "full", "positions"]):
             mine = nll[(nll["positions"] == where) | (nll["policy"] == "full")]
             for stem, draw, what in (("stream_log_ppl_position", log_ppl_by_position, "log perplexity against position"),
@@ -190,26 +197,33 @@ def _entry(page: Page) -> dict:
     conditions = []
     for ppl in per_run.values():
         overall = ppl[ppl["position_bucket"].isna()]
-        for p, c, n, w in zip(overall["policy"], overall["cache"], overall["sink_tokens"], overall["positions"]):
-            key = (p, None if pd.isna(c) else int(c), int(n), w if p != "full" else "")
+        for _, row in overall.iterrows():
+            p, c, n, w = row["policy"], row["cache"], row["sink_tokens"], row["positions"]
+            key = (p, None if pd.isna(c) else int(c), int(n), w if p != "full" else "", stream_quant.key(row))
             if key not in conditions:
                 conditions.append(key)
-    columns = ["condition", "cache", "positions"] + [r.label for r in runs]
+    quantised = any(stream_quant.quantises(ppl) for ppl in per_run.values())
+    columns = ["condition", "cache", "positions"] + (["cache quantisation"] if quantised else []) + [r.label for r in runs]
     rows = []
-    for p, c, n, w in conditions:
-        cells = []
+    for p, c, n, w, kv in conditions:
+        cells, named = [], ""
         for run in runs:
             overall = per_run[run.label]
             overall = overall[overall["position_bucket"].isna() & (overall["policy"] == p)
                               & (overall["sink_tokens"] == n)]
             if p != "full":
                 overall = overall[(overall["cache"] == c) & (overall["positions"] == w)]
+            overall = overall[[stream_quant.key(r) == kv for _, r in overall.iterrows()]] if len(overall) else overall
+            if len(overall):
+                named = stream_quant.setting(overall.iloc[0]) or "16-bit"
             cells.append(_pm(float(overall["value"].iloc[0]), float(overall["se"].iloc[0])) if len(overall) else "—")
-        rows.append([_label(p, c, n) if p != "sinks" else f"sinks ({n} tokens)", "" if c is None else str(c), w, *cells])
+        rows.append([_label(p, c, n) if p != "sinks" else f"sinks ({n} tokens)", "" if c is None else str(c), w,
+                     *([named] if quantised else []), *cells])
     for metric, what in (("p0_mass", "p0 mass"), ("phantom_mass", "phantom mass")):
         values = [_model_row(run.table, metric) for run in runs]
         if any(v is not None for v in values):
-            rows.append([f"{what} (first max(cache) tokens, dense)", "", "", *[figures_fmt(v) for v in values]])
+            rows.append([f"{what} (first max(cache) tokens, dense)", "", "", *([""] if quantised else []),
+                         *[figures_fmt(v) for v in values]])
     page.add_summary("stream_ppl", "perplexity, full (dense) reading", info.direction,
                      [figures_fmt(_full_ppl(per_run[r.label])) for r in runs])
     return {"metric": "stream_ppl", "info": info, "note": None, "figures": figs,
@@ -218,8 +232,16 @@ def _entry(page: Page) -> dict:
                                  "documents where there are several)"}}
 
 
+def _condition(row) -> str:
+    """A policy condition's name in a figure's panel: ``full``, ``sinks 4+252, cache positions``."""
+    if row["policy"] == "full":
+        return "full"
+    return f"{_label(row['policy'], row['cache'], int(row['sink_tokens']))} (cache {int(row['cache'])}), {row['positions']} positions"
+
+
 def _full_ppl(ppl: pd.DataFrame):
-    rows = ppl[(ppl["policy"] == "full") & ppl["position_bucket"].isna()]
+    rows = stream_quant.unquantised(ppl)
+    rows = rows[(rows["policy"] == "full") & rows["position_bucket"].isna()]
     return float(rows["value"].iloc[0]) if len(rows) else None
 
 

@@ -32,6 +32,7 @@ in float32: a document of L tokens gives L - 1 values.
 from __future__ import annotations
 
 import inspect
+import zlib
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,7 @@ from sinkscope.capture.families import layer_windows
 from sinkscope.errors import SinkscopeError, option
 from sinkscope.stream import rotary
 from sinkscope.cache import Policy, keep_slots, last_slots, visible
+from sinkscope.kv_quant import KVQuant, complete_groups, quantize_keys, quantize_values
 
 
 @dataclass
@@ -130,11 +132,52 @@ class _ColumnMass:
 
 @dataclass
 class _Slots:
-    """One layer's cache bookkeeping: original position, unrotated rotary part and H2O score per slot."""
+    """One layer's cache bookkeeping: original position, unrotated rotary part, H2O score, and
+    whether each slot is still held in full precision (a quantised cache, :func:`_quantise`)."""
 
     orig: Tensor  # (H_kv, S) int64
     pre: Tensor | None = None  # (1, H_kv, S, R) float32
     score: Tensor | None = None  # (H_kv, S) float64
+    exact: Tensor | None = None  # (H_kv, S) bool: not quantised (yet, or protected)
+    mass: Tensor | None = None  # (H_kv, S) float64: accumulated attention (--protect top-p0)
+    guard: Tensor | None = None  # (H_kv, S) bool: held exact by --protect's rule now
+
+
+def _quantise(keys: Tensor, values: Tensor, pre: Tensor | None, orig: Tensor, exact: Tensor, policy: Policy,
+              R: int, guard: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """Quantise the slots that leave full precision now (SPEC.md "Quantised KV caches"; ``kv_quant``).
+
+    Candidates: slots held exactly that are not among the document's first ``protect_sinks``
+    tokens nor held by ``--protect``'s rule (``guard``, :func:`_guard`). ``per-token`` takes them all; ``kivi`` whole groups of ``kv_group`` (oldest first), the
+    rest waiting as its full-precision residual. A slot's key and value are quantised together,
+    once. The stored key is quantised: the key itself with original positions, its unrotated form
+    (``pre``'s rotary part and the key's other channels) with ``--positions cache``, which the
+    reader re-rotates. keys (1, H_kv, S, D), values (1, H_kv, S, D_v), pre (1, H_kv, S, R) or None,
+    orig and exact (H_kv, S). Returns them updated.
+    """
+    setting = KVQuant(policy.kv_bits, policy.kv_group, policy.kv_scheme)
+    candidates = exact & (orig >= policy.protect_sinks)  # (H_kv, S)
+    if guard is not None:
+        candidates = candidates & ~guard
+    if not candidates.any():
+        return keys, values, pre, exact
+    keys, values, exact = keys.clone(), values.clone(), exact.clone()
+    pre = None if pre is None else pre.clone()
+    for head in range(keys.shape[1]):
+        slots = candidates[head].nonzero().squeeze(1)  # (n,) ascending: reading order
+        slots = slots[:complete_groups(slots.numel(), setting)]
+        if not slots.numel():
+            continue
+        stored = keys[:, head:head + 1, slots]  # (1, 1, n, D)
+        if pre is not None:
+            stored = torch.cat([pre[:, head:head + 1, slots].to(keys.dtype), stored[..., R:]], dim=-1)
+        stored = quantize_keys(stored, setting)  # (1, 1, n, D)
+        if pre is not None:
+            pre[:, head:head + 1, slots] = stored[..., :R].float()
+        keys[:, head:head + 1, slots] = stored
+        values[:, head:head + 1, slots] = quantize_values(values[:, head:head + 1, slots], setting)
+        exact[head, slots] = False
+    return keys, values, pre, exact
 
 
 def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -218,6 +261,47 @@ def _drop_copies(cache, layout: Layout, n_cached: dict[int, int], n_copies: int)
         store.values = torch.cat([store.values[:, :, :S], store.values[:, :, S + n_copies:]], dim=2)
 
 
+def _guard(rule: tuple[str, int], exact: Tensor, orig: Tensor, protect_sinks: int, mass: Tensor | None,
+           held: Tensor | None, generator: torch.Generator) -> Tensor:
+    """The slots ``--protect`` holds in full precision after this chunk, (H_kv, S) bool, per key-value head.
+
+    The pool is the slots not yet quantised and not among the first ``protect_sinks`` tokens (a
+    quantised key is never restored). ``top-p0:N``: the N of the pool with the highest accumulated
+    attention ``mass`` (as H2O's score: each key's attention weight summed over every query that has
+    seen it and over the query heads of its key-value head; ties to the earlier slot); a key that
+    falls out of the N is quantised then. ``random:N`` (the control): the slots ``held`` before stay
+    held, and the free places are filled uniformly from the rest of the pool (``generator``).
+    """
+    kind, n = rule
+    pool = exact & (orig >= protect_sinks)  # (H_kv, S)
+    if kind == "top-p0":
+        ranked = torch.where(pool, mass, torch.full_like(mass, -1.0))  # (H_kv, S)
+        order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :n]  # (H_kv, <= n)
+        chosen = torch.zeros_like(pool).scatter_(1, order, True)
+        return chosen & pool
+    chosen = pool & held if held is not None else torch.zeros_like(pool)
+    for head in range(pool.shape[0]):
+        free = n - int(chosen[head].sum())
+        rest = (pool[head] & ~chosen[head]).nonzero().squeeze(1)  # (m,)
+        if free > 0 and rest.numel():
+            pick = torch.randperm(rest.numel(), generator=generator)[:free].to(rest.device)
+            chosen[head, rest[pick]] = True
+    return chosen
+
+
+def _fold_copies(columns: dict[int, Tensor], n_cached: dict[int, int], k: int, n: int) -> None:
+    """Attention on :func:`_sink_copies`' keys added back to the sink slots they copy: each full layer's
+    columns [cached][copies][chunk] (H_kv, S + k*n + k) -> [cached][chunk] (H_kv, S + k)."""
+    for layer, S in n_cached.items():
+        if layer not in columns:
+            continue
+        column = columns[layer]
+        copies = column[:, S:S + k * n].reshape(column.shape[0], k, n).sum(1)  # (H_kv, n)
+        kept = torch.cat([column[:, :S], column[:, S + k * n:]], dim=1)  # (H_kv, S + k)
+        kept[:, :n] += copies
+        columns[layer] = kept
+
+
 def _gather(x: Tensor, keep: Tensor, shared: bool) -> Tensor:
     """x (B, H_kv, S, ...) at the slots ``keep`` (H_kv, S') along dim 2."""
     if shared:
@@ -227,7 +311,7 @@ def _gather(x: Tensor, keep: Tensor, shared: bool) -> Tensor:
 
 
 def _evict(cache, slots: list[_Slots | None], policy: Policy, layout: Layout, t0: int, k: int,
-           query_positions: Tensor, columns: dict[int, Tensor] | None) -> None:
+           query_positions: Tensor, columns: dict[int, Tensor] | None, generator: torch.Generator | None = None) -> None:
     """Record the chunk's keys in each layer's bookkeeping, cut every layer back to its budget, re-rotate."""
     R = 0 if layout.inv_freq is None else 2 * layout.inv_freq.numel()
     reorder = policy.positions == "cache"
@@ -252,12 +336,31 @@ def _evict(cache, slots: list[_Slots | None], policy: Policy, layout: Layout, t0
         W = layout.windows[layer]
         keep = last_slots(S, W - 1, n_kv, keys.device) if W is not None else \
             keep_slots(policy, S, n_kv, keys.device, score)
+        rule = policy.protect_rule if policy.quantised else None
+        mass = held = None
+        if rule is not None:
+            if rule[0] == "top-p0":
+                column = columns[layer]  # (H_kv, S)
+                mass = column if state is None else torch.cat([state.mass + column[:, :-k], column[:, -k:]], dim=1)
+            elif state is not None:
+                held = torch.cat([state.guard, torch.zeros(n_kv, k, dtype=torch.bool, device=keys.device)], dim=1)
         if keep is not None:
             shared = policy.name != "h2o" or W is not None
             keys, values = _gather(keys, keep, shared), _gather(values, keep, shared)
             orig = orig.gather(1, keep)
             pre = None if pre is None else _gather(pre, keep, shared)
             score = None if score is None else score.gather(1, keep)
+            mass = None if mass is None else mass.gather(1, keep)
+            held = None if held is None else held.gather(1, keep)
+        exact = guard = None
+        if policy.quantised:
+            fresh = torch.ones(n_kv, k, dtype=torch.bool, device=keys.device)  # (H_kv, k): the chunk, exact
+            exact = fresh if state is None or state.exact is None else torch.cat([state.exact, fresh], dim=1)
+            if keep is not None:
+                exact = exact.gather(1, keep)
+            if rule is not None:
+                guard = _guard(rule, exact, orig, policy.protect_sinks, mass, held, generator)
+            keys, values, pre, exact = _quantise(keys, values, pre, orig, exact, policy, R, guard)
         S = orig.shape[1]
         if W is None:
             n_full_after = S
@@ -265,7 +368,7 @@ def _evict(cache, slots: list[_Slots | None], policy: Policy, layout: Layout, t0
             target = torch.arange(S, device=keys.device) + (0 if W is None else n_full_after - S)  # (S,)
             keys = torch.cat([rotary.rotate(pre, target, layout.inv_freq).to(keys.dtype), keys[..., R:]], dim=-1)
         store.keys, store.values = keys.contiguous(), values.contiguous()
-        slots[layer] = _Slots(orig, pre, score)
+        slots[layer] = _Slots(orig, pre, score, exact, mass, guard)
 
 
 @dataclass
@@ -276,11 +379,15 @@ class ChunkRead:
         start: the chunk's first token (original position).
         nll: the NLL of the tokens the chunk predicts, (m,) float32 (m = the chunk's length, one less at the end).
         kept: per layer, the original positions the cache holds after the chunk, (H_kv, S) int64.
+        exact: per layer, which of them are held in full precision, (H_kv, S) bool; None unquantised.
+        cache: the live ``DynamicCache`` after the chunk (its layers' ``keys`` and ``values``).
     """
 
     start: int
     nll: Tensor
     kept: list[Tensor]
+    exact: list[Tensor | None]
+    cache: object = None
 
 
 def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int):
@@ -299,7 +406,12 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     slots: list[_Slots | None] = [None] * len(layout.windows)
     # every condition runs sinkscope's fused attention (one kernel for all, learned sinks exact, linear
     # memory); only h2o reads the records, the others' records are dropped unread
-    observer = _ColumnMass(layout.full_layers if policy.name == "h2o" else [])
+    protect = policy.protect_rule if policy.quantised else None
+    observed = list(range(len(layout.windows))) if protect and protect[0] == "top-p0" else \
+        layout.full_layers if policy.name == "h2o" else []
+    observer = _ColumnMass(observed)
+    # --protect random:N draws from the document's own seed: the same document, the same draw
+    generator = torch.Generator().manual_seed(zlib.crc32(ids.cpu().numpy().tobytes()))
     with capture(model, observer, mode="fused"):
         t0 = 0
         while t0 < L:
@@ -322,9 +434,10 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
             del out
             if copies:
                 _drop_copies(cache, layout, n_cached, k * copies)
-            _evict(cache, slots, policy, layout, t0, k, positions, observer.columns)
+                _fold_copies(observer.columns, n_cached, k, copies)
+            _evict(cache, slots, policy, layout, t0, k, positions, observer.columns, generator)
             observer.columns.clear()
-            yield ChunkRead(t0, nll, [state.orig for state in slots])
+            yield ChunkRead(t0, nll, [state.orig for state in slots], [state.exact for state in slots], cache)
             t0 += k
 
 
@@ -337,6 +450,8 @@ def read_masked(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     """The exact reference: per-token NLL (L - 1,) from one dense pass whose mask is the cache's (original positions)."""
     if policy.positions != "original":
         raise SinkscopeError(f"the mask-based reading keeps original positions; {option('positions')} cache needs streaming.")
+    if policy.quantised:
+        raise SinkscopeError(f"the mask-based reading has no cache to quantise; {option('kv_bits')} needs streaming.")
     L = ids.shape[1]
     device = ids.device
     dtype = next(model.parameters()).dtype
@@ -355,6 +470,27 @@ def read_masked(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
         out = model(input_ids=ids, attention_mask=masks, position_ids=torch.arange(L, device=device).unsqueeze(0),
                     use_cache=False)
     return F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:], reduction="none")
+
+
+def read_native(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout | None = None, *, chunk: int = 0) -> Tensor:
+    """A sinkscope trainer model read under a static policy: per-token NLL (L - 1,) from one dense pass.
+
+    The trainer's model keeps no key-value cache, so it is read the mask-based way: the cache's
+    visibility (``cache.visible``, original positions) goes to ``GPT.forward(visible=...)``, which
+    every layer applies on top of its own rule. ``sinktoken``'s learned token is the first position
+    the layers see, so it is the first key a cache holds: a cache of N keys counts it among its N,
+    ``sinks`` with n sink tokens keeps it and the document's first n - 1 tokens, and ``window``
+    evicts it once N tokens follow (StreamingLLM's learnable sink token, its "1+1023"; SPEC.md
+    "Streaming", a decision of this project). ``offbyone``'s and ``sinklogit``'s phantom is a logit,
+    not a key: every policy keeps it. ``layout`` and ``chunk`` are unused (one signature with
+    :func:`read_masked`).
+    """
+    if policy.positions != "original" or policy.quantised:
+        raise SinkscopeError(f"a sinkscope trainer model keeps no cache: it is read with {option('positions')} original, unquantised.")
+    extra = 0 if getattr(model, "sink_token", None) is None else 1  # sinktoken's learned token, position 0
+    positions = torch.arange(ids.shape[1] + extra, device=ids.device)  # (T',)
+    logits, _ = model(ids, visible=visible(policy, positions, positions))  # (1, L, V)
+    return F.cross_entropy(logits[0, :-1].float(), ids[0, 1:], reduction="none")
 
 
 def plain_nll(model: nn.Module, ids: Tensor) -> Tensor:

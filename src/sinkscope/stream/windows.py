@@ -4,7 +4,8 @@ Same signature as ``run_probes``, so the pipeline's progress, checkpoints (one p
 ``--resume``, Ctrl-C and torchrun (a share of the windows per process) all hold. Per window: the
 hook-reading probes (``p0_mass``, ``phantom_mass``) read its first ``max(cache)`` tokens densely
 through ``run_probes``; then the ``stream`` probe's every reading condition reads the whole window
-(``reader.read_stream``, or ``reader.read_masked`` in ``--mode mask``).
+(``reader.read_stream``, or ``reader.read_masked`` in ``--mode mask``; a sinkscope trainer checkpoint,
+which keeps no cache, ``reader.read_native`` in ``--mode mask`` only).
 
 Before the first window two checks stop a run that would measure wrong, each in one sentence:
 the streaming reader with nothing evicted must give the model's own dense NLL on a prefix of the
@@ -28,7 +29,7 @@ from sinkscope.capture.discover import input_device
 from sinkscope.runner import CHECK_TOLERANCE, is_native, run_probes
 from sinkscope.stream import rotary
 from sinkscope.cache import Policy
-from sinkscope.stream.reader import first_layer_keys, layout_of, plain_nll, read_masked, read_stream
+from sinkscope.stream.reader import first_layer_keys, layout_of, plain_nll, read_masked, read_native, read_stream
 
 CHECK_TOKENS = 48
 CHECK_CHUNK = 16
@@ -60,6 +61,35 @@ def _check_reader(model: torch.nn.Module, ids: torch.Tensor, layout) -> None:
                              "not measure what the model computes; please report the architecture.")
 
 
+def _check_native(model: torch.nn.Module, stream: Probe, length: int) -> None:
+    """A sinkscope trainer model is read mask-based (``reader.read_native``) within its context, or not at all."""
+    if stream.mode != "mask":
+        raise SinkscopeError(f"a sinkscope trainer checkpoint keeps no key-value cache, so stream reads it with "
+                             f"{option('mode')} mask (the exact mask-based reading, original positions); add {option('mode')} mask.")
+    context = model.config.block_size
+    if length > context:
+        raise SinkscopeError(f"the trainer checkpoint has learned positions up to {context}, so it cannot read "
+                             f"{option('length')} {length}; use a {option('length')} of {context} or less.")
+
+
+def _prepare(model: torch.nn.Module, stream: Probe, tokens: np.ndarray, device: torch.device):
+    """A transformers model's :class:`~sinkscope.stream.reader.Layout`, after the two checks (module docstring)."""
+    name = getattr(model.config, "model_type", type(model).__name__)
+    L = tokens.shape[1]
+    layout = layout_of(model, stream.spec.n_layers, L)
+    if layout.inv_freq is None and not layout.rotary_problem and (_context(model) or L) < L \
+            and "original" in stream.positions:
+        raise SinkscopeError(f"the {name!r} model has learned positions up to {_context(model)}, so it cannot read "
+                             f"{option('length')} {L} with original positions; use a {option('length')} within its context.")
+    with torch.inference_mode():
+        first = torch.from_numpy(np.ascontiguousarray(tokens[:1])).to(device)  # (1, L)
+        _check_reader(model, first, layout)
+        if "cache" in stream.positions:
+            rotary.check_rerotation(model, first_layer_keys(model, layout, first[:, :8]), layout.inv_freq,
+                                    problem=layout.rotary_problem)
+    return layout
+
+
 def read_windows(
     model: torch.nn.Module,
     tokens: np.ndarray,
@@ -78,25 +108,14 @@ def read_windows(
     log = log or (lambda message: print(message, file=sys.stderr))
     stream = next(p for p in probes if p.reads_windows)
     dense_probes = [p for p in probes if not p.reads_windows]
-    name = getattr(model.config, "model_type", type(model).__name__)
-    if is_native(model):
-        raise SinkscopeError("stream reads through transformers' key-value cache, and a sinkscope trainer checkpoint "
-                             "has none; measure a Hugging Face model.")
     device = torch.device(device) if device is not None else input_device(model)
     n, L = tokens.shape
-    layout = layout_of(model, stream.spec.n_layers, L)
-    if layout.inv_freq is None and not layout.rotary_problem and (_context(model) or L) < L \
-            and "original" in stream.positions:
-        raise SinkscopeError(f"the {name!r} model has learned positions up to {_context(model)}, so it cannot read "
-                             f"{option('length')} {L} with original positions; use a {option('length')} within its context.")
+    if is_native(model):
+        _check_native(model, stream, L)
+        layout, read = None, read_native
+    else:
+        layout, read = _prepare(model, stream, tokens, device), read_masked if stream.mode == "mask" else read_stream
     dense_len = min(L, max(stream.caches))
-    with torch.inference_mode():
-        first = torch.from_numpy(np.ascontiguousarray(tokens[:1])).to(device)  # (1, L)
-        _check_reader(model, first, layout)
-        if "cache" in stream.positions:
-            rotary.check_rerotation(model, first_layer_keys(model, layout, first[:, :8]), layout.inv_freq,
-                                    problem=layout.rotary_problem)
-    read = read_masked if stream.mode == "mask" else read_stream
     conditions = stream.conditions
     log(f"Reading {n - start} document(s) of {L} tokens under {len(conditions)} condition(s): "
         + "; ".join(p.label for p in conditions) + f" (chunks of {stream.chunk}) ...")

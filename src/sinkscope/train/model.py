@@ -298,9 +298,14 @@ class CausalSelfAttention(nn.Module):
             return torch.zeros(self.n_head, device=self.c_attn.weight.device)  # (H,)
         return None
 
-    def visible(self, T: int, device) -> Tensor:
-        """The real keys each query of this layer sees, (T, S) bool (see :func:`visible_keys`)."""
-        return visible_keys(T, device, window=self.window, keep_first=self.keep_first)
+    def visible(self, T: int, device, cache: Tensor | None = None) -> Tensor:
+        """The real keys each query of this layer sees, (T, S) bool (see :func:`visible_keys`).
+
+        ``cache`` (T, S) bool, when given, is a bounded cache's visibility (``GPT.forward``'s
+        ``visible``): the layer's own rule and it together.
+        """
+        seen = visible_keys(T, device, window=self.window, keep_first=self.keep_first)  # (T, S)
+        return seen if cache is None else seen & cache  # (T, S)
 
     def gate_logit(self, v: Tensor) -> Tensor | None:
         """The value gate's pre-sigmoid z_j, float32 (B, H, S), so g_j = sigmoid(z_j); or None."""
@@ -329,7 +334,9 @@ class CausalSelfAttention(nn.Module):
 
     # -- the two attention paths -------------------------------------------------------------------
 
-    def attend_explicit(self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None) -> tuple[Tensor, Tensor]:
+    def attend_explicit(
+        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, cache: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Materialised attention in float32: head outputs (B, H, T, D) and weights a_ij (B, H, T, S).
 
         a_ij has the phantom in its normaliser (rows sum to 1 - phi_i); for routing-norm it is
@@ -339,7 +346,7 @@ class CausalSelfAttention(nn.Module):
         with _fp32(q):
             qf, kf, vf = q.float(), k.float(), v.float()  # (B, H, T, D) each
             s = torch.matmul(qf, kf.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (B, H, T, S)
-            s = s.masked_fill(~self.visible(T, q.device), float("-inf"))  # (B, H, T, S): causal (+ window)
+            s = s.masked_fill(~self.visible(T, q.device, cache), float("-inf"))  # (B, H, T, S): causal (+ window, cache)
             if z is not None and self.variant.routing:
                 s = s + F.logsigmoid(z).unsqueeze(2)  # (B, H, T, S): s_ij + log g_j
             b = self.sink_logits()
@@ -354,7 +361,8 @@ class CausalSelfAttention(nn.Module):
         return y.to(v.dtype), att
 
     def attend_recorded(
-        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, gate_columns: bool, quiet_columns: bool = False
+        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, gate_columns: bool, quiet_columns: bool = False,
+        cache: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """Fused attention for probe runs: outputs (B, H, T, D), LSE_i (B, H, T), gate columns, quiet columns.
 
@@ -368,7 +376,7 @@ class CausalSelfAttention(nn.Module):
         head sizes; zero coordinates change no logit). The kernel's LSE is over real keys, so
         with a phantom the output is scaled by 1 - phi_i = 1 - sigmoid(b_h - LSE_i); the gate
         columns are moments under w_ij (real keys only) and need no such factor. A sliding layer
-        passes its (T, S) mask; a full layer the plain causal kernel. With ``quiet_columns`` the
+        (or a ``cache`` visibility) passes its (T, S) mask; a full layer the plain causal kernel. With ``quiet_columns`` the
         indicators of the quiet reads (``AttentionRecord.quiet_indicator_columns`` of the values
         before any gate, one per cutoff) follow as more value columns: sum_j w_ij 1[j quiet].
         """
@@ -392,7 +400,8 @@ class CausalSelfAttention(nn.Module):
             width = max(qf.shape[-1], vf.shape[-1])
             width += -width % HEAD_DIM_MULTIPLE
             qf, kf, vpad = (F.pad(t, (0, width - t.shape[-1])) for t in (qf, kf, vf))  # (B, H, T|S, W)
-            mask = None if self.window is None else _additive(self.visible(T, q.device))  # (1, 1, T, S)
+            masked = self.window is not None or cache is not None
+            mask = _additive(self.visible(T, q.device, cache)) if masked else None  # (1, 1, T, S)
             out, lse = attention_with_lse(qf, kf, vpad, 1.0 / math.sqrt(D), mask)  # (B, H, T, W), (B, H, T)
             y = out[..., :D]  # (B, H, T, D): real-key outputs
             b = self.sink_logits()
@@ -403,7 +412,7 @@ class CausalSelfAttention(nn.Module):
         return y.to(v.dtype), lse, columns, quiet
 
     def attend_fused(
-        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, want_importance: bool
+        self, q: Tensor, k: Tensor, v: Tensor, z: Tensor | None, want_importance: bool, cache: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """``F.scaled_dot_product_attention``: head outputs (B, H, T, D) and, if asked, G_i (B, H, T).
 
@@ -437,8 +446,8 @@ class CausalSelfAttention(nn.Module):
         width = max(q.shape[-1], v.shape[-1])
         width += -width % HEAD_DIM_MULTIPLE  # one width, a multiple of 8, for q, k and v (flash kernels)
         q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))  # (B, H, T|S(+1), W)
-        if self.window is not None:  # sliding: an explicit boolean mask; the phantom column stays visible
-            mask = self.visible(T, q.device)  # (T, S)
+        if self.window is not None or cache is not None:  # sliding or a cache: a boolean mask; the phantom stays visible
+            mask = self.visible(T, q.device, cache)  # (T, S)
             if b is not None:
                 mask = torch.cat([mask.new_ones(T, 1), mask], dim=1)  # (T, S+1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, T, W)
@@ -457,9 +466,10 @@ class CausalSelfAttention(nn.Module):
     # -- forward -----------------------------------------------------------------------------------
 
     def forward(
-        self, x: Tensor, *, layer: int, explicit: bool, hooks: hp.HookSink | None, want_importance: bool
+        self, x: Tensor, *, layer: int, explicit: bool, hooks: hp.HookSink | None, want_importance: bool,
+        cache: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attention of the (pre-normed) stream ``x`` (B, T, C).
+        """Attention of the (pre-normed) stream ``x`` (B, T, C); ``cache`` (T, S) bool narrows what each query sees.
 
         Emits the hook points ``blocks.{layer}.attn`` (the record: explicit, or fused from
         :meth:`attend_recorded` when ``explicit`` is False; training with the load-balancing
@@ -485,17 +495,17 @@ class CausalSelfAttention(nn.Module):
 
         lse = columns = quiet = att = None
         if explicit or (record and want_importance):
-            y, att = self.attend_explicit(q, k, v, z)  # (B, H, T, D), (B, H, T, S)
+            y, att = self.attend_explicit(q, k, v, z, cache)  # (B, H, T, D), (B, H, T, S)
             phantom = self.variant.has_phantom  # the sink set: the phantom, else key 0 (gates.default_sink_set)
             G = gates.gate_from_weights(att, first=not phantom, phantom=phantom)  # (B, H, T)
         elif record:  # a probe run: linear memory, the gate's moments from the same kernel call
             asked = getattr(hooks, "record_columns", ())
             y, lse, columns, quiet = self.attend_recorded(
-                q, k, v, z, "value_gate" in asked, "quiet" in asked)  # (B, H, T, D), (B, H, T), (B, H, T, 2|K)|None
+                q, k, v, z, "value_gate" in asked, "quiet" in asked, cache)  # (B, H, T, D), (B, H, T), (B, H, T, 2|K)|None
             G = None
         else:
             implicit = want_importance and gate_out is None  # outgate's G is its explicit gate
-            y, G = self.attend_fused(q, k, v, z, implicit)  # (B, H, T, D), (B, H, T) | None
+            y, G = self.attend_fused(q, k, v, z, implicit, cache)  # (B, H, T, D), (B, H, T) | None
         if gate_out is not None:
             y = y * gate_out.to(y.dtype)  # (B, H, T, D)
             G = gate_out.mean(dim=-1)  # (B, H, T): the explicit gate, averaged over the head's D
@@ -512,7 +522,8 @@ class CausalSelfAttention(nn.Module):
                     value=v.detach(),  # (B, H, S, D), before any gate
                     scale=1.0 / math.sqrt(D),
                     # (1, 1, T, S): causal (+ window); a fused record of a full layer: None (plain causal)
-                    mask=_additive(self.visible(T, x.device)) if att is not None or self.window is not None else None,
+                    mask=_additive(self.visible(T, x.device, cache))
+                    if att is not None or self.window is not None or cache is not None else None,
                     weights=None if att is None else att.detach(),  # (B, H, T, S), or None (fused)
                     kernel_lse=lse,  # (B, H, T) over real keys, fused records only
                     sliding_window=self.window,
@@ -563,7 +574,7 @@ class Block(nn.Module):
 
     def forward(
         self, x: Tensor, *, layer: int, explicit: bool, hooks: hp.HookSink | None, want_importance: bool,
-        keep: Tensor | None,
+        keep: Tensor | None, cache: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """One block; emits the residual-stream hook points (``capture/hooks.py``) ``hooks`` asks for.
 
@@ -575,7 +586,7 @@ class Block(nn.Module):
         normed = _masked(self.ln_1(x), keep)  # (B, T, C): ln1's output, the attention's input
         taps.emit(hooks, hp.LN1_NORMALIZED, layer, normed)
         a, importance = self.attn(
-            normed, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance
+            normed, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance, cache=cache
         )  # (B, T, C), (H,) | None
         taps.emit(hooks, hp.ATTN_OUT, layer, a)
         x = _masked(x + a, keep)  # (B, T, C): resid_mid
@@ -726,6 +737,7 @@ class GPT(nn.Module):
         tnlm: bool = False,
         lb_lambda: float = 0.0,
         importance: bool = False,
+        visible: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Logits (B, T, V) for token ids ``idx`` (B, T) and, with ``targets`` (B, T), the loss.
 
@@ -751,6 +763,10 @@ class GPT(nn.Module):
             importance: also compute Imp^{l,h} (as for ``lb_lambda``) without any loss term and
                 keep it, detached, in ``self.last_importance`` (L, H); the trainer's evaluation
                 logs its per-layer CV from there (``sinkscope.gates.load_imbalance``).
+            visible: (T', T') bool, which keys each query may see, on top of every layer's own rule
+                (causal, a sliding window): a bounded cache's visibility (``cache.visible``), for
+                ``sinkscope stream --mode mask`` (SPEC.md "Streaming"). T' counts the positions the
+                layers see: T + 1 for ``sinktoken``, whose learned token is position 0 there.
         """
         if attention not in ("fused", "explicit"):
             raise ValueError(f"attention must be 'fused' or 'explicit', not {attention!r}")
@@ -768,13 +784,16 @@ class GPT(nn.Module):
             sink = self.sink_token.to(x.dtype).view(1, 1, -1).expand(B, 1, -1)  # (B, 1, C)
             x = torch.cat([sink, x], dim=1)  # (B, T+1, C)
         keep = self.force_sink_mask(x.shape[1], x)  # (T', C) or None
+        if visible is not None and tuple(visible.shape) != (x.shape[1], x.shape[1]):
+            raise ValueError(f"visible must be ({x.shape[1]}, {x.shape[1]}), not {tuple(visible.shape)}")
         if keep is not None:
             x = x * keep  # (B, T', C)
 
         importances = []
         for layer, block in enumerate(self.transformer.h):
             x, imp = block(
-                x, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance, keep=keep
+                x, layer=layer, explicit=explicit, hooks=hooks, want_importance=want_importance, keep=keep,
+                cache=visible,
             )  # (B, T', C), (H,) | None
             if imp is not None:
                 importances.append(imp)

@@ -1,0 +1,137 @@
+"""b-bit quantisation of a key-value cache (SPEC.md "Quantised KV caches"; KIVI, Liu et al. 2024).
+
+Asymmetric uniform quantisation per group of ``g`` elements (SPEC.md)::
+
+    scale = (max - min) / (2^b - 1)      over the group
+    q     = round((x - min) / scale)     an integer in 0 .. 2^b - 1 (round half to even, torch.round)
+    x'    = q * scale + min              what the cache gives back
+
+computed in float32 and returned in the input's dtype. A group whose elements are all equal
+(scale 0) gives them back exactly. Round-to-nearest bounds the round trip:
+``|x - x'| <= scale / 2`` per element (plus float32 rounding), :func:`error_bound`.
+
+Group layouts (``scheme``), on a cache of shape (B, H_kv, S, D) (S slots, D channels):
+
+- ``kivi``: keys per channel along the token axis (each channel of ``g`` consecutive tokens is a
+  group: keys have outlier *channels*), values per token along the channel axis (``g``
+  consecutive channels of one token).
+- ``per-token``: keys and values both per token along the channel axis.
+
+Along the channel axis a group longer than D is the whole head (D channels); a D that ``g`` does
+not divide ends in one shorter group. Along the token axis only whole groups of ``g`` tokens are
+quantised: the reader keeps the newest ``< g`` keys in full precision until a group fills (KIVI's
+full-precision residual; :func:`complete_groups`). 16 bits means no quantisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sinkscope.errors import SinkscopeError
+
+#: the bit widths a run may ask for; 16 = not quantised (the reference).
+BITS = (16, 8, 4, 3, 2)
+#: group layouts (module docstring).
+SCHEMES = ("kivi", "per-token")
+#: 16 bits: the cache as the model keeps it.
+FULL_PRECISION = 16
+
+
+@dataclass(frozen=True)
+class KVQuant:
+    """One quantisation setting: ``bits`` per element, groups of ``group`` elements, the ``scheme`` layout."""
+
+    bits: int = FULL_PRECISION
+    group: int = 64
+    scheme: str = "kivi"
+
+    def __post_init__(self):
+        if self.bits not in BITS:
+            raise SinkscopeError(f"the cache quantises to {', '.join(map(str, BITS[1:]))} bits, or 16 (none); not {self.bits}.")
+        if self.group < 2:
+            raise SinkscopeError(f"a quantisation group holds at least 2 elements (got {self.group}).")
+        if self.scheme not in SCHEMES:
+            raise SinkscopeError(f"unknown quantisation scheme {self.scheme!r}; use {' or '.join(SCHEMES)}.")
+
+    @property
+    def active(self) -> bool:
+        """False at 16 bits: nothing is quantised."""
+        return self.bits != FULL_PRECISION
+
+    @property
+    def keys_along_tokens(self) -> bool:
+        """KIVI groups keys per channel along the token axis; ``per-token`` along the channels."""
+        return self.scheme == "kivi"
+
+    @property
+    def label(self) -> str:
+        return "16-bit" if not self.active else f"{self.bits}-bit {self.scheme} g{self.group}"
+
+
+def fake_quantize(x: Tensor, bits: int, group: int, dim: int = -1) -> Tensor:
+    """``x`` quantised to ``bits`` and back, per group of ``group`` consecutive elements along ``dim``.
+
+    The length of ``dim`` need not be a multiple of ``group``: the last group is shorter. Returns a
+    tensor of ``x``'s shape and dtype (module docstring for the formula).
+    """
+    if bits >= FULL_PRECISION:
+        return x
+    moved = x.movedim(dim, -1).float()  # (..., n)
+    n = moved.shape[-1]
+    pad = -n % group
+    if pad:  # the last group repeats its last element: min and max are the group's own
+        moved = torch.cat([moved, moved[..., -1:].expand(*moved.shape[:-1], pad)], dim=-1)
+    grouped = moved.reshape(*moved.shape[:-1], -1, group)  # (..., n_groups, g)
+    low = grouped.amin(-1, keepdim=True)  # (..., n_groups, 1)
+    scale = (grouped.amax(-1, keepdim=True) - low) / (2 ** bits - 1)  # (..., n_groups, 1)
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round((grouped - low) / safe).clamp_(0, 2 ** bits - 1)  # (..., n_groups, g)
+    back = torch.where(scale > 0, q * scale + low, grouped)  # (..., n_groups, g)
+    back = back.reshape(*moved.shape)[..., :n]  # (..., n)
+    return back.movedim(-1, dim).to(x.dtype)
+
+
+def group_scales(x: Tensor, bits: int, group: int, dim: int = -1) -> Tensor:
+    """Each element's group scale ``(max - min) / (2^b - 1)``, float32, ``x``'s shape (for :func:`error_bound`)."""
+    moved = x.movedim(dim, -1).float()  # (..., n)
+    n = moved.shape[-1]
+    pad = -n % group
+    if pad:
+        moved = torch.cat([moved, moved[..., -1:].expand(*moved.shape[:-1], pad)], dim=-1)
+    grouped = moved.reshape(*moved.shape[:-1], -1, group)  # (..., n_groups, g)
+    scale = (grouped.amax(-1, keepdim=True) - grouped.amin(-1, keepdim=True)) / (2 ** bits - 1)
+    return scale.expand_as(grouped).reshape(*moved.shape)[..., :n].movedim(-1, dim)
+
+
+def error_bound(x: Tensor, bits: int, group: int, dim: int = -1) -> Tensor:
+    """The round trip's bound per element: half the group's scale (float32, ``x``'s shape)."""
+    return group_scales(x, bits, group, dim) / 2
+
+
+def quantize_values(values: Tensor, setting: KVQuant) -> Tensor:
+    """Values (B, H_kv, S, D) quantised per token along the channels (both schemes)."""
+    return fake_quantize(values, setting.bits, min(setting.group, values.shape[-1]), dim=-1)
+
+
+def quantize_keys(keys: Tensor, setting: KVQuant) -> Tensor:
+    """Keys (B, H_kv, S, D): per channel along the S tokens (``kivi``; S a multiple of the group, :func:`complete_groups`)
+    or per token along the channels (``per-token``)."""
+    if setting.keys_along_tokens:
+        if keys.shape[-2] % setting.group:
+            raise ValueError(f"kivi's key groups are {setting.group} tokens; got {keys.shape[-2]}")
+        return fake_quantize(keys, setting.bits, setting.group, dim=-2)
+    return fake_quantize(keys, setting.bits, min(setting.group, keys.shape[-1]), dim=-1)
+
+
+def complete_groups(pending: int, setting: KVQuant) -> int:
+    """How many of ``pending`` full-precision keys a quantisation step takes now (oldest first).
+
+    ``per-token``: all of them. ``kivi``: whole groups of ``group`` tokens only; the rest (fewer than
+    ``group``) stay in full precision until their group fills.
+    """
+    if not setting.keys_along_tokens:
+        return pending
+    return pending - pending % setting.group

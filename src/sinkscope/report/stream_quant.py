@@ -1,0 +1,106 @@
+"""The stream section's quantised-cache part (SPEC.md "Quantised KV caches"; ``stream --kv-bits``).
+
+A run that quantises its cache has, beside each policy condition's 16-bit rows, rows per bits,
+scheme, group and protection (columns ``kv_bits``, ``kv_group``, ``kv_scheme``, ``protect_sinks``,
+``protect``). This module names those settings and draws perplexity against bits: one panel per
+policy condition (policy, cache, sink tokens, positions), one line per scheme, group and
+protection, every line starting from the condition's 16-bit perplexity.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FormatStrFormatter
+
+from sinkscope.report import figures
+
+KV_COLUMNS = ("kv_bits", "kv_group", "kv_scheme", "protect_sinks", "protect")
+
+
+def quantises(rows: pd.DataFrame) -> bool:
+    """Does this run read through a quantised cache (any ``kv_bits`` other than 16)?"""
+    return "kv_bits" in rows.columns and bool((rows["kv_bits"].fillna(16) != 16).any())
+
+
+def unquantised(rows: pd.DataFrame) -> pd.DataFrame:
+    """The 16-bit rows (all rows of a run that does not quantise)."""
+    return rows[rows["kv_bits"].fillna(16) == 16] if "kv_bits" in rows.columns else rows
+
+
+def protection(row) -> str:
+    """``none``, ``first 4 exact``, ``top-p0:4 exact``, ``random:4 exact``."""
+    rule = row.get("protect")
+    if isinstance(rule, str) and rule:
+        return f"{rule} exact"
+    first = row.get("protect_sinks")
+    return f"first {int(first)} exact" if first is not None and not pd.isna(first) and int(first) else "none"
+
+
+def setting(row) -> str:
+    """The quantisation of one row: ``""`` at 16 bits, else ``4-bit kivi g64, first 4 exact``."""
+    bits = row.get("kv_bits")
+    if bits is None or pd.isna(bits) or int(bits) == 16:
+        return ""
+    guard = protection(row)
+    return f"{int(bits)}-bit {row['kv_scheme']} g{int(row['kv_group'])}" + ("" if guard == "none" else f", {guard}")
+
+
+def key(row) -> tuple:
+    """The quantisation part of a condition's identity (16-bit rows: ``(16,)``)."""
+    bits = row.get("kv_bits")
+    if bits is None or pd.isna(bits) or int(bits) == 16:
+        return (16,)
+    return tuple(row.get(c) if not (isinstance(row.get(c), float) and math.isnan(row.get(c))) else None
+                 for c in KV_COLUMNS)
+
+
+def ppl_by_bits(overall: pd.DataFrame, title: str, condition_label) -> Figure:
+    """Perplexity against bits (16, 8, 4, 3, 2 left to right): a panel per policy condition, a line per
+    scheme, group and protection, each from the condition's 16-bit perplexity (drawn as a dashed line).
+
+    overall: one run's ``stream_ppl`` rows without a position bucket; ``condition_label(row)`` names a panel.
+    """
+    overall = overall.copy()
+    overall["panel"] = [condition_label(r) for _, r in overall.iterrows()]
+    panels = [p for p in dict.fromkeys(overall["panel"]) if (overall[overall["panel"] == p]["kv_bits"].fillna(16) != 16).any()]
+    bits = sorted({int(b) for b in overall["kv_bits"].fillna(16)}, reverse=True)
+    x = {b: i for i, b in enumerate(bits)}
+    with matplotlib.rc_context(figures._STYLE):
+        n = max(1, len(panels))
+        fig = Figure(figsize=(min(4.2 * n, 13.0), 3.6), layout="constrained")
+        axes = fig.subplots(1, n, sharey=True, squeeze=False)[0]
+        fig.suptitle(title)
+        for ax, panel in zip(axes, panels):
+            mine = overall[overall["panel"] == panel]
+            base = mine[mine["kv_bits"].fillna(16) == 16]
+            reference = float(base["value"].iloc[0]) if len(base) else None
+            if reference is not None:
+                ax.axhline(reference, color="black", linestyle="--", linewidth=1.0, label="16-bit")
+            quantised = mine[mine["kv_bits"].fillna(16) != 16]
+            lines = list(dict.fromkeys((r["kv_scheme"], int(r["kv_group"]), protection(r)) for _, r in quantised.iterrows()))
+            for i, (scheme, group, guard) in enumerate(lines):
+                same = np.array([protection(r) == guard for _, r in quantised.iterrows()], dtype=bool)
+                line = quantised[(quantised["kv_scheme"] == scheme).to_numpy() & (quantised["kv_group"] == group).to_numpy()
+                                 & same]
+                line = line.sort_values("kv_bits", ascending=False)
+                xs = [x[int(b)] for b in line["kv_bits"]]
+                ys = list(line["value"])
+                if reference is not None:
+                    xs, ys = [x[16], *xs], [reference, *ys]
+                ax.plot(xs, ys, marker="o", markersize=3.5, linewidth=1.4, color=f"C{i % 10}",
+                        label=f"{scheme} g{group}, {guard}")
+            ax.set_xticks(range(len(bits)), [str(b) for b in bits])
+            ax.set_title(panel, fontsize=8)
+            ax.set_xlabel("bits per cached key and value")
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
+            ax.grid(True, which="both", linewidth=0.4, alpha=0.4)
+        axes[0].set_ylabel("perplexity")
+        axes[-1].legend(loc="best", fontsize=7)
+    return fig

@@ -1,0 +1,184 @@
+"""`sinkscope stream --kv-bits`: a quantised key-value cache (SPEC.md "Quantised KV caches").
+
+References: the model's own dense forward (16 bits), and the quantiser applied by hand to the
+unquantised cache. The first layer's keys and values depend on the tokens and positions only, so
+its quantised cache must equal ``kv_quant`` applied to the 16-bit reading's first layer, slot by
+slot; protected tokens (the document's first N) come before anything is quantised, so every
+layer holds them bit for bit as the 16-bit reading does.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from sinkscope.cache import Policy
+from sinkscope.cli import app
+from sinkscope.kv_quant import KVQuant, quantize_keys, quantize_values
+from sinkscope.stream.reader import iter_chunks, layout_of, plain_nll, read_stream
+from tiny_models import build, random_ids
+
+L = 40
+
+
+@pytest.fixture(autouse=True)
+def _no_grad():
+    with torch.no_grad():
+        yield
+
+
+def _setup(family: str = "llama"):
+    model = build(family)
+    return model, random_ids(1, L, seed=0), layout_of(model, model.config.num_hidden_layers, L)
+
+
+def _last(model, ids, policy, layout, chunk):
+    reads = list(iter_chunks(model, ids, policy, layout, chunk=chunk))
+    return reads[-1], torch.cat([r.nll for r in reads])
+
+
+def test_16_bits_is_the_unquantised_reading_and_fewer_bits_change_it():
+    model, ids, layout = _setup()
+    dense = plain_nll(model, ids)
+    assert torch.allclose(read_stream(model, ids, Policy("full", kv_bits=16), layout, chunk=8), dense, atol=1e-5)
+    eight = read_stream(model, ids, Policy("full", kv_bits=8, kv_group=16), layout, chunk=8)
+    two = read_stream(model, ids, Policy("full", kv_bits=2, kv_group=16), layout, chunk=8)
+    assert not torch.equal(eight, dense) and (eight - dense).abs().max() < (two - dense).abs().max()
+
+
+@pytest.mark.parametrize("scheme", ["kivi", "per-token"])
+@pytest.mark.parametrize("positions", ["original", "cache"])
+def test_the_first_layers_cache_is_the_quantiser_applied_to_the_unquantised_one(scheme, positions):
+    model, ids, layout = _setup()
+    group, protect = 16, 0
+    policy = Policy("window", 30, 0, positions)
+    exact_read, _ = _last(model, ids, policy, layout, chunk=8)
+    quant = Policy("window", 30, 0, positions, kv_bits=4, kv_group=group, kv_scheme=scheme, protect_sinks=protect)
+    read, _ = _last(model, ids, quant, layout, chunk=8)
+    assert torch.equal(read.kept[0], exact_read.kept[0])
+    setting = KVQuant(4, group, scheme)
+    reference, store = exact_read.cache.layers[0], read.cache.layers[0]
+    exact = read.exact[0][0]  # (S,): the slots held in full precision
+    kept = read.kept[0][0]  # (S,): their document positions
+    # the 40 tokens were cut to the 30 newest after the last chunk; kivi quantises whole groups of 16 in reading
+    # order as they fill (tokens 0..15 and 16..31; 32..39 wait), per-token every token after its chunk
+    expected_exact = kept >= 32 if scheme == "kivi" else torch.zeros_like(kept, dtype=torch.bool)
+    assert torch.equal(exact, expected_exact)
+    quantised = (~exact).nonzero().squeeze(1)
+    assert torch.equal(store.values[:, :, exact], reference.values[:, :, exact])
+    want_values = quantize_values(reference.values[:, :, quantised], setting)
+    assert torch.allclose(store.values[:, :, quantised], want_values, atol=1e-6)
+    if positions == "original" and scheme == "per-token":  # per token: each slot on its own
+        want_keys = quantize_keys(reference.keys[:, :, quantised], setting)
+        assert torch.allclose(store.keys[:, :, quantised], want_keys, atol=1e-6)
+    if positions == "original" and scheme == "kivi":  # per channel over each group of 16 tokens (positions 16..31 whole)
+        whole = ((kept >= 16) & (kept < 32)).nonzero().squeeze(1)
+        want_keys = quantize_keys(reference.keys[:, :, whole], setting)
+        assert torch.allclose(store.keys[:, :, whole], want_keys, atol=1e-5)
+    assert not torch.allclose(store.keys[:, :, quantised], reference.keys[:, :, quantised], atol=1e-4)
+
+
+@pytest.mark.parametrize("positions", ["original", "cache"])
+def test_protected_tokens_are_held_bit_for_bit(positions):
+    model, ids, layout = _setup()
+    policy = Policy("sinks", 16, 4, positions)
+    plain, _ = _last(model, ids, policy, layout, chunk=8)
+    quant = Policy("sinks", 16, 4, positions, kv_bits=2, kv_group=8, kv_scheme="per-token", protect_sinks=4)
+    read, nll = _last(model, ids, quant, layout, chunk=8)
+    assert torch.isfinite(nll).all()
+    for layer, (a, b) in enumerate(zip(plain.cache.layers, read.cache.layers)):
+        assert torch.equal(read.kept[layer][0, :4], torch.arange(4))
+        assert read.exact[layer][:, :4].all() and not read.exact[layer][:, 4:].any()
+        assert torch.equal(b.keys[:, :, :4], a.keys[:, :, :4]), layer
+        assert torch.equal(b.values[:, :, :4], a.values[:, :, :4]), layer
+        assert not torch.equal(b.values[:, :, 4:], a.values[:, :, 4:])
+
+
+def test_h2o_and_a_learned_sink_model_read_a_quantised_cache():
+    model, ids, layout = _setup("gpt_oss")
+    for policy in (Policy("h2o", 12, 0, "original", 6, kv_bits=4, kv_group=8),
+                   Policy("window", 12, 0, "cache", kv_bits=2, kv_group=8, kv_scheme="per-token")):
+        nll = read_stream(model, ids, policy, layout, chunk=4)
+        assert nll.shape == (L - 1,) and torch.isfinite(nll).all()
+
+
+def test_the_command_writes_the_quantisation_columns(tiny_llama_dir, text_file, tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["stream", str(tiny_llama_dir), "--text-file", str(text_file), "--length", "40",
+                                      "--n-seqs", "2", "--cache", "16", "--sink-tokens", "0", "--policy", "full,window",
+                                      "--positions", "original", "--chunk", "8", "--kv-bits", "16,4",
+                                      "--kv-group", "8", "--kv-scheme", "kivi", "--protect-sinks", "0,4",
+                                      "--protect", "top-p0:2", "--out", str(out), "--no-progress", "--no-figures"])
+    assert result.exit_code == 0, result.output
+    conditions = json.loads((out / "manifest.json").read_text())["probes"]["stream"]["options"]["conditions"]
+    assert len(conditions) == 2 * (1 + 3)  # full and window 16, each at 16 bits and at 4 bits x 3 protections
+    assert [c["label"] for c in conditions[1:4]] == ["full, 4-bit kivi g8", "full, 4-bit kivi g8, first 4 exact",
+                                                     "full, 4-bit kivi g8, top-p0:2 exact"]
+    table = pd.read_csv(out / "results.csv")
+    overall = table[(table.metric == "stream_nll") & table.position_bucket.isna()]
+    assert {"kv_bits", "kv_group", "kv_scheme", "protect_sinks", "protect"} <= set(table.columns)
+    assert sorted(overall.kv_bits.unique()) == [4, 16] and len(overall) == 8
+    assert set(overall.protect.dropna()) == {"top-p0:2"}
+    assert overall[overall.kv_bits == 16].kv_scheme.isna().all()
+    nll = np.load(out / "stream_nll.npy")
+    full16, full4 = nll[0], nll[1]
+    assert not np.array_equal(full16, full4)
+    refused = CliRunner().invoke(app, ["stream", "--mode", "mask", "--positions", "original", "--policy", "window",
+                                       "--kv-bits", "4", "--out", str(tmp_path / "x")])
+    assert refused.exit_code != 0 and "--kv-bits" in refused.output and "Traceback" not in refused.output
+    for args, words in ((["--kv-bits", "5"], "--kv-bits takes"), (["--kv-scheme", "nf4"], "--kv-scheme"),
+                        (["--kv-group", "1"], "--kv-group"), (["--protect", "top:3"], "--protect takes")):
+        bad = CliRunner().invoke(app, ["stream", *args, "--out", str(tmp_path / "y")])
+        assert bad.exit_code != 0 and words in bad.output and "Traceback" not in bad.output, bad.output
+
+
+def test_top_p0_holds_the_keys_a_hand_computation_picks():
+    """After the first chunk, top-p0:N holds, per layer and key-value head, the N keys with the most attention:
+    the eager weights of the chunk's queries summed over queries and the query heads of each key-value head."""
+    model, ids, layout = _setup()
+    policy = Policy("full", kv_bits=4, kv_group=8, kv_scheme="per-token", protect="top-p0:2")
+    first = next(iter_chunks(model, ids, policy, layout, chunk=6))
+    attentions = model(input_ids=ids[:, :6], output_attentions=True).attentions  # per layer (1, H, 6, 6)
+    for layer, weights in enumerate(attentions):
+        column = weights[0].sum(1).view(2, 2, 6).sum(1)  # (H_kv, 6)
+        for head in range(2):
+            heavy = sorted(torch.topk(column[head], 2).indices.tolist())
+            assert first.exact[layer][head].nonzero().squeeze(1).tolist() == heavy, (layer, head)
+
+
+@pytest.mark.parametrize("rule", ["top-p0:3", "random:3"])
+def test_a_protection_rule_holds_n_keys_exact_on_every_layer_and_head(rule):
+    model, ids, layout = _setup()
+    plain = list(iter_chunks(model, ids, Policy("window", 24, 0, "original"), layout, chunk=8))
+    policy = Policy("window", 24, 0, "original", kv_bits=2, kv_group=8, kv_scheme="per-token", protect=rule)
+    reads = list(iter_chunks(model, ids, policy, layout, chunk=8))
+    for read in reads:
+        for exact in read.exact:
+            assert (exact.sum(1) == 3).all()  # per key-value head: N held, everything else quantised
+    last, reference = reads[-1], plain[-1].cache.layers[0]
+    for head in range(2):  # the first layer's held keys are the unquantised reading's, bit for bit
+        held = last.exact[0][head]
+        assert torch.equal(last.cache.layers[0].keys[:, head, held], reference.keys[:, head, held])
+    if rule.startswith("random"):  # the control keeps what it drew while it stays cached, and draws the same again
+        for before, after in zip(reads, reads[1:]):
+            for layer in range(len(before.exact)):
+                for head in range(2):
+                    was = before.kept[layer][head][before.exact[layer][head]]
+                    still = was[torch.isin(was, after.kept[layer][head])]
+                    now = after.kept[layer][head][after.exact[layer][head]]
+                    assert torch.isin(still, now).all()
+        again = torch.cat([r.nll for r in iter_chunks(model, ids, policy, layout, chunk=8)])
+        assert torch.equal(again, torch.cat([r.nll for r in reads]))
+
+
+def test_top_p0_reads_through_sink_copies_and_h2o():
+    model, ids, layout = _setup()
+    for policy in (Policy("sinks", 12, 2, "cache", kv_bits=4, kv_group=8, kv_scheme="per-token", protect="top-p0:2"),
+                   Policy("h2o", 12, 0, "original", 6, kv_bits=4, kv_group=8, protect="random:2")):
+        nll = read_stream(model, ids, policy, layout, chunk=4)
+        assert nll.shape == (L - 1,) and torch.isfinite(nll).all()
