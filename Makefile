@@ -39,14 +39,15 @@ $(VENV)/.docs-installed: $(VENV)/.installed
 	  || $(BIN)/python -m pip install -q -e ".[docs]"; then touch $@; \
 	  else echo "note: could not install the docs extras; the site build test will be skipped"; fi
 
-# Ray and submitit (pyproject's `ray` and `slurm` extras) for tests/e2e/test_scaling_out.py, installed once
+# Ray and submitit (pyproject's `ray` and `slurm` extras) for tests/e2e/test_scaling_out.py, and optimum-quanto
+# (`kvquant`) for stream --kv-backend transformers' test, installed once
 # into .venv; if the install fails, make test-all goes on and those tests are skipped.
 engines-deps: $(VENV)/.engines-installed
 
 $(VENV)/.engines-installed: $(VENV)/.installed
-	@if $(BIN)/python -c "import ray, submitit" 2>/dev/null \
-	  || $(BIN)/python -m pip install -q -e ".[ray,slurm]"; then touch $@; \
-	  else echo "note: could not install ray and submitit; the engines' tests will be skipped"; fi
+	@if $(BIN)/python -c "import ray, submitit, optimum.quanto" 2>/dev/null \
+	  || $(BIN)/python -m pip install -q -e ".[ray,slurm,kvquant]"; then touch $@; \
+	  else echo "note: could not install ray, submitit and optimum-quanto; the engines' and the quantised cache backend's tests will be skipped"; fi
 
 docs: docs-deps
 	$(BIN)/python -m mkdocs build --strict -d site

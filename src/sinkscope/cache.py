@@ -53,6 +53,8 @@ class Policy:
         protect: ``""``, or keys chosen to stay in full precision: ``top-p0:N`` (the N of highest
             accumulated attention, as KVSink proposes) or ``random:N`` (its control); per layer and
             key-value head (``stream.reader``).
+        kv_backend: which quantiser reads it: ``sinkscope`` (``kv_quant``) or ``transformers``
+            (its ``QuantizedCache``, ``stream.hf_quant``; only where it can).
     """
 
     name: str
@@ -65,6 +67,7 @@ class Policy:
     kv_scheme: str = "kivi"
     protect_sinks: int = 0
     protect: str = ""
+    kv_backend: str = "sinkscope"
 
     def __post_init__(self):
         if self.name not in POLICIES:
@@ -99,7 +102,8 @@ class Policy:
             return ""
         return f", {self.kv_bits}-bit {self.kv_scheme} g{self.kv_group}" + (
             f", first {self.protect_sinks} exact" if self.protect_sinks else "") + (
-            f", {self.protect} exact" if self.protect else "")
+            f", {self.protect} exact" if self.protect else "") + (
+            ", transformers QuantizedCache" if self.kv_backend == "transformers" else "")
 
     @property
     def protect_rule(self) -> tuple[str, int] | None:
@@ -118,7 +122,8 @@ class Policy:
         return (*columns, ("kv_bits", self.kv_bits), ("kv_group", self.kv_group if self.quantised else None),
                 ("kv_scheme", self.kv_scheme if self.quantised else None),
                 ("protect_sinks", self.protect_sinks if self.quantised else None),
-                ("protect", (self.protect or None) if self.quantised else None))
+                ("protect", (self.protect or None) if self.quantised else None),
+                ("kv_backend", self.kv_backend if self.quantised else None))
 
 
 def parse_protect(text: str) -> tuple[str, int] | None:

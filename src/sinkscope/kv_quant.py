@@ -126,6 +126,28 @@ def quantize_keys(keys: Tensor, setting: KVQuant) -> Tensor:
     return fake_quantize(keys, setting.bits, min(setting.group, keys.shape[-1]), dim=-1)
 
 
+#: bit widths transformers' quanto KV layer takes (``stream.hf_quant``).
+TRANSFORMERS_BITS = (2, 4)
+
+
+def transformers_serves(policy) -> bool:
+    """Can transformers' ``QuantizedCache`` read this reading condition (a ``cache.Policy``) as sinkscope's
+    quantiser does: the full cache, ``per-token``, 2 or 4 bits, nothing protected (``stream.hf_quant``)."""
+    return (policy.name == "full" and policy.kv_bits != FULL_PRECISION and policy.kv_scheme == "per-token"
+            and policy.kv_bits in TRANSFORMERS_BITS and not policy.protect_sinks and not policy.protect)
+
+
+def transformers_why_not(policy) -> str:
+    """Why a quantised condition is read by sinkscope's quantiser instead (one phrase)."""
+    if policy.name != "full":
+        return "a bounded cache (transformers' quantised layer cannot evict)"
+    if policy.kv_scheme != "per-token":
+        return f"{policy.kv_scheme} (quanto groups keys along channels only)"
+    if policy.kv_bits not in TRANSFORMERS_BITS:
+        return f"{policy.kv_bits} bits (quanto's KV layer takes 2 and 4)"
+    return "protected tokens (transformers' cache quantises every token)"
+
+
 def complete_groups(pending: int, setting: KVQuant) -> int:
     """How many of ``pending`` full-precision keys a quantisation step takes now (oldest first).
 

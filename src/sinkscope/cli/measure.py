@@ -257,6 +257,7 @@ def stream(
     kv_scheme: Annotated[str, typer.Option("--kv-scheme", help="kivi (keys per channel, values per token) | per-token (both per token), or both.", rich_help_panel="Quantised cache")] = "kivi",
     protect_sinks: Annotated[str, typer.Option("--protect-sinks", help="The document's first N tokens kept in full precision, comma-separated.", rich_help_panel="Quantised cache")] = "0",
     protect: Annotated[str, typer.Option("--protect", help="Keys kept in full precision by a rule, comma-separated: top-p0:N (the N of highest accumulated attention per layer and head, as KVSink) or random:N (its control).", rich_help_panel="Quantised cache")] = "",
+    kv_backend: Annotated[str, typer.Option("--kv-backend", help="sinkscope (its quantiser, every setting) | transformers (its QuantizedCache with optimum-quanto, where it can: full cache, per-token, 2 or 4 bits, nothing protected; sinkscope's for the rest).", rich_help_panel="Quantised cache")] = "sinkscope",
     **shared,
 ) -> None:
     """Read a long text through a bounded KV cache: per-token NLL per policy, cache size and position convention.

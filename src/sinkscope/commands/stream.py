@@ -54,6 +54,7 @@ class StreamOptions(RunOptions):
         kv_scheme: ``kivi`` and/or ``per-token`` (the group layout).
         protect_sinks: the document's first tokens kept in full precision.
         protect: keys kept in full precision by a rule, ``top-p0:N`` or ``random:N``.
+        kv_backend: ``sinkscope`` (its quantiser) or ``transformers`` (``QuantizedCache`` where it serves).
     """
 
     n_seqs: int = 1
@@ -71,6 +72,7 @@ class StreamOptions(RunOptions):
     kv_scheme: tuple = ("kivi",)
     protect_sinks: tuple = (0,)
     protect: tuple = ()
+    kv_backend: str = "sinkscope"
 
     def __post_init__(self):
         super().__post_init__()
@@ -161,6 +163,8 @@ def _check_quantisation(options: StreamOptions) -> None:
     if len(set(rules)) != len(rules):
         raise SinkscopeError(f"{option('protect')} lists a rule twice ({', '.join(rules)}).")
     options.protect = tuple(rules)
+    if options.kv_backend not in ("sinkscope", "transformers"):
+        raise SinkscopeError(f"unknown {option('kv_backend')} {options.kv_backend!r}; use sinkscope or transformers.")
 
 
 def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:
@@ -170,7 +174,7 @@ def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:
               "bucket": options.bucket, "length": options.length, "n_windows": options.n_seqs,
               "kv_bits": tuple(options.kv_bits), "kv_group": tuple(options.kv_group),
               "kv_scheme": tuple(options.kv_scheme), "protect_sinks": tuple(options.protect_sinks),
-              "protect": tuple(options.protect)}
+              "protect": tuple(options.protect), "kv_backend": options.kv_backend}
     beside = [("p0_mass", {})] + ([("phantom_mass", {})] if spec.has_phantom else [])
     return [("stream", params), *beside]
 

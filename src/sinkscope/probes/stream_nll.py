@@ -26,7 +26,7 @@ from torch import Tensor
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, register_probe
 from sinkscope.cache import POLICIES, POSITIONS, Policy, parse_protect
-from sinkscope.kv_quant import BITS, SCHEMES
+from sinkscope.kv_quant import BITS, SCHEMES, transformers_serves
 
 SOURCE = "SPEC.md Streaming; Xiao et al. 2023 (StreamingLLM) Fig. 3; Zhang et al. 2023 (H2O)"
 
@@ -57,16 +57,22 @@ def _rules(values) -> str | None:
 
 def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tuple,
                        h2o_recent: float, kv_bits: tuple = (16,), kv_groups: tuple = (64,),
-                       kv_schemes: tuple = ("kivi",), protect_sinks: tuple = (0,), protect: tuple = ()) -> list[Policy]:
+                       kv_schemes: tuple = ("kivi",), protect_sinks: tuple = (0,), protect: tuple = (),
+                       kv_backend: str = "sinkscope") -> list[Policy]:
     """Every reading condition of a run, in table order: full once, then per positions and cache.
 
     ``sinks`` with 0 sink tokens is ``window``; a sink count that leaves no recent key (>= cache)
     is skipped. ``h2o``'s recent share of the budget is ``h2o_recent`` (at least one key each way).
-    Each condition is read once per cache quantisation (``kv_quantisations``), 16 bits first.
+    Each condition is read once per cache quantisation (``kv_quantisations``), 16 bits first; with
+    ``kv_backend`` ``transformers``, by transformers' ``QuantizedCache`` where it serves the condition
+    (``kv_quant.transformers_serves``), else by sinkscope's quantiser.
     """
     conditions = _policies(policies, caches, sink_tokens, positions, h2o_recent)
     settings = kv_quantisations(kv_bits, kv_groups, kv_schemes, protect_sinks, protect)
-    return [replace(policy, **setting) for policy in conditions for setting in settings]
+    read = [replace(policy, **setting) for policy in conditions for setting in settings]
+    if kv_backend == "transformers":
+        read = [replace(p, kv_backend="transformers") if transformers_serves(p) else p for p in read]
+    return read
 
 
 def kv_quantisations(kv_bits: tuple, kv_groups: tuple, kv_schemes: tuple, protect_sinks: tuple,
@@ -134,6 +140,8 @@ def _policies(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tup
         Param("protect_sinks", tuple, (0,), "the document's first tokens kept in full precision", check=_counts),
         Param("protect", tuple, (), "keys kept in full precision by attention (top-p0:N) or at random (random:N)",
               check=_rules),
+        Param("kv_backend", str, "sinkscope", "the quantiser: sinkscope's, or transformers' QuantizedCache where it can",
+              choices=("sinkscope", "transformers")),
     ),
     summary="per-token NLL of a long text read through a bounded KV cache, per policy (StreamingLLM, H2O)",
 )
@@ -151,7 +159,7 @@ class StreamNLL(Probe):
         self.protect_sinks = tuple(int(n) for n in self.protect_sinks)
         self.conditions = reading_conditions(self.policies, self.caches, self.sink_tokens, self.positions,
                                              self.h2o_recent, self.kv_bits, self.kv_group, tuple(self.kv_scheme),
-                                             self.protect_sinks, tuple(self.protect))
+                                             self.protect_sinks, tuple(self.protect), self.kv_backend)
         #: the run quantises: every row carries the quantisation's columns
         self.quantises = any(policy.quantised for policy in self.conditions)
         self.nll = torch.zeros(len(self.conditions), self.n_windows, self.length - 1)  # (C, N, L - 1) float32
@@ -205,4 +213,5 @@ class StreamNLL(Probe):
         return {**super().options(), "conditions": [
             {"policy": p.name, "cache": p.cache, "sink_tokens": p.sink_tokens, "positions": p.positions,
              "recent": p.recent, "kv_bits": p.kv_bits, "kv_group": p.kv_group, "kv_scheme": p.kv_scheme,
-             "protect_sinks": p.protect_sinks, "protect": p.protect, "label": p.label} for p in self.conditions]}
+             "protect_sinks": p.protect_sinks, "protect": p.protect, "kv_backend": p.kv_backend,
+             "label": p.label} for p in self.conditions]}

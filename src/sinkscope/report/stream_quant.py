@@ -19,7 +19,7 @@ from matplotlib.ticker import FormatStrFormatter
 
 from sinkscope.report import figures
 
-KV_COLUMNS = ("kv_bits", "kv_group", "kv_scheme", "protect_sinks", "protect")
+KV_COLUMNS = ("kv_bits", "kv_group", "kv_scheme", "protect_sinks", "protect", "kv_backend")
 
 
 def quantises(rows: pd.DataFrame) -> bool:
@@ -47,7 +47,8 @@ def setting(row) -> str:
     if bits is None or pd.isna(bits) or int(bits) == 16:
         return ""
     guard = protection(row)
-    return f"{int(bits)}-bit {row['kv_scheme']} g{int(row['kv_group'])}" + ("" if guard == "none" else f", {guard}")
+    backend = ", transformers QuantizedCache" if row.get("kv_backend") == "transformers" else ""
+    return f"{int(bits)}-bit {row['kv_scheme']} g{int(row['kv_group'])}" + ("" if guard == "none" else f", {guard}") + backend
 
 
 def key(row) -> tuple:

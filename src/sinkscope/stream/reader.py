@@ -442,7 +442,12 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
 
 
 def read_stream(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int) -> Tensor:
-    """Per-token NLL (L - 1,) float32 of ``ids`` (1, L) read ``chunk`` tokens at a time under ``policy``."""
+    """Per-token NLL (L - 1,) float32 of ``ids`` (1, L) read ``chunk`` tokens at a time under ``policy``
+    (transformers' own quantised cache where the policy asks for it: ``stream.hf_quant``)."""
+    if policy.kv_backend == "transformers":
+        from sinkscope.stream.hf_quant import read_quantised_cache
+
+        return read_quantised_cache(model, ids, policy, layout.cache_kwarg, chunk=chunk)
     return torch.cat([read.nll for read in iter_chunks(model, ids, policy, layout, chunk=chunk)])
 
 

@@ -90,6 +90,19 @@ def _prepare(model: torch.nn.Module, stream: Probe, tokens: np.ndarray, device: 
     return layout
 
 
+def _say_backends(conditions, log) -> None:
+    """``--kv-backend transformers``: which conditions its ``QuantizedCache`` reads, and why not the others."""
+    from sinkscope.stream.hf_quant import check_available, why_not
+
+    served = [p for p in conditions if p.kv_backend == "transformers"]
+    if served:
+        check_available()
+    others = [p for p in conditions if p.quantised and p.kv_backend != "transformers"]
+    log(f"Quantised cache: transformers' QuantizedCache (quanto) reads {len(served)} condition(s)"
+        + (f"; sinkscope's quantiser reads {len(others)}: " + "; ".join(f"{p.label} ({why_not(p)})" for p in others)
+           if others else "") + ".")
+
+
 def read_windows(
     model: torch.nn.Module,
     tokens: np.ndarray,
@@ -119,6 +132,8 @@ def read_windows(
     conditions = stream.conditions
     log(f"Reading {n - start} document(s) of {L} tokens under {len(conditions)} condition(s): "
         + "; ".join(p.label for p in conditions) + f" (chunks of {stream.chunk}) ...")
+    if getattr(stream, "kv_backend", "sinkscope") == "transformers":
+        _say_backends(conditions, log)
     bar = progress_bar(total=(n - start) * len(conditions) * L, desc="tokens", unit="tok", unit_scale=True,
                        disable=not progress, file=sys.stderr, dynamic_ncols=True)
     for index in range(start, n):

@@ -182,3 +182,58 @@ def test_top_p0_reads_through_sink_copies_and_h2o():
                    Policy("h2o", 12, 0, "original", 6, kv_bits=4, kv_group=8, protect="random:2")):
         nll = read_stream(model, ids, policy, layout, chunk=4)
         assert nll.shape == (L - 1,) and torch.isfinite(nll).all()
+
+
+def test_transformers_backend_serves_only_what_it_computes_as_ours_and_says_why():
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.stream import hf_quant
+
+    served = Policy("full", kv_bits=4, kv_group=8, kv_scheme="per-token")
+    assert hf_quant.serves(served)
+    for policy, words in ((Policy("window", 8, kv_bits=4, kv_scheme="per-token"), "bounded cache"),
+                          (Policy("full", kv_bits=4, kv_scheme="kivi"), "kivi"),
+                          (Policy("full", kv_bits=8, kv_scheme="per-token"), "8 bits"),
+                          (Policy("full", kv_bits=2, kv_scheme="per-token", protect_sinks=4), "protected")):
+        assert not hf_quant.serves(policy) and words in hf_quant.why_not(policy)
+    model, ids, layout = _setup()
+    with pytest.raises(SinkscopeError, match="not a multiple"):  # the tiny model's head dimension is 16
+        hf_quant.read_quantised_cache(model, ids, Policy("full", kv_bits=4, kv_group=6, kv_scheme="per-token"),
+                                      layout.cache_kwarg, chunk=8)
+
+
+@pytest.mark.slow  # optimum-quanto builds its CPU kernels on first use (about a minute); make test-all installs it
+@pytest.mark.parametrize("bits", [4, 2])
+def test_transformers_quantised_cache_agrees_with_ours_where_both_serve(bits):
+    """transformers' QuantizedCache (quanto, residual 1: each chunk flushed after its pass) against sinkscope's
+    per-token quantiser on the full cache: the same grid, so the same NLL up to float32 re-quantisation."""
+    pytest.importorskip("optimum.quanto")
+    from sinkscope.stream import hf_quant
+
+    model, ids, layout = _setup()
+    ours = Policy("full", kv_bits=bits, kv_group=8, kv_scheme="per-token")
+    theirs = Policy("full", kv_bits=bits, kv_group=8, kv_scheme="per-token", kv_backend="transformers")
+    assert hf_quant.serves(ours) and not hf_quant.serves(Policy("window", 8, kv_bits=bits, kv_scheme="per-token"))
+    mine = read_stream(model, ids, ours, layout, chunk=8)
+    transformers_nll = read_stream(model, ids, theirs, layout, chunk=8)
+    dense = plain_nll(model, ids)
+    gap = (mine - dense).abs().max()
+    assert gap > 1e-4  # the quantisation shows
+    assert torch.allclose(transformers_nll, mine, atol=max(1e-5, 1e-2 * float(gap))), (transformers_nll - mine).abs().max()
+
+
+@pytest.mark.slow  # optimum-quanto, as above
+def test_the_run_says_which_backend_read_each_condition(tiny_llama_dir, text_file, tmp_path):
+    pytest.importorskip("optimum.quanto")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["stream", str(tiny_llama_dir), "--text-file", str(text_file), "--length", "32",
+                                      "--cache", "16", "--sink-tokens", "0", "--policy", "full,window", "--positions",
+                                      "original", "--chunk", "8", "--kv-bits", "4", "--kv-group", "8", "--kv-scheme",
+                                      "per-token", "--kv-backend", "transformers", "--out", str(out), "--no-progress",
+                                      "--no-figures"])
+    assert result.exit_code == 0, result.output
+    assert "transformers' QuantizedCache (quanto) reads 1 condition(s)" in result.output
+    assert "a bounded cache" in result.output
+    conditions = json.loads((out / "manifest.json").read_text())["probes"]["stream"]["options"]["conditions"]
+    assert [c["kv_backend"] for c in conditions] == ["transformers", "sinkscope"]  # full, window 16 (4 bits only)
+    table = pd.read_csv(out / "results.csv")
+    assert set(table.kv_backend.dropna()) == {"sinkscope", "transformers"}

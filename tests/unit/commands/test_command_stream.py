@@ -147,7 +147,7 @@ def test_the_probe_list_is_the_stream_probe_and_the_sink_metrics_beside_it(has_p
     assert params == {"policies": ("full", "sinks", "h2o"), "caches": (8, 16), "sink_tokens": (2,),
                       "positions": ("original",), "chunk": 4, "mode": "stream", "h2o_recent": 0.25, "bucket": 10,
                       "length": 40, "n_windows": 3, "kv_bits": (16,), "kv_group": (64,), "kv_scheme": ("kivi",),
-                      "protect_sinks": (0,), "protect": ()}
+                      "protect_sinks": (0,), "protect": (), "kv_backend": "sinkscope"}
     declared = get_probe("stream").params
     assert set(params) == {p.name for p in declared}  # every parameter the probe declares, and no other
     assert get_probe("stream").resolve_params(params) == params
