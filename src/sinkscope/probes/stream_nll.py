@@ -117,6 +117,13 @@ def _policies(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tup
             "NLL under a bounded cache", "nats",
             "mean over predicted tokens of -log p(x_{i+1} | the keys the cache holds when x_i is read)", SOURCE,
             "lower = the model reads the text better through this cache", per="model"),
+        "stream_p0_mass": MetricInfo(
+            "p0 mass through the cache", "share of real-key mass",
+            "w_i0 = exp(s_i0 - LSE_i) on the key of document position 0, read through the condition's cache "
+            "(quantised or not), averaged over every layer, head and query from position 1 on that sees it",
+            SOURCE + "; SPEC.md Quantised KV caches",
+            "does the sink survive the cache? far below the 16-bit row = quantisation moved attention off "
+            "the first token", per="model"),
         "stream_ppl": MetricInfo(
             "perplexity under a bounded cache", "", "exp(stream_nll)", SOURCE,
             "lower = better; window-only far above full = the model needs its sink tokens", per="model"),
@@ -164,11 +171,19 @@ class StreamNLL(Probe):
         self.quantises = any(policy.quantised for policy in self.conditions)
         self.nll = torch.zeros(len(self.conditions), self.n_windows, self.length - 1)  # (C, N, L - 1) float32
         self.read = torch.zeros(len(self.conditions), self.n_windows)  # 1 where a window was read (merges by +)
+        # the position-0 share through the cache (runs that quantise): sums and counts per condition and window
+        self.p0_sum = torch.zeros(len(self.conditions), self.n_windows, dtype=torch.float64)
+        self.p0_count = torch.zeros(len(self.conditions), self.n_windows, dtype=torch.float64)
 
     def add(self, condition: int, window: int, nll: Tensor) -> None:
         """Window ``window``'s per-token NLL (L - 1,) under condition ``condition``."""
         self.nll[condition, window] = nll.detach().float().cpu()
         self.read[condition, window] = 1.0
+
+    def add_p0(self, condition: int, window: int, total: float, count: int) -> None:
+        """Window ``window``'s position-0 share under ``condition``: its sum over queries, heads and layers, and their count."""
+        self.p0_sum[condition, window] = total
+        self.p0_count[condition, window] = count
 
     def per_token(self) -> Tensor:
         """(C, N, L - 1) float32: every condition's NLL per window and predicted position."""
@@ -192,6 +207,14 @@ class StreamNLL(Probe):
             rows += [Row(self.name, "stream_nll", None, None, mean, n_docs * L1, conditions, se),
                      Row(self.name, "stream_ppl", None, None, math.exp(mean), n_docs * L1, conditions,
                          math.exp(mean) * se)]
+            counted = self.p0_count[c] > 0  # (N,)
+            if counted.any():
+                per_window = self.p0_sum[c][counted] / self.p0_count[c][counted]  # (n,)
+                share = float(self.p0_sum[c].sum() / self.p0_count[c].sum())
+                spread = float(per_window.std(unbiased=True) / math.sqrt(per_window.numel())) if per_window.numel() > 1 \
+                    else math.nan
+                rows.append(Row(self.name, "stream_p0_mass", None, None, share, int(self.p0_count[c].sum()), conditions,
+                                spread))
             for start in torch.unique(buckets).tolist():
                 inside = buckets == start
                 values = nll[:, inside]  # (n, b)

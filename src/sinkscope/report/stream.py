@@ -184,7 +184,9 @@ def _entry(page: Page) -> dict:
         name = f"{run.label}: " if len(runs) > 1 else ""
         if stream_quant.quantises(ppl):
             overall = ppl[ppl["position_bucket"].isna()]
-            fig = stream_quant.ppl_by_bits(overall, f"{name}perplexity against bits of the cache", _condition)
+            p0 = points(run.table, "stream_p0_mass")
+            fig = stream_quant.ppl_by_bits(overall, f"{name}perplexity against bits of the cache", _condition,
+                                           p0 if len(p0) else None)
             figs.append(page.keep(fig, f"stream_ppl_bits{suffix}", f"{name}perplexity against bits, one line per protection"))
             nll, ppl = stream_quant.unquantised(nll), stream_quant.unquantised(ppl)
         for where in dict.fromkeys(nll.loc[nll["policy"] != "full", "positions"]):

@@ -4,7 +4,8 @@ A run that quantises its cache has, beside each policy condition's 16-bit rows, 
 scheme, group and protection (columns ``kv_bits``, ``kv_group``, ``kv_scheme``, ``protect_sinks``,
 ``protect``). This module names those settings and draws perplexity against bits: one panel per
 policy condition (policy, cache, sink tokens, positions), one line per scheme, group and
-protection, every line starting from the condition's 16-bit perplexity.
+protection, every line starting from the condition's 16-bit perplexity; below it the position-0
+share read through the same caches (``stream_p0_mass``): does the sink survive the quantisation?
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ def key(row) -> tuple:
                  for c in KV_COLUMNS)
 
 
-def ppl_by_bits(overall: pd.DataFrame, title: str, condition_label) -> Figure:
+def ppl_by_bits(overall: pd.DataFrame, title: str, condition_label, p0: pd.DataFrame | None = None) -> Figure:
     """Perplexity against bits (16, 8, 4, 3, 2 left to right): a panel per policy condition, a line per
-    scheme, group and protection, each from the condition's 16-bit perplexity (drawn as a dashed line).
+    scheme, group and protection, each from the condition's 16-bit perplexity (drawn as a dashed line);
+    with ``p0`` (the ``stream_p0_mass`` rows), a second row of panels: p0 mass through the cache, the same lines.
 
     overall: one run's ``stream_ppl`` rows without a position bucket; ``condition_label(row)`` names a panel.
     """
@@ -71,37 +73,51 @@ def ppl_by_bits(overall: pd.DataFrame, title: str, condition_label) -> Figure:
     panels = [p for p in dict.fromkeys(overall["panel"]) if (overall[overall["panel"] == p]["kv_bits"].fillna(16) != 16).any()]
     bits = sorted({int(b) for b in overall["kv_bits"].fillna(16)}, reverse=True)
     x = {b: i for i, b in enumerate(bits)}
+    if p0 is not None and len(p0):
+        p0 = p0.copy()
+        p0["panel"] = [condition_label(r) for _, r in p0.iterrows()]
+    else:
+        p0 = None
     with matplotlib.rc_context(figures._STYLE):
         n = max(1, len(panels))
-        fig = Figure(figsize=(min(4.2 * n, 13.0), 3.6), layout="constrained")
-        axes = fig.subplots(1, n, sharey=True, squeeze=False)[0]
+        fig = Figure(figsize=(min(4.2 * n, 13.0), 3.6 if p0 is None else 6.4), layout="constrained")
+        grid = fig.subplots(1 if p0 is None else 2, n, sharey="row", squeeze=False)
         fig.suptitle(title)
-        for ax, panel in zip(axes, panels):
-            mine = overall[overall["panel"] == panel]
-            base = mine[mine["kv_bits"].fillna(16) == 16]
-            reference = float(base["value"].iloc[0]) if len(base) else None
-            if reference is not None:
-                ax.axhline(reference, color="black", linestyle="--", linewidth=1.0, label="16-bit")
-            quantised = mine[mine["kv_bits"].fillna(16) != 16]
-            lines = list(dict.fromkeys((r["kv_scheme"], int(r["kv_group"]), protection(r)) for _, r in quantised.iterrows()))
-            for i, (scheme, group, guard) in enumerate(lines):
-                same = np.array([protection(r) == guard for _, r in quantised.iterrows()], dtype=bool)
-                line = quantised[(quantised["kv_scheme"] == scheme).to_numpy() & (quantised["kv_group"] == group).to_numpy()
-                                 & same]
-                line = line.sort_values("kv_bits", ascending=False)
-                xs = [x[int(b)] for b in line["kv_bits"]]
-                ys = list(line["value"])
-                if reference is not None:
-                    xs, ys = [x[16], *xs], [reference, *ys]
-                ax.plot(xs, ys, marker="o", markersize=3.5, linewidth=1.4, color=f"C{i % 10}",
-                        label=f"{scheme} g{group}, {guard}")
-            ax.set_xticks(range(len(bits)), [str(b) for b in bits])
-            ax.set_title(panel, fontsize=8)
+        _draw(grid[0], panels, overall, x, bits, "perplexity", log=True)
+        if p0 is not None:
+            _draw(grid[1], panels, p0, x, bits, "p0 mass through the cache", log=False)
+        for ax in grid[0] if p0 is None else grid[1]:
             ax.set_xlabel("bits per cached key and value")
+        grid[0][-1].legend(loc="best", fontsize=7)
+    return fig
+
+
+def _draw(axes, panels: list[str], rows: pd.DataFrame, x: dict, bits: list[int], what: str, log: bool) -> None:
+    """One row of :func:`ppl_by_bits`' panels: ``rows`` (one metric, a ``panel`` column) against bits."""
+    for ax, panel in zip(axes, panels):
+        mine = rows[rows["panel"] == panel]
+        base = mine[mine["kv_bits"].fillna(16) == 16]
+        reference = float(base["value"].iloc[0]) if len(base) else None
+        if reference is not None:
+            ax.axhline(reference, color="black", linestyle="--", linewidth=1.0, label="16-bit")
+        quantised = mine[mine["kv_bits"].fillna(16) != 16]
+        lines = list(dict.fromkeys((r["kv_scheme"], int(r["kv_group"]), protection(r)) for _, r in quantised.iterrows()))
+        for i, (scheme, group, guard) in enumerate(lines):
+            same = np.array([protection(r) == guard for _, r in quantised.iterrows()], dtype=bool)
+            line = quantised[(quantised["kv_scheme"] == scheme).to_numpy() & (quantised["kv_group"] == group).to_numpy()
+                             & same]
+            line = line.sort_values("kv_bits", ascending=False)
+            xs = [x[int(b)] for b in line["kv_bits"]]
+            ys = list(line["value"])
+            if reference is not None:
+                xs, ys = [x[16], *xs], [reference, *ys]
+            ax.plot(xs, ys, marker="o", markersize=3.5, linewidth=1.4, color=f"C{i % 10}",
+                    label=f"{scheme} g{group}, {guard}")
+        ax.set_xticks(range(len(bits)), [str(b) for b in bits])
+        ax.set_title(panel, fontsize=8)
+        if log:
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
             ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))
-            ax.grid(True, which="both", linewidth=0.4, alpha=0.4)
-        axes[0].set_ylabel("perplexity")
-        axes[-1].legend(loc="best", fontsize=7)
-    return fig
+        ax.grid(True, which="both", linewidth=0.4, alpha=0.4)
+    axes[0].set_ylabel(what)

@@ -108,17 +108,49 @@ def _base(model: nn.Module) -> nn.Module:
 
 
 class _ColumnMass:
-    """Observes attention records and keeps, per layer, each key's attention summed over queries: (H_kv, S)."""
+    """Observes attention records and keeps, per layer, each key's attention summed over queries: (H_kv, S);
+    and, with ``p0``, the position-0 share through the cache (:meth:`_p0_share`)."""
 
     intervened = frozenset()
     record_columns = frozenset()
 
-    def __init__(self, layers: list[int]):
+    def __init__(self, layers: list[int], p0: bool = False):
         self.observed = frozenset({hp.ATTN})
         self.layers = set(layers)
         self.columns: dict[int, Tensor] = {}
+        self.p0 = p0
+        #: per layer, where document position 0 is among this pass's keys: (H_kv,) key indices (-1: not
+        #: cached), or (S, n) when each query reads its own copies of the n sink keys at S + i * n
+        self.p0_keys: dict[int, Tensor | tuple[int, int]] = {}
+        self.p0_first_row = 0  # 1 in the document's first chunk: query 0 is position 0 itself
+        self.p0_sum, self.p0_count = 0.0, 0
+
+    def _p0_share(self, layer: int, record) -> None:
+        """Add w_i0 = exp(s_i0 - LSE_i) (the share of query i's real-key attention on document position 0,
+        p0_mass's formula) over the heads and the queries that see position 0, and count them."""
+        where = self.p0_keys.get(layer)
+        if where is None:
+            return
+        T = record.query.shape[2]
+        if isinstance(where, tuple):  # query i reads its own copy of sink 0 at S + i * n
+            S, n = where
+            s0 = record.key_logits(slice(S, S + T * n, n)).diagonal(dim1=-2, dim2=-1)  # (B, H, T)
+        else:
+            groups = record.n_heads // record.n_kv_heads
+            per_head = where.repeat_interleave(groups) if where.numel() == record.n_kv_heads else \
+                where.expand(record.n_heads)  # (H,)
+            s0 = torch.full_like(record.lse(), float("-inf"))  # (B, H, T)
+            for index in torch.unique(per_head[per_head >= 0]).tolist():
+                heads = per_head == index
+                s0[:, heads] = record.key_logits(int(index))[..., 0][:, heads]  # (B, H', T)
+        seen = s0 > -1e30  # (B, H, T): masked keys carry the dtype's minimum
+        share = torch.where(seen, torch.exp(s0 - record.lse()), torch.zeros_like(s0))  # (B, H, T)
+        self.p0_sum += float(share[..., self.p0_first_row:].double().sum())
+        self.p0_count += int(seen[..., self.p0_first_row:].sum())
 
     def emit(self, template: str, layer: int | None, record) -> None:
+        if template == hp.ATTN and self.p0:
+            self._p0_share(layer, record)
         if template != hp.ATTN or layer not in self.layers:
             return
         a = torch.exp(record.logits() - record.lse().unsqueeze(-1)) * record.real_mass().unsqueeze(-1)  # (B, H, T, S)
@@ -381,6 +413,8 @@ class ChunkRead:
         kept: per layer, the original positions the cache holds after the chunk, (H_kv, S) int64.
         exact: per layer, which of them are held in full precision, (H_kv, S) bool; None unquantised.
         cache: the live ``DynamicCache`` after the chunk (its layers' ``keys`` and ``values``).
+        p0_sum, p0_count: with ``p0``, the position-0 share summed over the chunk's queries (from
+            position 1 on) and heads of every layer that see position 0, and their count.
     """
 
     start: int
@@ -388,10 +422,31 @@ class ChunkRead:
     kept: list[Tensor]
     exact: list[Tensor | None]
     cache: object = None
+    p0_sum: float = 0.0
+    p0_count: int = 0
 
 
-def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int):
-    """Read ``ids`` (1, L) ``chunk`` tokens at a time under ``policy``; yields a :class:`ChunkRead` per chunk."""
+def _p0_keys(slots: list[_Slots | None], layout: Layout, t0: int, n_cached: dict[int, int], copies: int) -> dict:
+    """Where document position 0 is among each layer's keys for the next pass (``_ColumnMass.p0_keys``)."""
+    where = {}
+    for layer, state in enumerate(slots):
+        if copies and layer in n_cached:
+            where[layer] = (n_cached[layer], copies)
+        elif state is None:
+            if t0 == 0:
+                where[layer] = torch.zeros(1, dtype=torch.long)  # the chunk's first key, every head
+        else:
+            held = state.orig == 0  # (H_kv, S)
+            where[layer] = torch.where(held.any(1), held.float().argmax(1), torch.full_like(held[:, 0], -1, dtype=torch.long))
+    return where
+
+
+def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int, p0: bool = False):
+    """Read ``ids`` (1, L) ``chunk`` tokens at a time under ``policy``; yields a :class:`ChunkRead` per chunk.
+
+    With ``p0``, each chunk also gives the position-0 share read through the cache (``ChunkRead.p0_sum``):
+    the sink metric of what the cache holds, quantised or not.
+    """
     from transformers import DynamicCache
 
     from sinkscope.capture.attention import capture
@@ -409,7 +464,7 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     protect = policy.protect_rule if policy.quantised else None
     observed = list(range(len(layout.windows))) if protect and protect[0] == "top-p0" else \
         layout.full_layers if policy.name == "h2o" else []
-    observer = _ColumnMass(observed)
+    observer = _ColumnMass(observed, p0)
     # --protect random:N draws from the document's own seed: the same document, the same draw
     generator = torch.Generator().manual_seed(zlib.crc32(ids.cpu().numpy().tobytes()))
     with capture(model, observer, mode="fused"):
@@ -427,6 +482,10 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
             if copies:
                 _sink_copies(cache, slots, layout, policy, t0, k, positions)
             masks = _chunk_masks(layout, slots, t0, k, dtype, device, policy, copies)
+            if p0:
+                observer.p0_keys = _p0_keys(slots, layout, t0, n_cached, copies)
+                observer.p0_first_row = 1 if t0 == 0 else 0
+                observer.p0_sum, observer.p0_count = 0.0, 0
             out = model(input_ids=ids[:, t0:t0 + k], attention_mask=masks, position_ids=positions.unsqueeze(0),
                         use_cache=True, **{layout.cache_kwarg: cache})
             targets = ids[0, t0 + 1:t0 + k + 1]  # (m,), m = k or k - 1 at the end
@@ -437,7 +496,8 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
                 _fold_copies(observer.columns, n_cached, k, copies)
             _evict(cache, slots, policy, layout, t0, k, positions, observer.columns, generator)
             observer.columns.clear()
-            yield ChunkRead(t0, nll, [state.orig for state in slots], [state.exact for state in slots], cache)
+            yield ChunkRead(t0, nll, [state.orig for state in slots], [state.exact for state in slots], cache,
+                            observer.p0_sum, observer.p0_count)
             t0 += k
 
 
@@ -449,6 +509,14 @@ def read_stream(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
 
         return read_quantised_cache(model, ids, policy, layout.cache_kwarg, chunk=chunk)
     return torch.cat([read.nll for read in iter_chunks(model, ids, policy, layout, chunk=chunk)])
+
+
+def read_stream_p0(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int
+                   ) -> tuple[Tensor, float, int]:
+    """:func:`read_stream` plus the position-0 share through the cache: (NLL (L - 1,), its sum over the
+    queries from position 1 on, heads and layers that see position 0, and their count)."""
+    reads = list(iter_chunks(model, ids, policy, layout, chunk=chunk, p0=True))
+    return (torch.cat([r.nll for r in reads]), sum(r.p0_sum for r in reads), sum(r.p0_count for r in reads))
 
 
 def read_masked(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int) -> Tensor:

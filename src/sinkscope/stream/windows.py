@@ -29,7 +29,8 @@ from sinkscope.capture.discover import input_device
 from sinkscope.runner import CHECK_TOLERANCE, is_native, run_probes
 from sinkscope.stream import rotary
 from sinkscope.cache import Policy
-from sinkscope.stream.reader import first_layer_keys, layout_of, plain_nll, read_masked, read_native, read_stream
+from sinkscope.stream.reader import (first_layer_keys, layout_of, plain_nll, read_masked, read_native, read_stream,
+                                     read_stream_p0)
 
 CHECK_TOKENS = 48
 CHECK_CHUNK = 16
@@ -144,7 +145,11 @@ def read_windows(
         for c, policy in enumerate(conditions):
             try:
                 with torch.inference_mode():
-                    nll = read(model, ids, policy, layout, chunk=stream.chunk)  # (L - 1,)
+                    if stream.quantises and read is read_stream:  # the sink metric of the quantised cache beside
+                        nll, p0_sum, p0_count = read_stream_p0(model, ids, policy, layout, chunk=stream.chunk)
+                        stream.add_p0(c, index, p0_sum, p0_count)
+                    else:
+                        nll = read(model, ids, policy, layout, chunk=stream.chunk)  # (L - 1,)
             except torch.OutOfMemoryError:
                 raise SinkscopeError(f"out of memory reading {policy.label}; use a smaller {option('cache')} or {option('chunk')}, or "
                                      f"leave full out of {option('policy')} for long texts.") from None

@@ -124,6 +124,9 @@ def test_the_command_writes_the_quantisation_columns(tiny_llama_dir, text_file, 
     assert {"kv_bits", "kv_group", "kv_scheme", "protect_sinks", "protect"} <= set(table.columns)
     assert sorted(overall.kv_bits.unique()) == [4, 16] and len(overall) == 8
     assert set(overall.protect.dropna()) == {"top-p0:2"}
+    p0 = table[table.metric == "stream_p0_mass"]  # the sink metric through each condition's cache
+    assert len(p0) == 8 and p0.value.between(0, 1).all()
+    assert len(p0[(p0.policy == "full") & (p0.kv_bits == 16)]) == 1
     assert overall[overall.kv_bits == 16].kv_scheme.isna().all()
     nll = np.load(out / "stream_nll.npy")
     full16, full4 = nll[0], nll[1]
@@ -237,3 +240,22 @@ def test_the_run_says_which_backend_read_each_condition(tiny_llama_dir, text_fil
     assert [c["kv_backend"] for c in conditions] == ["transformers", "sinkscope"]  # full, window 16 (4 bits only)
     table = pd.read_csv(out / "results.csv")
     assert set(table.kv_backend.dropna()) == {"sinkscope", "transformers"}
+
+
+def test_p0_mass_through_the_cache_is_the_eager_weight_on_position_0():
+    """The position-0 share read through the cache: with every earlier key visible it is the model's own eager
+    weight on key 0 averaged over layers, heads and queries 1 .. L - 1; a window counts only the queries that
+    still see position 0 (1 .. C, which read as densely); the copies of --positions cache count for it too."""
+    from sinkscope.stream.reader import read_stream_p0
+
+    model, ids, layout = _setup()
+    eager = torch.stack(model(input_ids=ids, output_attentions=True).attentions)[:, 0, :, :, 0]  # (layers, H, L): a_i0
+    n_layers, H = eager.shape[:2]
+    _, total, count = read_stream_p0(model, ids, Policy("full"), layout, chunk=8)
+    assert count == n_layers * H * (L - 1)
+    assert total / count == pytest.approx(float(eager[:, :, 1:].double().mean()), rel=1e-4)
+    _, total, count = read_stream_p0(model, ids, Policy("window", 6, 0, "original"), layout, chunk=8)
+    assert count == n_layers * H * 6
+    assert total / count == pytest.approx(float(eager[:, :, 1:7].double().mean()), rel=1e-4)
+    _, total, count = read_stream_p0(model, ids, Policy("sinks", 12, 2, "cache", kv_bits=2, kv_group=8), layout, chunk=8)
+    assert count == n_layers * H * (L - 1) and 0 < total / count < 1

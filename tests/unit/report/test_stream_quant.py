@@ -39,3 +39,13 @@ def test_the_bits_figure_draws_one_line_per_protection_from_the_16_bit_value():
     assert lines["kivi g64, first 4 exact"] == ([0, 1, 2], [20.0, 21.0, 30.0])
     assert lines["kivi g64, top-p0:4 exact"] == ([0, 2], [20.0, 25.0])
     assert list(lines["16-bit"][1]) == [20.0, 20.0]  # the dashed reference
+
+
+def test_the_p0_row_draws_the_sink_share_through_the_same_caches():
+    rows = _rows()
+    p0 = rows.assign(metric="stream_p0_mass", value=[0.40, 0.39, 0.40, 0.12, 0.38, 0.35])
+    figure = stream_quant.ppl_by_bits(rows, "test", lambda row: "sinks 4+60", p0)
+    assert len(figure.axes) == 2
+    lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[1].get_lines()}
+    assert lines["kivi g64, none"] == [0.40, 0.39, 0.12] and lines["kivi g64, first 4 exact"] == [0.40, 0.40, 0.38]
+    assert figure.axes[1].get_ylabel() == "p0 mass through the cache"
