@@ -91,6 +91,13 @@ def _prepare(model: torch.nn.Module, stream: Probe, tokens: np.ndarray, device: 
     return layout
 
 
+def residual_only(conditions) -> list:
+    """The ``kivi`` conditions of a bounded cache whose recent keys never fill a group (SPEC.md "Quantised KV
+    caches"): ``window`` and ``sinks`` keep ``cache - sink_tokens`` recent keys, fewer than ``kv_group``."""
+    return [p for p in conditions if p.quantised and p.kv_scheme == "kivi" and p.name in ("window", "sinks")
+            and p.cache - p.sink_tokens < p.kv_group]
+
+
 def _say_backends(conditions, log) -> None:
     """``--kv-backend transformers``: which conditions its ``QuantizedCache`` reads, and why not the others."""
     from sinkscope.stream.hf_quant import check_available, why_not
@@ -135,6 +142,10 @@ def read_windows(
         + "; ".join(p.label for p in conditions) + f" (chunks of {stream.chunk}) ...")
     if getattr(stream, "kv_backend", "sinkscope") == "transformers":
         _say_backends(conditions, log)
+    for policy in residual_only(conditions):
+        log(f"note: under {policy.label} the {policy.cache - policy.sink_tokens} recent keys never fill a kivi group of "
+            f"{policy.kv_group}, so once the cache is full only keys quantised before it filled stay quantised; "
+            f"use a --kv-group of {policy.cache - policy.sink_tokens} or less, or per-token, to quantise the recent keys.")
     bar = progress_bar(total=(n - start) * len(conditions) * L, desc="tokens", unit="tok", unit_scale=True,
                        disable=not progress, file=sys.stderr, dynamic_ncols=True)
     for index in range(start, n):

@@ -259,3 +259,17 @@ def test_p0_mass_through_the_cache_is_the_eager_weight_on_position_0():
     assert total / count == pytest.approx(float(eager[:, :, 1:7].double().mean()), rel=1e-4)
     _, total, count = read_stream_p0(model, ids, Policy("sinks", 12, 2, "cache", kv_bits=2, kv_group=8), layout, chunk=8)
     assert count == n_layers * H * (L - 1) and 0 < total / count < 1
+
+
+def test_a_kivi_cache_too_small_for_one_group_is_named():
+    from sinkscope.stream.windows import residual_only
+
+    small = Policy("sinks", 64, 4, "cache", kv_bits=2, kv_group=64)
+    conditions = [small, Policy("sinks", 256, 4, "cache", kv_bits=2, kv_group=64),
+                  Policy("sinks", 64, 4, "cache", kv_bits=2, kv_group=64, kv_scheme="per-token"),
+                  Policy("full", kv_bits=2, kv_group=64), Policy("window", 64)]
+    assert residual_only(conditions) == [small]
+    # and it is so: after the cache fills, the 60 recent keys of sinks 4+60 stay exact under kivi g64
+    model, ids, layout = _setup()
+    last = list(iter_chunks(model, ids, Policy("sinks", 12, 2, "original", kv_bits=2, kv_group=16), layout, chunk=4))[-1]
+    assert last.exact[0][:, 2:].all()
