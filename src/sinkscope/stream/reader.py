@@ -45,7 +45,7 @@ from sinkscope.capture.families import layer_windows
 from sinkscope.errors import SinkscopeError, option
 from sinkscope.stream import rotary
 from sinkscope.cache import Policy, keep_slots, last_slots, visible
-from sinkscope.kv_quant import KVQuant, complete_groups, quantize_keys, quantize_values
+from sinkscope.stream.quantise import guard_slots, quantise_slots
 
 
 @dataclass
@@ -165,7 +165,7 @@ class _ColumnMass:
 @dataclass
 class _Slots:
     """One layer's cache bookkeeping: original position, unrotated rotary part, H2O score, and
-    whether each slot is still held in full precision (a quantised cache, :func:`_quantise`)."""
+    whether each slot is still held in full precision (a quantised cache, ``stream.quantise``)."""
 
     orig: Tensor  # (H_kv, S) int64
     pre: Tensor | None = None  # (1, H_kv, S, R) float32
@@ -173,43 +173,6 @@ class _Slots:
     exact: Tensor | None = None  # (H_kv, S) bool: not quantised (yet, or protected)
     mass: Tensor | None = None  # (H_kv, S) float64: accumulated attention (--protect top-p0)
     guard: Tensor | None = None  # (H_kv, S) bool: held exact by --protect's rule now
-
-
-def _quantise(keys: Tensor, values: Tensor, pre: Tensor | None, orig: Tensor, exact: Tensor, policy: Policy,
-              R: int, guard: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
-    """Quantise the slots that leave full precision now (SPEC.md "Quantised KV caches"; ``kv_quant``).
-
-    Candidates: slots held exactly that are not among the document's first ``protect_sinks``
-    tokens nor held by ``--protect``'s rule (``guard``, :func:`_guard`). ``per-token`` takes them all; ``kivi`` whole groups of ``kv_group`` (oldest first), the
-    rest waiting as its full-precision residual. A slot's key and value are quantised together,
-    once. The stored key is quantised: the key itself with original positions, its unrotated form
-    (``pre``'s rotary part and the key's other channels) with ``--positions cache``, which the
-    reader re-rotates. keys (1, H_kv, S, D), values (1, H_kv, S, D_v), pre (1, H_kv, S, R) or None,
-    orig and exact (H_kv, S). Returns them updated.
-    """
-    setting = KVQuant(policy.kv_bits, policy.kv_group, policy.kv_scheme)
-    candidates = exact & (orig >= policy.protect_sinks)  # (H_kv, S)
-    if guard is not None:
-        candidates = candidates & ~guard
-    if not candidates.any():
-        return keys, values, pre, exact
-    keys, values, exact = keys.clone(), values.clone(), exact.clone()
-    pre = None if pre is None else pre.clone()
-    for head in range(keys.shape[1]):
-        slots = candidates[head].nonzero().squeeze(1)  # (n,) ascending: reading order
-        slots = slots[:complete_groups(slots.numel(), setting)]
-        if not slots.numel():
-            continue
-        stored = keys[:, head:head + 1, slots]  # (1, 1, n, D)
-        if pre is not None:
-            stored = torch.cat([pre[:, head:head + 1, slots].to(keys.dtype), stored[..., R:]], dim=-1)
-        stored = quantize_keys(stored, setting)  # (1, 1, n, D)
-        if pre is not None:
-            pre[:, head:head + 1, slots] = stored[..., :R].float()
-        keys[:, head:head + 1, slots] = stored
-        values[:, head:head + 1, slots] = quantize_values(values[:, head:head + 1, slots], setting)
-        exact[head, slots] = False
-    return keys, values, pre, exact
 
 
 def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -293,34 +256,6 @@ def _drop_copies(cache, layout: Layout, n_cached: dict[int, int], n_copies: int)
         store.values = torch.cat([store.values[:, :, :S], store.values[:, :, S + n_copies:]], dim=2)
 
 
-def _guard(rule: tuple[str, int], exact: Tensor, orig: Tensor, protect_sinks: int, mass: Tensor | None,
-           held: Tensor | None, generator: torch.Generator) -> Tensor:
-    """The slots ``--protect`` holds in full precision after this chunk, (H_kv, S) bool, per key-value head.
-
-    The pool is the slots not yet quantised and not among the first ``protect_sinks`` tokens (a
-    quantised key is never restored). ``top-p0:N``: the N of the pool with the highest accumulated
-    attention ``mass`` (as H2O's score: each key's attention weight summed over every query that has
-    seen it and over the query heads of its key-value head; ties to the earlier slot); a key that
-    falls out of the N is quantised then. ``random:N`` (the control): the slots ``held`` before stay
-    held, and the free places are filled uniformly from the rest of the pool (``generator``).
-    """
-    kind, n = rule
-    pool = exact & (orig >= protect_sinks)  # (H_kv, S)
-    if kind == "top-p0":
-        ranked = torch.where(pool, mass, torch.full_like(mass, -1.0))  # (H_kv, S)
-        order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices[:, :n]  # (H_kv, <= n)
-        chosen = torch.zeros_like(pool).scatter_(1, order, True)
-        return chosen & pool
-    chosen = pool & held if held is not None else torch.zeros_like(pool)
-    for head in range(pool.shape[0]):
-        free = n - int(chosen[head].sum())
-        rest = (pool[head] & ~chosen[head]).nonzero().squeeze(1)  # (m,)
-        if free > 0 and rest.numel():
-            pick = torch.randperm(rest.numel(), generator=generator)[:free].to(rest.device)
-            chosen[head, rest[pick]] = True
-    return chosen
-
-
 def _fold_copies(columns: dict[int, Tensor], n_cached: dict[int, int], k: int, n: int) -> None:
     """Attention on :func:`_sink_copies`' keys added back to the sink slots they copy: each full layer's
     columns [cached][copies][chunk] (H_kv, S + k*n + k) -> [cached][chunk] (H_kv, S + k)."""
@@ -391,8 +326,8 @@ def _evict(cache, slots: list[_Slots | None], policy: Policy, layout: Layout, t0
             if keep is not None:
                 exact = exact.gather(1, keep)
             if rule is not None:
-                guard = _guard(rule, exact, orig, policy.protect_sinks, mass, held, generator)
-            keys, values, pre, exact = _quantise(keys, values, pre, orig, exact, policy, R, guard)
+                guard = guard_slots(rule, exact, orig, policy.protect_sinks, mass, held, generator)
+            keys, values, pre, exact = quantise_slots(keys, values, pre, orig, exact, policy, R, guard)
         S = orig.shape[1]
         if W is None:
             n_full_after = S
