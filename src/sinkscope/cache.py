@@ -108,10 +108,7 @@ class Policy:
     @property
     def protect_rule(self) -> tuple[str, int] | None:
         """``protect`` as (``top-p0`` | ``random``, N), or None."""
-        if not self.protect:
-            return None
-        rule, _, count = self.protect.partition(":")
-        return rule, int(count)
+        return parse_protect(self.protect) if self.protect else None
 
     def conditions(self, kv: bool = False) -> tuple[tuple[str, object], ...]:
         """The table's condition columns of this policy's rows; ``kv`` adds the quantisation's (a run that quantises)."""

@@ -79,31 +79,36 @@ def fake_quantize(x: Tensor, bits: int, group: int, dim: int = -1) -> Tensor:
     """
     if bits >= FULL_PRECISION:
         return x
-    moved = x.movedim(dim, -1).float()  # (..., n)
-    n = moved.shape[-1]
-    pad = -n % group
-    if pad:  # the last group repeats its last element: min and max are the group's own
-        moved = torch.cat([moved, moved[..., -1:].expand(*moved.shape[:-1], pad)], dim=-1)
-    grouped = moved.reshape(*moved.shape[:-1], -1, group)  # (..., n_groups, g)
-    low = grouped.amin(-1, keepdim=True)  # (..., n_groups, 1)
-    scale = (grouped.amax(-1, keepdim=True) - low) / (2 ** bits - 1)  # (..., n_groups, 1)
+    grouped, low, scale = _groups(x, bits, group, dim)  # (..., n_groups, g), (..., n_groups, 1) twice
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = torch.round((grouped - low) / safe).clamp_(0, 2 ** bits - 1)  # (..., n_groups, g)
     back = torch.where(scale > 0, q * scale + low, grouped)  # (..., n_groups, g)
-    back = back.reshape(*moved.shape)[..., :n]  # (..., n)
-    return back.movedim(-1, dim).to(x.dtype)
+    return _ungroup(back, x, dim).to(x.dtype)
 
 
 def group_scales(x: Tensor, bits: int, group: int, dim: int = -1) -> Tensor:
     """Each element's group scale ``(max - min) / (2^b - 1)``, float32, ``x``'s shape (for :func:`error_bound`)."""
+    grouped, _, scale = _groups(x, bits, group, dim)
+    return _ungroup(scale.expand_as(grouped), x, dim)
+
+
+def _groups(x: Tensor, bits: int, group: int, dim: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``x`` in float32 as groups of ``group`` along ``dim`` (moved last), (..., n_groups, g), with each group's
+    minimum and scale (..., n_groups, 1). A shorter last group is padded with its own last element, so its
+    minimum and maximum are its own."""
     moved = x.movedim(dim, -1).float()  # (..., n)
-    n = moved.shape[-1]
-    pad = -n % group
+    pad = -moved.shape[-1] % group
     if pad:
         moved = torch.cat([moved, moved[..., -1:].expand(*moved.shape[:-1], pad)], dim=-1)
     grouped = moved.reshape(*moved.shape[:-1], -1, group)  # (..., n_groups, g)
-    scale = (grouped.amax(-1, keepdim=True) - grouped.amin(-1, keepdim=True)) / (2 ** bits - 1)
-    return scale.expand_as(grouped).reshape(*moved.shape)[..., :n].movedim(-1, dim)
+    low = grouped.amin(-1, keepdim=True)  # (..., n_groups, 1)
+    return grouped, low, (grouped.amax(-1, keepdim=True) - low) / (2 ** bits - 1)
+
+
+def _ungroup(grouped: Tensor, like: Tensor, dim: int) -> Tensor:
+    """:func:`_groups`' layout back to ``like``'s shape (padding dropped, ``dim`` in place)."""
+    n = like.shape[dim]
+    return grouped.reshape(*grouped.shape[:-2], -1)[..., :n].movedim(-1, dim)
 
 
 def error_bound(x: Tensor, bits: int, group: int, dim: int = -1) -> Tensor:
@@ -133,8 +138,8 @@ TRANSFORMERS_BITS = (2, 4)
 def transformers_serves(policy) -> bool:
     """Can transformers' ``QuantizedCache`` read this reading condition (a ``cache.Policy``) as sinkscope's
     quantiser does: the full cache, ``per-token``, 2 or 4 bits, nothing protected (``stream.hf_quant``)."""
-    return (policy.name == "full" and policy.kv_bits != FULL_PRECISION and policy.kv_scheme == "per-token"
-            and policy.kv_bits in TRANSFORMERS_BITS and not policy.protect_sinks and not policy.protect)
+    return (policy.name == "full" and policy.kv_scheme == "per-token" and policy.kv_bits in TRANSFORMERS_BITS
+            and not policy.protect_sinks and not policy.protect)
 
 
 def transformers_why_not(policy) -> str:

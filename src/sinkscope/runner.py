@@ -342,7 +342,7 @@ def check_capture(model: torch.nn.Module, tokens: np.ndarray, *, attention: str 
     device = torch.device(device) if device is not None else input_device(model)
     ids = torch.from_numpy(np.ascontiguousarray(tokens[:1, :CHECK_TOKENS])).to(device)  # (1, T')
     dtype = next(model.parameters()).dtype
-    observer = _CheckSink()
+    observer = DiscardRecords()
     with torch.inference_mode():
         own = model(input_ids=ids, use_cache=False).logits.float()  # (1, T', V)
         with capture(model, observer, mode=attention):
@@ -364,8 +364,9 @@ def check_capture(model: torch.nn.Module, tokens: np.ndarray, *, attention: str 
     return result
 
 
-class _CheckSink:
-    """Observes attention records (so the capture computes attention) and discards them."""
+class DiscardRecords:
+    """Observes attention records (so the capture computes attention) and discards them: the capture's check,
+    and ``stream``'s readings that read no record."""
 
     observed = frozenset({hp.ATTN})
     intervened = frozenset()

@@ -25,35 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from sinkscope.cache import Policy, visible
-from sinkscope.capture import hooks as hp
+from sinkscope.cache import Policy
+from sinkscope.capture.masks import causal_additive_mask
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.kv_quant import transformers_serves, transformers_why_not
-
-#: the conditions it serves, and why not the others (kept in ``kv_quant``, below the probes that list them).
-serves = transformers_serves
-why_not = transformers_why_not
-
-
-class _Unread:
-    """A hook sink that asks for the attention records and reads none: every layer runs sinkscope's fused kernel."""
-
-    intervened = frozenset()
-    record_columns = frozenset()
-    observed = frozenset({hp.ATTN})
-
-    def emit(self, template: str, layer: int | None, record) -> None:
-        pass
-
-    def replace(self, template: str, layer: int, value: Tensor) -> Tensor:
-        return value
-
-
-def _additive(seen: Tensor, dtype: torch.dtype) -> Tensor:
-    """A boolean visibility (T, S) as the additive mask (1, 1, T, S) the model adds to its logits."""
-    mask = torch.zeros(seen.shape, dtype=dtype, device=seen.device)
-    return mask.masked_fill(~seen, torch.finfo(dtype).min).view(1, 1, *seen.shape)
-
+from sinkscope.runner import DiscardRecords
 
 def check_available() -> None:
     """One sentence when optimum-quanto is missing."""
@@ -81,12 +56,11 @@ def read_quantised_cache(model: nn.Module, ids: Tensor, policy: Policy, cache_kw
                            q_group_size=policy.kv_group, residual_length=1)
     L = ids.shape[1]
     nll = []
-    with capture(model, _Unread(), mode="fused"):  # the same attention kernel as every other condition
+    with capture(model, DiscardRecords(), mode="fused"):  # the same attention kernel as every other condition
         for t0 in range(0, L, chunk):
             k = min(chunk, L - t0)
             queries = torch.arange(t0, t0 + k, device=ids.device)  # (k,)
-            keys = torch.arange(t0 + k, device=ids.device)  # (t0 + k,): every token so far
-            mask = _additive(visible(Policy("full"), queries, keys), next(model.parameters()).dtype)  # (1, 1, k, t0 + k)
+            mask = causal_additive_mask(k, t0 + k, next(model.parameters()).dtype, ids.device)  # (1, 1, k, t0 + k)
             out = model(input_ids=ids[:, t0:t0 + k], attention_mask=mask, position_ids=queries.unsqueeze(0),
                         use_cache=True, **{cache_kwarg: cache})
             targets = ids[0, t0 + 1:t0 + k + 1]  # (m,)

@@ -43,6 +43,7 @@ from sinkscope import heap
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import layer_windows
 from sinkscope.errors import SinkscopeError, option
+from sinkscope.runner import DiscardRecords
 from sinkscope.stream import rotary
 from sinkscope.cache import Policy, keep_slots, last_slots, visible
 from sinkscope.stream.quantise import guard_slots, quantise_slots
@@ -474,7 +475,7 @@ def read_masked(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
         masks = {kind: sliding if "sliding" in str(kind) else full_mask for kind in set(layout.layer_types)}
     from sinkscope.capture.attention import capture
 
-    with capture(model, _ColumnMass([]), mode="fused"):
+    with capture(model, DiscardRecords(), mode="fused"):
         out = model(input_ids=ids, attention_mask=masks, position_ids=torch.arange(L, device=device).unsqueeze(0),
                     use_cache=False)
     return F.cross_entropy(out.logits[0, :-1].float(), ids[0, 1:], reduction="none")

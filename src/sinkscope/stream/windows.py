@@ -100,7 +100,8 @@ def residual_only(conditions) -> list:
 
 def _say_backends(conditions, log) -> None:
     """``--kv-backend transformers``: which conditions its ``QuantizedCache`` reads, and why not the others."""
-    from sinkscope.stream.hf_quant import check_available, why_not
+    from sinkscope.kv_quant import transformers_why_not as why_not
+    from sinkscope.stream.hf_quant import check_available
 
     served = [p for p in conditions if p.kv_backend == "transformers"]
     if served:

@@ -189,15 +189,16 @@ def test_top_p0_reads_through_sink_copies_and_h2o():
 
 def test_transformers_backend_serves_only_what_it_computes_as_ours_and_says_why():
     from sinkscope.errors import SinkscopeError
+    from sinkscope.kv_quant import transformers_serves, transformers_why_not
     from sinkscope.stream import hf_quant
 
     served = Policy("full", kv_bits=4, kv_group=8, kv_scheme="per-token")
-    assert hf_quant.serves(served)
+    assert transformers_serves(served)
     for policy, words in ((Policy("window", 8, kv_bits=4, kv_scheme="per-token"), "bounded cache"),
                           (Policy("full", kv_bits=4, kv_scheme="kivi"), "kivi"),
                           (Policy("full", kv_bits=8, kv_scheme="per-token"), "8 bits"),
                           (Policy("full", kv_bits=2, kv_scheme="per-token", protect_sinks=4), "protected")):
-        assert not hf_quant.serves(policy) and words in hf_quant.why_not(policy)
+        assert not transformers_serves(policy) and words in transformers_why_not(policy)
     model, ids, layout = _setup()
     with pytest.raises(SinkscopeError, match="not a multiple"):  # the tiny model's head dimension is 16
         hf_quant.read_quantised_cache(model, ids, Policy("full", kv_bits=4, kv_group=6, kv_scheme="per-token"),
@@ -210,12 +211,12 @@ def test_transformers_quantised_cache_agrees_with_ours_where_both_serve(bits):
     """transformers' QuantizedCache (quanto, residual 1: each chunk flushed after its pass) against sinkscope's
     per-token quantiser on the full cache: the same grid, so the same NLL up to float32 re-quantisation."""
     pytest.importorskip("optimum.quanto")
-    from sinkscope.stream import hf_quant
+    from sinkscope.kv_quant import transformers_serves
 
     model, ids, layout = _setup()
     ours = Policy("full", kv_bits=bits, kv_group=8, kv_scheme="per-token")
     theirs = Policy("full", kv_bits=bits, kv_group=8, kv_scheme="per-token", kv_backend="transformers")
-    assert hf_quant.serves(ours) and not hf_quant.serves(Policy("window", 8, kv_bits=bits, kv_scheme="per-token"))
+    assert transformers_serves(ours) and not transformers_serves(Policy("window", 8, kv_bits=bits, kv_scheme="per-token"))
     mine = read_stream(model, ids, ours, layout, chunk=8)
     transformers_nll = read_stream(model, ids, theirs, layout, chunk=8)
     dense = plain_nll(model, ids)
