@@ -28,8 +28,10 @@ name            op (all return the LSE)                                 when
 Every private op is called from one function, :func:`_private_attention`, and only after
 :func:`private_op_available` has checked the torch version and the op's schema (argument
 names and order), so a torch release that changes one of them falls back instead of
-miscomputing. On an accelerator each fused kernel is also checked once per (device, dtype,
-head size, masking) against the blocked path on a small random problem before it is trusted
+miscomputing. On an accelerator each fused kernel is also checked once per kind of call
+(:class:`CallKind`: device and its compute capability, dtype, the head widths of queries and
+values, masking, window, equal lengths, the SDPA toggles, the torch and kernel versions)
+against the blocked path on a small random problem of that kind before it is trusted
 (:func:`_agrees_with_reference`: the LSE convention, shape and padding of the private ops are
 not documented); one that disagrees or raises is logged and skipped from then on. Out of
 memory is never swallowed (the runner halves the batch).
@@ -84,6 +86,10 @@ def _version(text: str) -> tuple[int, int]:
 
 TORCH_VERSION = _version(torch.__version__)
 
+#: bump when the way a kernel is called or checked changes: a verdict reached under another
+#: version of this module is not reused (part of :class:`CallKind`).
+KERNEL_VERSION = 2
+
 
 # ---- what the choice depends on -------------------------------------------------------------
 @dataclass(frozen=True)
@@ -110,11 +116,13 @@ class Problem:
 
     Attributes:
         dtype: q's dtype.
-        head_dim: D.
+        head_dim: D, the width of a query (and key) head.
         masked: an explicit additive mask is given.
         window: the causal sliding window W (keys with i - j >= W hidden) when no mask is given.
         same_length: T == S (the fused causal kernels align the causal mask top-left, which is
             the record's bottom-right convention only then).
+        value_dim: Dv, the width of a value head (None: D). The flash kernels (CPU and CUDA)
+            require Dv == D (multi-head latent attention has Dv < D).
     """
 
     dtype: torch.dtype
@@ -122,6 +130,40 @@ class Problem:
     masked: bool
     window: int | None
     same_length: bool
+    value_dim: int | None = None
+
+    @property
+    def widths_equal(self) -> bool:
+        return self.value_dim is None or self.value_dim == self.head_dim
+
+
+@dataclass(frozen=True)
+class CallKind:
+    """Everything a kernel's verdict (trusted or not) and the kernel order depend on.
+
+    Two calls of the same kind get the same kernel; a field left out would let two calls share
+    a verdict reached on the other (issue 56: two models differing only in the value head width
+    did). ``device`` is the device's name (``cuda:0``), ``capability`` its compute capability,
+    ``enabled`` the SDPA toggles read at the call, ``torch`` the full torch version and
+    ``kernel_version`` :data:`KERNEL_VERSION`.
+    """
+
+    device: str
+    capability: tuple[int, int] | None
+    dtype: str
+    head_dim: int
+    value_dim: int
+    masked: bool
+    window: int | None
+    same_length: bool
+    enabled: frozenset[str]
+    torch: str = torch.__version__
+    kernel_version: int = KERNEL_VERSION
+
+    def describe(self) -> dict:
+        """The fields a run's manifest records (``kernels``)."""
+        return dict(device=self.device, dtype=self.dtype, head_dim=self.head_dim, value_dim=self.value_dim,
+                    masked=self.masked, window=self.window)
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,15 +187,17 @@ def candidate_kernels(info: DeviceInfo, problem: Problem) -> tuple[str, ...]:
 
     Pure: depends only on its arguments (tests inject devices that are not there).
     """
-    if info.type == "cpu":
-        plain = [CPU_FLASH] if problem.masked or problem.same_length else []
+    if info.type == "cpu":  # the CPU flash op refuses Dv != D ("Q/K/V should have the same head size")
+        plain = [CPU_FLASH] if (problem.masked or problem.same_length) and problem.widths_equal else []
         return tuple(k for k in plain if info.torch_version >= _PRIVATE_OPS[k][1]) + (BLOCKED,)
     if info.type != "cuda":
         return (BLOCKED,)
     sm = info.capability or (0, 0)
     half = problem.dtype in _HALF
-    flash_ok = half and sm >= (8, 0) and problem.head_dim <= 256 and problem.head_dim % 8 == 0
-    cudnn_ok = half and sm >= (8, 0) and problem.head_dim <= 128 and problem.head_dim % 8 == 0
+    widths = (problem.head_dim, problem.value_dim or problem.head_dim)
+    flash_ok = (half and sm >= (8, 0) and problem.widths_equal and problem.head_dim <= 256
+                and problem.head_dim % 8 == 0)
+    cudnn_ok = half and sm >= (8, 0) and all(width <= 128 and width % 8 == 0 for width in widths)
     if problem.masked:  # an explicit bias: the flash kernels take none
         order = [EFFICIENT] + ([CUDNN] if cudnn_ok else [])
     elif not problem.same_length:  # bottom-right causal: only the blocked path says so
@@ -320,20 +364,19 @@ def blocked_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, ma
 
 
 # ---- choice, trust, and the log ---------------------------------------------------------------
-#: (kernel, device, dtype, head_dim, masked, windowed) -> why the kernel is not used ("" = trusted)
-_verdicts: dict[tuple, str] = {}
+#: (kernel, CallKind) -> why the kernel is not used ("" = trusted)
+_verdicts: dict[tuple[str, CallKind], str] = {}
 #: the kinds of call seen and the kernel that ran for each, in order of first use
-_choices: dict[tuple, str] = {}
+_choices: dict[CallKind, str] = {}
 #: the kernels tried for each kind of call, in order (``candidate_kernels`` then ``sdpa_first``).
-_orders: dict[tuple, tuple[str, ...]] = {}
+_orders: dict[CallKind, tuple[str, ...]] = {}
 #: how a fused kernel is checked before it is trusted (replaced in tests)
 _runner: Callable[..., tuple[Tensor, Tensor]] = _private_attention
 
 
 def kernel_choices() -> list[dict]:
-    """Which kernel ran for each kind of call so far (device, dtype, head_dim, masking), in order."""
-    return [dict(zip(("device", "dtype", "head_dim", "masked", "window"), key), kernel=kernel)
-            for key, kernel in _choices.items()]
+    """Which kernel ran for each kind of call so far (device, dtype, head widths, masking), in order."""
+    return [dict(kind.describe(), kernel=kernel) for kind, kernel in _choices.items()]
 
 
 def reset_kernel_state() -> None:
@@ -344,12 +387,15 @@ def reset_kernel_state() -> None:
 
 
 def _agrees_with_reference(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int, masked: bool,
-                           windowed: bool) -> str:
-    """Run ``kernel`` once on a small random problem like the real one; "" if it matches the
-    blocked path (output and LSE), else why not. One host sync, once per kind of call."""
+                           windowed: bool, value_dim: int | None = None) -> str:
+    """Run ``kernel`` once on a small random problem like the real one (the same device, dtype,
+    query and value head widths, masking); "" if it matches the blocked path (output and LSE),
+    else why not. One host sync, once per kind of call."""
     g = torch.Generator().manual_seed(0)
     B, H, T, W = 2, 2, 80, 8
-    q, k, v = (torch.randn(B, H, T, head_dim, generator=g).to(device, dtype) for _ in range(3))
+    value_dim = value_dim or head_dim
+    q, k = (torch.randn(B, H, T, head_dim, generator=g).to(device, dtype) for _ in range(2))  # (B, H, T, D)
+    v = torch.randn(B, H, T, value_dim, generator=g).to(device, dtype)  # (B, H, T, Dv)
     scale = head_dim ** -0.5
     mask = None
     if masked:  # a sliding window plus a padded first key in window 1: what real masks hold
@@ -364,7 +410,7 @@ def _agrees_with_reference(kernel: str, device: torch.device, dtype: torch.dtype
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as error:
         return f"raised {type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
     ref_out, ref_lse = blocked_attention_with_lse(q, k, v, scale, mask, window=window)
-    if tuple(lse.shape) != (B, H, T) or tuple(out.shape) != (B, H, T, head_dim):
+    if tuple(lse.shape) != (B, H, T) or tuple(out.shape) != (B, H, T, value_dim):
         return f"returned shapes {tuple(out.shape)} / {tuple(lse.shape)}"
     out_tol, lse_tol = (3e-2, 2e-3) if dtype in _HALF else (1e-4, 1e-4)
     out_err = (out.float() - ref_out.float()).abs().max().item()
@@ -385,17 +431,31 @@ def _run_fused(kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float, mask:
     return out, _lse_bht(lse, B, H, T)
 
 
-def _trusted(kernel: str, key: tuple, q: Tensor, masked: bool, windowed: bool) -> bool:
+def _trusted(kernel: str, kind: CallKind, q: Tensor) -> bool:
     """Whether ``kernel`` may run for this kind of call (checked once per kind)."""
+    key = (kernel, kind)
     verdict = _verdicts.get(key)
     if verdict is None:  # the CPU kernel is covered by the test suite; the others are checked here
         verdict = "" if kernel == CPU_FLASH else _agrees_with_reference(
-            kernel, q.device, q.dtype, q.shape[-1], masked, windowed)
+            kernel, q.device, q.dtype, kind.head_dim, kind.masked, kind.window is not None, kind.value_dim)
         _verdicts[key] = verdict
         if verdict:
-            log.warning("sinkscope: attention kernel %r not used on %s (%s, head dim %d, %s): %s", kernel, q.device,
-                        str(q.dtype).removeprefix("torch."), q.shape[-1], _masking(masked, windowed), verdict)
+            log.warning("sinkscope: attention kernel %r not used on %s (%s, %s, %s): %s", kernel, q.device,
+                        kind.dtype, _widths(kind), _masking(kind.masked, kind.window is not None), verdict)
     return verdict == ""
+
+
+def _widths(kind: CallKind) -> str:
+    if kind.value_dim == kind.head_dim:
+        return f"head dim {kind.head_dim}"
+    return f"head dim {kind.head_dim}, value head dim {kind.value_dim}"
+
+
+def call_kind(q: Tensor, v: Tensor, masked: bool, window: int | None, same_length: bool) -> CallKind:
+    """The :class:`CallKind` of one call (SDPA toggles and capability read now, cached per device)."""
+    info = device_info(q.device)
+    return CallKind(str(q.device), info.capability, str(q.dtype).removeprefix("torch."), q.shape[-1], v.shape[-1],
+                    masked, window, same_length, info.enabled if info.type == "cuda" else frozenset())
 
 
 def _masking(masked: bool, windowed: bool) -> str:
@@ -427,8 +487,8 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tens
     masked = mask is not None
     window = None if masked else window
     T, S = q.shape[-2], k.shape[-2]
-    problem = Problem(q.dtype, q.shape[-1], masked, window, T == S)
-    kind = (str(q.device), str(q.dtype).removeprefix("torch."), q.shape[-1], masked, window)
+    problem = Problem(q.dtype, q.shape[-1], masked, window, T == S, v.shape[-1])
+    kind = call_kind(q, v, masked, window, T == S)
     if kernels is not None:
         order = tuple(kernels)
     else:  # SDPA's own choice asked once per kind of call (a host-side decision, no sync)
@@ -438,8 +498,8 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tens
     for kernel in order:
         if kernel == BLOCKED:
             break
-        key = (kernel, *kind)
-        if not _trusted(kernel, key, q, masked, window is not None):
+        key = (kernel, kind)
+        if not _trusted(kernel, kind, q):
             continue
         try:
             out, lse = _run_fused(kernel, q, k, v, scale, mask, window)
@@ -456,10 +516,9 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tens
     return blocked_attention_with_lse(q, k, v, scale, mask, window=window)
 
 
-def _note(kind: tuple, kernel: str) -> None:
+def _note(kind: CallKind, kernel: str) -> None:
     """Log the kernel the first time a kind of call runs (and when it changes)."""
     if _choices.get(kind) != kernel:
         _choices[kind] = kernel
-        device, dtype, head_dim, masked, window = kind
-        log.info("sinkscope: attention kernel %r on %s (%s, head dim %d, %s)", kernel, device, dtype, head_dim,
-                 _masking(masked, window is not None))
+        log.info("sinkscope: attention kernel %r on %s (%s, %s, %s)", kernel, kind.device, kind.dtype, _widths(kind),
+                 _masking(kind.masked, kind.window is not None))

@@ -77,6 +77,10 @@ BF16_CAUSAL = Problem(torch.bfloat16, 64, masked=False, window=None, same_length
     (DeviceInfo("cuda", (9, 0), (2, 4)), Problem(torch.bfloat16, 64, False, 128, True), (EFFICIENT, BLOCKED)),
     (DeviceInfo("cuda", (9, 0), (2, 11), frozenset({CUDNN, EFFICIENT})), BF16_CAUSAL, (CUDNN, EFFICIENT, BLOCKED)),
     (DeviceInfo("mps"), BF16_CAUSAL, (BLOCKED,)),
+    # value heads narrower than query heads (multi-head latent attention): the flash ops refuse them
+    (DeviceInfo("cpu"), Problem(torch.float32, 64, False, None, True, value_dim=32), (BLOCKED,)),
+    (H200, Problem(torch.bfloat16, 64, False, None, True, value_dim=32), (CUDNN, EFFICIENT, BLOCKED)),
+    (H200, Problem(torch.bfloat16, 192, False, None, True, value_dim=128), (EFFICIENT, BLOCKED)),
 ])
 def test_candidate_kernels(info, problem, expected):
     assert candidate_kernels(info, problem) == expected
@@ -198,8 +202,8 @@ def test_fallback_order_self_check_and_log_once(fake_cuda, caplog):
     assert "'flash' not used" in messages[0] and "Ampere" in messages[0]  # raised during its self-check
     assert "'cudnn' not used" in messages[1] and "disagrees" in messages[1]  # wrong LSE convention caught
     assert "attention kernel 'efficient'" in messages[2] and caplog.records[2].levelno == logging.INFO
-    assert K.kernel_choices() == [dict(device="cpu", dtype="bfloat16", head_dim=16, masked=False, window=None,
-                                       kernel=EFFICIENT)]
+    assert K.kernel_choices() == [dict(device="cpu", dtype="bfloat16", head_dim=16, value_dim=16, masked=False,
+                                       window=None, kernel=EFFICIENT)]
     calls = len(fake_cuda.calls)
     caplog.clear()
     for _ in range(3):  # later layers: no new log, no retry of the rejected kernels, no new check
@@ -334,3 +338,78 @@ def test_sdpas_own_backend_goes_first_on_cuda(monkeypatch, backend, first):
     cpu = type("Q", (), {"device": torch.device("cpu")})()
     assert K.sdpa_first(order, cpu, cpu, cpu, Problem(torch.float32, 64, False, None, True)) == order
     assert choose.calls == 1
+
+
+# ---- the verdict's key: everything that changes the verdict (issue 56, item 4) ----------------
+class WrongWhenWidthsDiffer(FakeKernels):
+    """A fused kernel that is right when Dv == D and silently wrong (values scaled) when Dv != D."""
+
+    def __call__(self, kernel, q, k, v, scale, bias, window):
+        self.calls.append(kernel)
+        if window is not None and bias is None:
+            bias = causal_additive_mask(q.shape[-2], k.shape[-2], q.dtype, q.device, window)
+        out, lse = K.blocked_attention_with_lse(q, k, v, scale, bias)
+        return (out if v.shape[-1] == q.shape[-1] else 2 * out), lse
+
+
+def narrow_values(q, k, v, width):
+    return q, k, v[..., :width].contiguous()
+
+
+@pytest.mark.parametrize("first_width", [16, 8])
+def test_calls_differing_only_in_value_width_get_their_own_verdicts(monkeypatch, first_width):
+    """A verdict reached with Dv == D is not reused for Dv != D (nor the reverse): each width is
+    checked against the exact path with its own value width, and the wrong one is caught."""
+    fake = WrongWhenWidthsDiffer()
+    monkeypatch.setattr(K, "_runner", fake)
+    monkeypatch.setattr(K, "device_info", lambda device: DeviceInfo("cuda", (9, 0), (2, 11), frozenset({EFFICIENT})))
+    q, k, v = qkv(dtype=torch.float32, D=16)
+    for width in (first_width, 24 - first_width):
+        out, lse = attention_with_lse(q, k, v[..., :width], 0.25, None)
+        ref_out, ref_lse = blocked_attention_with_lse(q, k, v[..., :width], 0.25, None)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=0)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-5, rtol=0)
+    kernels = {c["value_dim"]: c["kernel"] for c in K.kernel_choices()}
+    assert kernels == {16: EFFICIENT, 8: BLOCKED}
+    assert len(K._verdicts) == 2
+
+
+def test_the_verdict_key_holds_torch_kernel_version_toggles_and_capability(monkeypatch):
+    q, k, v = qkv(D=16)
+    base = K.call_kind(q, v, False, None, True)
+    assert base.torch == torch.__version__ and base.kernel_version == K.KERNEL_VERSION
+    assert (base.head_dim, base.value_dim, base.same_length) == (16, 16, True)
+    assert K.call_kind(q, v[..., :8], False, None, True) != base
+    assert K.call_kind(q, v, False, None, False) != base
+    monkeypatch.setattr(K, "device_info", lambda device: DeviceInfo("cuda", (9, 0), (2, 11), frozenset({FLASH})))
+    h200_flash = K.call_kind(q, v, False, None, True)
+    monkeypatch.setattr(K, "device_info", lambda device: DeviceInfo("cuda", (9, 0), (2, 11), frozenset({CUDNN})))
+    h200_cudnn = K.call_kind(q, v, False, None, True)
+    monkeypatch.setattr(K, "device_info", lambda device: DeviceInfo("cuda", (8, 0), (2, 11), frozenset({CUDNN})))
+    a100_cudnn = K.call_kind(q, v, False, None, True)
+    assert len({base, h200_flash, h200_cudnn, a100_cudnn}) == 4
+
+
+def test_equal_then_unequal_lengths_on_cpu_stay_exact():
+    """The kernel order once cached for T == S is not reused for T < S (bottom-right causal):
+    the CPU flash kernel aligns its causal mask top-left, which is right only when T == S."""
+    q, k, v = qkv(T=24)
+    attention_with_lse(q, k, v, 0.25, None)  # T == S: the CPU kernel
+    q_tail = q[:, :, -8:]  # (B, H, 8, D): the last 8 queries over all 24 keys
+    out, lse = attention_with_lse(q_tail, k, v, 0.25, None)
+    ref_out, ref_lse = numpy_attention(q_tail, k, v, 0.25, causal_visible(8, 24))
+    np.testing.assert_allclose(out.numpy(), ref_out, atol=2e-6)
+    np.testing.assert_allclose(lse.numpy(), ref_lse, atol=2e-6)
+    assert [c["kernel"] for c in K.kernel_choices()] == [CPU_FLASH, BLOCKED]
+
+
+def test_the_self_check_runs_with_the_real_value_width(monkeypatch):
+    widths = []
+
+    def runner(kernel, q, k, v, scale, bias, window):
+        widths.append((q.shape[-1], v.shape[-1]))
+        return K.blocked_attention_with_lse(q, k, v, scale, bias, window=window)
+
+    monkeypatch.setattr(K, "_runner", runner)
+    assert K._agrees_with_reference(EFFICIENT, torch.device("cpu"), torch.float32, 64, False, False, 32) == ""
+    assert widths == [(64, 32)]
