@@ -77,6 +77,10 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
     from sinkscope.probes import get_probe
 
     commands = discover()
+    _check_what(what)
+    if isinstance(model, (list, tuple)) and not model:
+        raise SinkscopeError("model= is an empty list; name at least one model (or leave model= out for the bundled "
+                             "SmolLM2).")
     if isinstance(what, str) and what in commands:
         command = get_command(what)
         if params:
@@ -177,9 +181,26 @@ def _compare(command, options, models, revisions, group_by, inputs, log):
     return outcome
 
 
+def _check_what(what) -> None:
+    """``what`` is a command or probe name, or a non-empty list of names: else one sentence naming the argument."""
+    names = [what] if isinstance(what, str) else what
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(name, str) and name for name in names):
+        raise SinkscopeError(f"what= takes a command name such as 'sinks', or probe names (a string or a list of "
+                             f"strings), not {_short_repr(what)}.")
+
+
+def _short_repr(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
 def _check_loaded(model) -> None:
     """A module whose weights are not in memory (the meta device: ``init_empty_weights``, a ``device_map``
-    that offloaded everything) has nothing to measure: one sentence, not torch's ``.item()`` error."""
+    that offloaded everything) has nothing to measure: one sentence, not torch's ``.item()`` error. A
+    module with no weights at all has nothing to measure either."""
+    if next(iter(model.parameters()), None) is None:
+        raise SinkscopeError(f"the {type(model).__name__} given as model= has no weights; sinkscope measures "
+                             "transformers causal LMs and its own trainer's models.")
     if any(tensor.is_meta for tensor in (*model.parameters(), *model.buffers())):
         raise SinkscopeError("the model's weights are on the meta device (created without loading them, as "
                              "init_empty_weights does); load the weights, then measure.")

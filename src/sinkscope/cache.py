@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sinkscope.errors import SinkscopeError, option
+from sinkscope.errors import SinkscopeError, option, whole_number
 
 POLICIES = ("full", "window", "sinks", "h2o")
 POSITIONS = ("cache", "original")
@@ -126,9 +126,10 @@ class Policy:
 def parse_protect(text: str) -> tuple[str, int] | None:
     """``top-p0:N`` / ``random:N`` (N >= 1) as (rule, N); None when malformed."""
     rule, _, count = str(text).partition(":")
-    if rule not in ("top-p0", "random") or not count.isdigit() or int(count) < 1:
+    n = whole_number(count)
+    if rule not in ("top-p0", "random") or n is None or n < 1:
         return None
-    return rule, int(count)
+    return rule, n
 
 
 def keep_slots(policy: Policy, n_slots: int, n_kv: int, device, scores: Tensor | None = None) -> Tensor | None:

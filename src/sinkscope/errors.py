@@ -67,3 +67,70 @@ def suggest(word: str, known) -> str:
 
     close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# ---- values at the boundary: one rule for the command line, recipes and the Python API ----------------------------
+_WHOLE = re.compile(r"[0-9]+")
+
+
+def whole_number(text) -> int | None:
+    """``text`` as a non-negative integer if it is written with the ASCII digits 0-9 alone, else None.
+
+    ``str.isdigit`` also accepts superscripts and other digits (``"²".isdigit()`` is True, and
+    ``int("²")`` then raises), so every count a user writes is parsed here.
+    """
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, int):
+        return text if text >= 0 else None
+    text = str(text).strip()
+    return int(text) if _WHOLE.fullmatch(text) else None
+
+
+def check_field_values(options, style_name=None) -> None:
+    """Every int, float and bool field of the dataclass ``options`` holds a value of its declared type,
+    and every float is finite: one sentence naming the option otherwise.
+
+    The declared type is the field's annotation (``int``, ``float | None``, ...); fields of other
+    types (strings, tuples, unions of several kinds) are left to their own checks. An int is
+    accepted where a float is declared; a bool is never a number. Ranges (at least 1, ...) are each
+    command's own checks; this is the check every path (CLI, recipe, ``sinkscope.measure``) shares,
+    run where the options are made.
+    """
+    import dataclasses
+    import math
+    import numbers
+
+    for field in dataclasses.fields(options):
+        kind = _declared_kind(field.type)
+        if kind is None:
+            continue
+        value = getattr(options, field.name)
+        if value is None and kind[1]:
+            continue
+        name = style_name(field.name) if style_name else option(field.name)
+        if kind[0] == "bool":
+            if not isinstance(value, bool):
+                raise SinkscopeError(f"{name} must be true or false (got {value!r}).")
+            continue
+        number = numbers.Real if kind[0] == "float" else numbers.Integral  # numpy's scalars too
+        if isinstance(value, bool) or not isinstance(value, number):
+            what = "an integer" if kind[0] == "int" else "a number"
+            raise SinkscopeError(f"{name} must be {what} (got {value!r}).")
+        if kind[0] == "float" and not math.isfinite(value):
+            raise SinkscopeError(f"{name} must be a finite number (got {value!r}).")
+        plain = int(value) if kind[0] == "int" else (value if isinstance(value, int) else float(value))
+        if type(plain) is not type(value):  # a numpy scalar: a plain Python number, as the manifest's JSON needs
+            object.__setattr__(options, field.name, plain)
+
+
+def _declared_kind(annotation) -> tuple[str, bool] | None:
+    """("int" | "float" | "bool", None allowed) for an annotation of one such type (optionally ``| None``)."""
+    text = str(annotation if isinstance(annotation, str) else getattr(annotation, "__name__", annotation))
+    optional = text.startswith("Optional[")
+    parts = [part.strip() for part in (text[len("Optional["):-1] if optional else text).split("|")]
+    optional = optional or "None" in parts
+    kinds = [part for part in parts if part != "None"]
+    if len(kinds) == 1 and kinds[0] in ("int", "float", "bool"):
+        return kinds[0], optional
+    return None

@@ -34,6 +34,8 @@ import functools
 import os
 import platform
 
+from sinkscope.errors import whole_number
+
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 #: the threshold every measuring run fixes (docs/costs.md, "Memory at long context"); None would leave glibc alone.
 RUN_THRESHOLD_BYTES: int | None = 4 << 20
@@ -66,8 +68,9 @@ def asked_threshold(default: int | None) -> int | None:
     value = os.environ.get(ENVIRONMENT, "").strip().lower()
     if value == "off":
         return None
-    if value.isdigit() and int(value) <= GLIBC_MAX_BYTES:
-        return int(value)
+    bytes_asked = whole_number(value)
+    if bytes_asked is not None and bytes_asked <= GLIBC_MAX_BYTES:
+        return bytes_asked
     return default
 
 

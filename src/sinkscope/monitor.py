@@ -91,6 +91,32 @@ def windows_from_texts(texts: Sequence[str], tokenizer, *, seq_len: int, n_seqs:
                         bos_id=resolve_bos("auto", tokenizer)).tokens
 
 
+def _whole(name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int of at least ``minimum`` (numpy integers too), or one sentence naming ``name=``."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise SinkscopeError(f"{name}= must be a whole number of at least {minimum} (got {value!r}).")
+    return int(value)
+
+
+def _token_ids(windows) -> np.ndarray:
+    """``windows`` as (n_seqs, seq_len) int64 token ids (whole, non-negative, n_seqs >= 1, seq_len >= 2)."""
+    try:
+        array = np.asarray(windows.detach().cpu() if hasattr(windows, "detach") else windows)
+    except (ValueError, TypeError) as error:  # ragged lists
+        raise SinkscopeError(f"windows= must be token ids of shape (n_seqs, seq_len), not a ragged list ({error}).") \
+            from None
+    if array.dtype.kind not in "iu" and not (array.dtype.kind == "f" and array.size and np.isfinite(array).all()
+                                             and (array == np.round(array)).all()):
+        raise SinkscopeError(f"windows= must hold whole token ids, not {array.dtype} values.")
+    if array.ndim != 2 or array.shape[0] < 1 or array.shape[1] < 2:
+        raise SinkscopeError(f"windows= must be token ids of shape (n_seqs >= 1, seq_len >= 2), not {array.shape}.")
+    if array.min() < 0:
+        raise SinkscopeError(f"windows= holds a negative token id ({int(array.min())}).")
+    return array.astype(np.int64)
+
+
 class SinkMonitor(TrainerCallback):
     """Sink probes on fixed windows every ``every`` steps of a training loop (module docstring).
 
@@ -113,25 +139,32 @@ class SinkMonitor(TrainerCallback):
                  seed: int = 0, out: str | Path | None = None, batch_size: int = 4, attention: str = "fused"):
         from sinkscope.probes import get_probe
 
-        if every < 1:
-            raise SinkscopeError(f"every must be at least 1 (got {every}).")
+        probes = (probes,) if isinstance(probes, str) else probes
+        if not isinstance(probes, (list, tuple)) or not probes or not all(isinstance(p, str) for p in probes):
+            raise SinkscopeError(f"probes= takes probe names (a list of strings, see sinkscope ls probes), not "
+                                 f"{probes!r}.")
+        every, batch_size = _whole("every", every), _whole("batch_size", batch_size)
         if (windows is None) == (texts is None):
             raise SinkscopeError("give the monitor either windows= (token ids) or texts= (with tokenizer=), once.")
         if texts is not None:
             if tokenizer is None:
                 raise SinkscopeError("texts= needs tokenizer= to cut its windows.")
-            windows = windows_from_texts([texts] if isinstance(texts, str) else texts, tokenizer, seq_len=seq_len,
-                                         n_seqs=n_seqs, seed=seed)
-        tokens = np.asarray(windows, dtype=np.int64)
-        if tokens.ndim != 2 or tokens.shape[1] < 2:
-            raise SinkscopeError(f"windows must be token ids of shape (n_seqs, seq_len >= 2), not {tokens.shape}.")
+            if not isinstance(texts, str) and not (isinstance(texts, (list, tuple)) and texts
+                                                   and all(isinstance(t, str) for t in texts)):
+                raise SinkscopeError("texts= takes a string or a list of strings (the documents to cut windows from).")
+            windows = windows_from_texts([texts] if isinstance(texts, str) else texts, tokenizer,
+                                         seq_len=_whole("seq_len", seq_len, 2), n_seqs=_whole("n_seqs", n_seqs),
+                                         seed=_whole("seed", seed, 0))
+        tokens = _token_ids(windows)
         for name in probes:
             get_probe(name)  # one sentence for an unknown name, before training starts
         if attention not in ("fused", "explicit"):
             raise SinkscopeError(f"attention must be 'fused' or 'explicit', not {attention!r}.")
-        self.probes, self.every, self.tokens = tuple(probes), int(every), tokens
-        self.batch_size, self.attention = int(batch_size), attention
-        self.out = Path(out) if out is not None else None
+        if out is not None and (not isinstance(out, (str, Path)) or not str(out).strip()):
+            raise SinkscopeError(f"out= takes a folder path (or None to keep the rows in memory), not {out!r}.")
+        self.probes, self.every, self.tokens = tuple(probes), every, tokens
+        self.batch_size, self.attention = batch_size, attention
+        self.out = Path(out).expanduser() if out is not None else None
         self.frames: list = []  # every measured step's rows, in memory (pandas DataFrames)
         self._spec = None
         self._spec_of = None
@@ -153,7 +186,11 @@ class SinkMonitor(TrainerCallback):
         """Create ``out`` (or check that its table is this monitor's: same probes and windows)."""
         from sinkscope.fileio import atomic_write_bytes, atomic_write_text, read_json
 
-        self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SinkscopeError(f"could not create the monitor's folder {self.out} ({error.strerror or error}); give "
+                                 "out= a folder you can write.") from error
         table, manifest = self.out / TABLE, self.out / MANIFEST
         if table.exists() or manifest.exists():
             held = read_json(manifest, "the monitor's manifest", expect=dict, missing_ok=True,

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from sinkscope.errors import SinkscopeError, option
+from sinkscope.errors import SinkscopeError, check_field_values, option
 from sinkscope.paths import user_path
 
 if TYPE_CHECKING:
@@ -83,6 +83,7 @@ class RunOptions:
     explore_max_mb: float | None = 3.5
 
     def __post_init__(self):
+        check_field_values(self)  # every number of its type and finite, whoever made the options
         expand_paths(self, model="MODEL", out=option("out"), text_file=option("text_file"))
 
 

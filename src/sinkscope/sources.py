@@ -350,6 +350,15 @@ def _tokenizer_error(source: Source, error: Exception):
         return None  # load_model explains
     if source.kind == "gguf":
         raise SinkscopeError(f"could not read the GGUF file {source.path} ({_short(error)}).") from error
+    if source.kind == "folder":  # the tokenizer reads config.json first: blame the file at fault
+        from transformers import AutoConfig
+
+        try:
+            AutoConfig.from_pretrained(source.path, local_files_only=True, trust_remote_code=False)
+        except Exception as config_error:  # noqa: BLE001 - a config class's own validation errors vary
+            if "trust_remote_code" not in str(config_error):
+                raise SinkscopeError(f"the config.json of {source.location} is not a valid model config "
+                                     f"({_short(config_error)}).") from config_error
     raise SinkscopeError(f"could not load the tokenizer of {source.location} ({_short(error)}).") from error
 
 

@@ -267,4 +267,10 @@ def test_a_builtin_probes_bug_still_surfaces(tiny_llama_dir, text_file, tmp_path
     result = runner.invoke(app, ["measure", str(tiny_llama_dir), "--probe", "p0_mass", "--text-file",
                                  str(text_file), "--seq-len", "16", "--n-seqs", "2", "--out", str(tmp_path / "run"),
                                  "--no-progress", "--no-figures"])
-    assert isinstance(result.exception, RuntimeError) and str(result.exception) == "our bug"
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: sinkscope stopped on an unexpected RuntimeError: our bug") and "--debug" in line
+    debug = runner.invoke(app, ["--debug", "measure", str(tiny_llama_dir), "--probe", "p0_mass", "--text-file",
+                                str(text_file), "--seq-len", "16", "--n-seqs", "2", "--out", str(tmp_path / "run2"),
+                                "--no-progress", "--no-figures"])
+    assert debug.exit_code == 1 and "Traceback" in debug.output and 'raise RuntimeError("our bug")' in debug.output

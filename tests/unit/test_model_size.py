@@ -72,3 +72,44 @@ def test_available_memory_is_a_positive_number_of_bytes_below_the_physical_total
 
     memory = available_memory()
     assert memory is not None and 0 < memory <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") + 10 ** 15
+
+
+# ---- round three (issue 60): every field that allocates, and the field at fault named -----------------------------
+def test_a_huge_head_width_is_named_not_the_layer_count():
+    with pytest.raises(SinkscopeError, match=r"\(head_dim = 1,000,000,000:"):
+        check_config_sizes({**LLAMA, "head_dim": 10 ** 9}, "x", memory=24 * 10 ** 9)
+
+
+def test_a_learned_position_table_counts_and_a_rotary_context_does_not():
+    gpt2 = {"n_layer": 2, "n_embd": 32, "n_head": 2, "vocab_size": 100}
+    assert estimate({**gpt2, "n_positions": 1000}, "x")[0] - estimate(gpt2, "x")[0] == 1000 * 32
+    rotary = {**LLAMA, "rope_theta": 10000.0}
+    assert estimate({**rotary, "max_position_embeddings": 10 ** 12}, "x")[0] == estimate(rotary, "x")[0]
+    with pytest.raises(SinkscopeError, match="n_positions = 10,000,000,000"):
+        check_config_sizes({**gpt2, "n_positions": 10 ** 10}, "x", memory=24 * 10 ** 9)
+
+
+def test_the_estimate_counts_gpt2s_position_table_as_the_model_holds_it():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = {"n_layer": 1, "n_embd": 32, "n_head": 2, "vocab_size": 100, "n_positions": 64}
+    model = GPT2LMHeadModel(GPT2Config(**config))
+    assert model.transformer.wpe.weight.numel() == estimate({**config, "n_positions": 128}, "x")[0] \
+        - estimate(config, "x")[0] == 64 * 32
+
+
+def test_a_per_layer_list_of_the_wrong_length_is_one_sentence():
+    with pytest.raises(SinkscopeError) as error:
+        check_config_sizes({**LLAMA, "layer_types": ["full_attention"] * 200_000}, "the config.json of /m",
+                           memory=10 ** 12)
+    assert "layer_types with 200,000 entries but num_hidden_layers = 2" in str(error.value)
+    check_config_sizes({**LLAMA, "layer_types": ["full_attention"] * 2}, "x", memory=10 ** 12)
+
+
+@pytest.mark.parametrize("field,value", [("rms_norm_eps", math.nan), ("layer_norm_epsilon", math.inf),
+                                         ("rope_theta", math.nan)])
+def test_a_nan_setting_or_an_infinite_epsilon_names_the_field(field, value):
+    with pytest.raises(SinkscopeError, match=f"sets {field} = {value!r}; a model's settings must be finite"):
+        check_config_sizes({**LLAMA, field: value}, "x", memory=10 ** 12)
+    with pytest.raises(SinkscopeError, match="sets rms_norm_eps"):
+        check_config_sizes({"text_config": {**LLAMA, "rms_norm_eps": math.nan}}, "x", memory=10 ** 12)

@@ -122,6 +122,8 @@ def _friendly_errors(func):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise typer.Exit(0) from None
         except OSError as error:  # a full disk, a read-only or blocked output path, ...
+            if isinstance(error, ConnectionError):  # a network peer, not a file: the last line of defence below
+                _unforeseen(error)
             _echo_traceback(error)
             where = f" {error.filename}" if error.filename else ""
             typer.echo(f"error: could not write or read{where} ({error.strerror or error}); "
@@ -129,11 +131,23 @@ def _friendly_errors(func):
             raise typer.Exit(1) from None
         except Exception as error:
             if not _is_out_of_memory(error):
-                raise
+                _unforeseen(error)
             typer.echo("error: out of memory; lower --batch-size or --seq-len, or use a larger device.", err=True)
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _unforeseen(error: BaseException) -> None:
+    """The last line of defence: an exception no check foresaw is one sentence naming it (its
+    traceback under --debug), exit 1; results already written stay as they are."""
+    _echo_traceback(error)
+    text = (str(error).strip().splitlines() or [""])[0][:300]
+    what = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    hint = "" if _state["debug"] else "; rerun with --debug to see the traceback"
+    typer.echo(f"error: sinkscope stopped on an unexpected {what} (a bug, or input no check foresaw{hint}); "
+               "results already written are unchanged.", err=True)
+    raise typer.Exit(1) from None
 
 
 def _is_out_of_memory(error: BaseException) -> bool:

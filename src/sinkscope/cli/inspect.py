@@ -42,15 +42,16 @@ def report(
     from sinkscope.report import build_report
 
     record = read_comparison_record(user_path(run_dirs[0], "RUN_DIRS")) if len(run_dirs) == 1 else None
-    if record is not None and out is None:  # a comparison's folder: its runs, in order, their labels
+    if record is not None:  # a comparison's folder: its runs, in order, their labels; its page, or one in --out
         folder = Path(user_path(run_dirs[0], "RUN_DIRS"))
         runs = [folder / name for name in record["runs"] if (folder / name / "manifest.json").is_file()]
         if not runs:
             raise SinkscopeError(f"no run of the comparison {folder} has finished; rerun its command with --resume.")
         labels = label or ([lab for lab, name in zip(record["labels"], record["runs"])
                             if (folder / name / "manifest.json").is_file()] if record["labels"] else None)
-        typer.echo(str(build_report(runs, out=folder, labels=labels, group_by=group_by or record["group_by"],
-                                    overwrite=True)))
+        own = out is None or Path(user_path(out, "--out")).resolve() == folder.resolve()
+        typer.echo(str(build_report(runs, out=folder if own else out, labels=labels,
+                                    group_by=group_by or record["group_by"], overwrite=True if own else overwrite)))
         return
     if label and len(label) != len(run_dirs):
         raise SinkscopeError(f"give one --label per run folder ({len(run_dirs)}), not {len(label)}.")

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sinkscope.commands import register_command
-from sinkscope.errors import SinkscopeError, option
+from sinkscope.errors import SinkscopeError, option, whole_number
 from sinkscope.options import Command, RunOptions, split_values
 
 POLICIES = ("full", "window", "sinks", "h2o")  # cache.POLICIES, without importing torch
@@ -133,12 +133,29 @@ def _check(options: StreamOptions) -> None:
     if "h2o" in options.policy and min(options.cache) < 2:
         raise SinkscopeError(f"h2o keeps at least one heavy and one recent key, so it needs {option('cache')} 2 or more "
                              f"(got {option('cache')} {','.join(map(str, options.cache))}).")
+    _check_protection_fits(options)
     if "sinks" in options.policy:
         short = [(n, c) for n in options.sink_tokens for c in options.cache if n > 0 and n >= c]
         if short:
             n, c = short[0]
             raise SinkscopeError(f"{option('sink_tokens')} {n} leaves no recent key in a cache of {c}; use fewer sink tokens or "
                                  f"a larger {option('cache')}.")
+
+
+def _check_protection_fits(options: StreamOptions) -> None:
+    """A protection that keeps every key a quantised cache holds quantises nothing: its rows would show the
+    unquantised perplexity under a quantised label (issue 60), so it is refused naming the cache."""
+    if all(bits == 16 for bits in options.kv_bits):
+        return
+    held = [options.length] if "full" in options.policy else []
+    held += [c for c in options.cache if any(p != "full" for p in options.policy)]
+    smallest = min(held)
+    counts = [(f"{option('protect_sinks')} {n}", n) for n in options.protect_sinks]
+    counts += [(f"{option('protect')} {rule}", whole_number(str(rule).partition(":")[2]) or 0) for rule in options.protect]
+    for what, n in counts:
+        if n >= smallest:
+            raise SinkscopeError(f"{what} keeps every key of a cache of {smallest}, so its quantised rows would equal the "
+                                 f"unquantised ones; protect fewer keys than the smallest cache read ({smallest}).")
 
 
 def _check_quantisation(options: StreamOptions) -> None:
@@ -157,7 +174,7 @@ def _check_quantisation(options: StreamOptions) -> None:
     rules = split_values(options.protect) if options.protect else []
     for rule in rules:
         kind, _, count = str(rule).partition(":")
-        if kind not in ("top-p0", "random") or not count.isdigit() or int(count) < 1:
+        if kind not in ("top-p0", "random") or (whole_number(count) or 0) < 1:
             raise SinkscopeError(f"{option('protect')} takes top-p0:N (the N keys of highest attention) or random:N, N >= 1 "
                                  f"(got {rule!r}).")
     if len(set(rules)) != len(rules):

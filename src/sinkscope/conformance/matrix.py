@@ -626,6 +626,10 @@ def _run(args: argparse.Namespace) -> int:
         if Path(args.update_repo).resolve() not in Path(__file__).resolve().parents:
             print(f"note: the matrix runs the sinkscope at {Path(__file__).resolve().parents[1]}, not the one in "
                   f"{args.update_repo}.", file=sys.stderr)
+    if named and not any(tiny.classify(t) in CHECKED_CLASSES for t in named):
+        classes = ", ".join(f"{t} is {tiny.classify(t)}" for t in named[:4])
+        raise SinkscopeError(f"none of --types has softmax attention this matrix checks ({classes}), so nothing would be "
+                             "checked; name a type such as llama or opt.")
     out = Path(args.out) if args.out else default_run_dir("conformance")
     _check_out(out, args.overwrite)
     types = named or tiny.model_types()

@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, whole_number
 from sinkscope.probes.base import MetricInfo, Param, Probe, Row, register_probe
 from sinkscope.cache import POLICIES, POSITIONS, Policy, parse_protect
 from sinkscope.kv_quant import BITS, SCHEMES, transformers_serves
@@ -33,22 +33,22 @@ SOURCE = "SPEC.md Streaming; Xiao et al. 2023 (StreamingLLM) Fig. 3; Zhang et al
 
 def _positive(values) -> str | None:
     def whole(v) -> bool:
-        return (isinstance(v, int) and not isinstance(v, bool) and v >= 1) or (isinstance(v, str) and v.isdigit()
-                                                                              and int(v) >= 1)
+        n = whole_number(v) if isinstance(v, (int, str)) else None
+        return n is not None and n >= 1
     return None if all(whole(v) for v in values) else "must hold whole numbers >= 1"
 
 
 def _bits(values) -> str | None:
-    return None if all(str(v).isdigit() and int(v) in BITS for v in values) else \
+    return None if all(whole_number(v) in BITS for v in values) else \
         f"must hold bit widths among {', '.join(map(str, BITS))}"
 
 
 def _groups(values) -> str | None:
-    return None if all(str(v).isdigit() and int(v) >= 2 for v in values) else "must hold whole numbers >= 2"
+    return None if all((whole_number(v) or 0) >= 2 for v in values) else "must hold whole numbers >= 2"
 
 
 def _counts(values) -> str | None:
-    return None if all(str(v).isdigit() for v in values) else "must hold whole numbers >= 0"
+    return None if all(whole_number(v) is not None for v in values) else "must hold whole numbers >= 0"
 
 
 def _rules(values) -> str | None:

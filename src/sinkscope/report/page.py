@@ -201,7 +201,7 @@ def _run_info(runs: list[RunData]) -> dict:
         ("family", lambda m: get(m, "model", "family")),
         ("attention read", lambda m: _attention_read(get(m, "model", "spec", "attention_path", default="interface"),
                                                      get(m, "capture_check", "relative", default=None))),
-        ("corpus", lambda m: get(m, "corpus", "name")),
+        ("corpus", lambda m: get(m, "corpus", "abs_path", default=None) or get(m, "corpus", "name")),  # a file: its full path
         ("corpus sha256", lambda m: str(get(m, "corpus", "sha256"))[:16]),
         ("BOS policy", lambda m: bos_summary(m.get("windows") if isinstance(m.get("windows"), dict) else {})),
         ("seq-len", lambda m: get(m, "windows", "seq_len")),

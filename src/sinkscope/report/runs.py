@@ -38,10 +38,20 @@ def is_training_folder(path: str | Path) -> bool:
 
 def read_training(path: str | Path, label: str | None = None) -> TrainingLog:
     folder = Path(path)
-    log = pd.read_csv(folder / "log.csv")
+    try:
+        log = pd.read_csv(folder / "log.csv")
+    except (OSError, ValueError, pd.errors.ParserError) as error:
+        raise SinkscopeError(f"could not read the log.csv of {path} ({str(error).splitlines()[0][:160]}).") from error
     missing = {"step", "train_loss", "val_loss"} - set(log.columns)
     if missing:
         raise SinkscopeError(f"the log.csv of {path} lacks the columns {sorted(missing)}.")
+    for column in ("step", "train_loss", "val_loss"):
+        numbers = pd.to_numeric(log[column], errors="coerce")
+        bad = (log[column].notna() & numbers.isna()) | (numbers.isna() if column == "step" else False)
+        if bad.any():
+            raise SinkscopeError(f"the log.csv of {path} holds a row that is not a training step (line "
+                                 f"{int(bad.to_numpy().nonzero()[0][0]) + 2}); it is damaged: restore it from a copy.")
+        log[column] = numbers
     config = read_json(folder / "config.json", "the checkpoint's config.json", expect=dict)
     return TrainingLog(folder, label or folder.resolve().name, config, log)
 

@@ -174,7 +174,7 @@ def read_monitor(folder: str | Path) -> tuple[pd.DataFrame, int | None] | None:
     missing = {"step", "metric", "layer", "head", "value"} - set(table.columns)
     if missing:
         raise SinkscopeError(f"the monitor table {folder / MONITOR_TABLE} lacks the columns {sorted(missing)}.")
-    table = table.astype({"layer": "Int64", "head": "Int64"})
+    table = _typed_monitor(table, folder / MONITOR_TABLE)
     seq_len = None
     try:  # an unreadable manifest (not JSON, [[[[...]]]]) leaves the windows' length unknown, not an error
         shape = read_json(folder / MONITOR_MANIFEST, "the monitor's manifest", expect=dict).get("windows")
@@ -182,6 +182,30 @@ def read_monitor(folder: str | Path) -> tuple[pd.DataFrame, int | None] | None:
     except (SinkscopeError, ValueError, TypeError):
         pass
     return table, seq_len
+
+
+def _typed_monitor(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """``table`` with whole steps, numeric values and whole (or empty) layers and heads; a row that
+    holds anything else is one sentence naming the file and the row (a line of the csv)."""
+    from sinkscope.errors import SinkscopeError
+
+    numbers = {column: pd.to_numeric(table[column], errors="coerce") for column in ("step", "layer", "head", "value")}
+    bad = pd.Series(False, index=table.index)
+    for column in ("step", "layer", "head"):
+        given = table[column].notna() if column != "step" else pd.Series(True, index=table.index)
+        whole = numbers[column].notna() & (numbers[column] % 1 == 0) & (numbers[column] >= 0)
+        bad |= given & ~whole
+    bad |= table["value"].notna() & numbers["value"].isna()
+    bad |= table["metric"].isna()
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        shown = "".join(c if c.isprintable() else "?" for c in ", ".join(str(v) for v in table.iloc[row].tolist()))
+        raise SinkscopeError(f"the monitor table {path} holds a row that is not a measurement (line {row + 2}: "
+                             f"{shown[:120]}); it is damaged: restore it from a copy, or delete it to draw the report "
+                             "without the formation curves.")
+    table = table.assign(step=numbers["step"].astype("int64"), value=numbers["value"].astype(float),
+                         metric=table["metric"].astype(str))
+    return table.assign(layer=numbers["layer"].astype("Int64"), head=numbers["head"].astype("Int64"))
 
 
 FORMATION_NOTE = ("The trainer's monitor (--monitor-every) measured these on the same validation windows at every "

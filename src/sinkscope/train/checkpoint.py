@@ -333,6 +333,7 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise SinkscopeError(f"the checkpoint in {folder} has no model.safetensors.")
+    check_weights_fit_config(folder, config)  # before anything of the config's size is allocated
     try:
         state = load_file(str(weights), device="cpu")
         with safe_open(str(weights), framework="pt") as handle:
@@ -379,6 +380,76 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
             raise SinkscopeError(f"the checkpoint's optimizer.pt in {folder} is damaged or incomplete ({problem}), "
                                  "so it cannot be resumed.")
     return model, tokenizer, meta, optimizer_state
+
+
+#: which config field sets the leading dimensions of a trainer tensor, by the tensor's name (the rest: the width).
+_FIELD_OF_TENSOR = (("transformer.wte.", "vocab_size"), ("lm_head.", "vocab_size"), ("transformer.wpe.", "block_size"),
+                    ("transformer.h.", "n_layer"))
+
+
+def _saved_shapes(weights: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a trainer's safetensors file, from its header alone (no tensor is
+    read); a tied alias (the file's metadata) has the shape of the tensor it stands for."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            tied = (handle.metadata() or {}).get(_TIED_KEY, "{}")
+        aliases = json.loads(tied)
+        if isinstance(aliases, dict):
+            shapes.update({alias: shapes[kept] for alias, kept in aliases.items()
+                           if isinstance(alias, str) and isinstance(kept, str) and kept in shapes})
+        return shapes
+    except ValueError:  # the tied record is not JSON: load_checkpoint names it
+        return shapes
+    except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
+        raise SinkscopeError(f"the checkpoint's model.safetensors in {weights.parent} is damaged or incomplete "
+                             f"({str(error).splitlines()[0][:200] if str(error) else type(error).__name__}).") from error
+
+
+def check_weights_fit_config(folder: str | os.PathLike, config) -> int:
+    """Refuse, before allocating, a checkpoint whose config.json describes other tensors than its weights hold.
+
+    A 5 MB checkpoint whose config.json says ``block_size = 10**7`` would otherwise build a
+    (10**7, C) position table (5 GB at C = 128) before ``load_state_dict`` noticed (issue 60). The
+    model is built on the meta device (no memory), its every tensor's shape compared with the
+    shapes in model.safetensors' header; the first that differs is named with the config field that
+    sets it. Returns the model's bytes in float32 (what building it allocates), also checked against
+    the memory available. ``config`` is the checkpoint's ``GPTConfig``.
+    """
+    import torch
+
+    from sinkscope.model_size import _human, available_memory
+    from sinkscope.train.model import GPT
+
+    folder = Path(folder)
+    saved = _saved_shapes(folder / "model.safetensors")
+    try:
+        with torch.device("meta"), torch.random.fork_rng(devices=[]):
+            skeleton = GPT(config)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise SinkscopeError(f"the model settings in {folder}/config.json are not valid "
+                             f"({str(error).splitlines()[0][:200]}).") from error
+    expected = {name: tuple(tensor.shape) for name, tensor in skeleton.state_dict().items()}
+    for name, shape in expected.items():
+        held = saved.get(name)
+        if held != shape:
+            field = next((field for prefix, field in _FIELD_OF_TENSOR if name.startswith(prefix)), "n_embd")
+            value = getattr(config, field, None)
+            what = "does not hold it" if held is None else f"holds {held}"
+            raise SinkscopeError(
+                f"the checkpoint in {folder} does not match its config.json ({field} = {value:,} asks for {name} of "
+                f"shape {shape}, but model.safetensors {what}); the folder is damaged or was edited, so sinkscope "
+                "refuses it before allocating anything." if isinstance(value, int) else
+                f"the checkpoint in {folder} does not match its config.json (it asks for {name} of shape {shape}, "
+                f"but model.safetensors {what}); the folder is damaged or was edited.")
+    need = sum(tensor.numel() * 4 for tensor in skeleton.parameters())  # float32 weights
+    memory = available_memory()
+    if memory is not None and need > memory:
+        raise SinkscopeError(f"the checkpoint in {folder} needs {_human(need)} to load, against {_human(memory)} of "
+                             "memory available.")
+    return need
 
 
 def model_config(meta: dict, folder: str | os.PathLike):

@@ -91,8 +91,10 @@ class TrainOptions:
     progress: bool = True  # a tqdm bar on stderr
 
     def __post_init__(self):
+        from sinkscope.errors import check_field_values
         from sinkscope.options import expand_paths
 
+        check_field_values(self)  # every number of its type and finite, whoever made the options
         expand_paths(self, out="--out", text_file="--text-file", tokenizer="--tokenizer")
 
 

@@ -60,7 +60,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from sinkscope.errors import SinkscopeError, option
+from sinkscope.errors import SinkscopeError, option, whole_number
 from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_not_cwd, check_replaceable,
                               describe_entries, is_temporary_name, lock_folder, write_inventory)
 from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, clean_leftovers, foreign_files,
@@ -197,7 +197,7 @@ def read_log(folder: str | os.PathLike) -> list[dict]:
     reader = csv.DictReader(io.StringIO(path.read_text(encoding="utf-8")))
     rows = list(reader)
     header = reader.fieldnames or []
-    complete = [r for r in rows if all(r.get(c) is not None for c in header) and (r.get("step") or "").isdigit()]
+    complete = [r for r in rows if all(r.get(c) is not None for c in header) and whole_number(r.get("step") or "") is not None]
     columns = list(LOG_COLUMNS) + [c for c in header if c not in LOG_COLUMNS]
     return [{c: r.get(c) or "" for c in columns} for r in complete]
 
