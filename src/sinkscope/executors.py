@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from sinkscope.engines.options import EngineOptions, gpus_per_run
-from sinkscope.errors import SinkscopeError, option
+from sinkscope.errors import Interrupted, SinkscopeError, option
 from sinkscope.plan import Plan
 
 
@@ -101,7 +101,11 @@ def execute_groups(groups: list[list[Plan]], engine: EngineOptions, *,
             owner.append((k, run))
     # one engine folder for the batch (submitit's files): the group's own, or the cache's for several
     batch_folder = folders[0] if len(groups) == 1 else cache_root() / ENGINE_FOLDER / f"{stamp}-batch"
-    outcomes = run_jobs(jobs, engine, batch_folder, log=log, show_progress=groups[0][0].options.progress) if jobs else []
+    try:
+        outcomes = run_jobs(jobs, engine, batch_folder, log=log, show_progress=groups[0][0].options.progress) if jobs else []
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM, on every engine alike (SLURM's says what keeps running)
+        raise Interrupted(f"interrupted; the runs that finished are kept in their folders: rerun the same command "
+                          f"with {option('resume', True)} to run the others.") from None
     failed: list[dict[str, str]] = [{} for _ in groups]
     for (k, run), outcome in zip(owner, outcomes):
         if not outcome.ok:

@@ -40,6 +40,12 @@ opts in. A step's ``trust_remote_code = true`` (the model folder's own Python co
 Anything else is refused in one sentence before the first step runs (:func:`check_recipe_code`),
 and a run that does execute code first says which (``recipe_code_notes``).
 
+A recipe decides what is measured, never where it runs: a step whose options choose an executor, a
+launcher other than local, or SLURM or Ray options (a ``sweep`` step's ``launcher = "submitit"`` or
+``slurm = [...]``) is refused in one sentence before the first step runs, unless ``sinkscope run``
+is given ``--allow-recipe-executor`` or the value with ``--set`` (:func:`check_recipe_executor`). A
+step's ``jobs`` (local processes on this machine) is allowed.
+
 The measuring commands are the pipeline's (``commands/``: ``sinks``, ``measure``, ...); ``train``
 and ``report`` steps run the trainer and the report; ``sweep`` and ``toy`` steps run
 ``sinkscope sweep`` (``sweep.SweepOptions``) and ``sinkscope toy`` (``toy.ToyOptions``).
@@ -56,6 +62,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 from sinkscope.commands import discover
+from sinkscope.engines.options import ENGINE_FIELDS
 from sinkscope.errors import SinkscopeError, option
 from sinkscope.paths import user_path
 
@@ -194,7 +201,11 @@ def _substitute(value, variables: dict, where: str):
         name = match.group(1)
         if name not in variables:
             raise SinkscopeError(f"{where} uses {{{name}}}, which [vars] does not define.")
-        return str(variables[name])
+        value = variables[name]
+        if isinstance(value, (list, dict)):
+            raise SinkscopeError(f"{where} uses {{{name}}}, whose value in [vars] is {value!r}; a variable stands "
+                                 f"in a text, so give it a string or a number.")
+        return str(value)
 
     return _VAR.sub(one, value)
 
@@ -212,6 +223,26 @@ def _build(command: str, options: dict, variables: dict, where: str):
         values[key] = tuple(value) if isinstance(value, list) and (str(hints[key]).startswith("tuple[")
                                                                    or key == "seq_len") else value
     return options_cls(**values)
+
+
+#: what one ``[[steps]]`` table holds; its options go under ``[steps.options]``.
+STEP_KEYS = ("command", "options")
+
+
+def _check_step_shape(step, what: str, commands: dict) -> None:
+    """One sentence for a step that is not a table of ``command`` and ``options`` (``steps = [1, 2]``, an
+    option written at the step's own level, where it would be ignored)."""
+    if not isinstance(step, dict):
+        raise SinkscopeError(f"{what} is {step!r}, not a table; write each step as [[steps]] followed by "
+                             f"command = \"...\" and [steps.options].")
+    unknown = [key for key in step if key not in STEP_KEYS]
+    if unknown:
+        command = step.get("command")
+        known = isinstance(command, str) and command in commands
+        option_here = known and unknown[0] in {f.name for f in dataclasses.fields(_options_class(command))}
+        hint = " (an option: put it under [steps.options])" if option_here else ""
+        raise SinkscopeError(f"{what} has the unknown key {unknown[0]!r}{hint}; a step holds "
+                             f"{' and '.join(STEP_KEYS)}.")
 
 
 def load_steps(path: str, overrides: list[str] = ()) -> list[tuple[str, object]]:
@@ -236,7 +267,8 @@ def load_steps(path: str, overrides: list[str] = ()) -> list[tuple[str, object]]
     unknown = [key for key in recipe if key not in TOP_LEVEL_KEYS]
     if unknown:
         command = recipe.get("command")
-        fields = {f.name for f in dataclasses.fields(_options_class(command))} if command in commands else set()
+        known = isinstance(command, str) and command in commands
+        fields = {f.name for f in dataclasses.fields(_options_class(command))} if known else set()
         hint = " (an option: put it under [options])" if unknown[0] in fields else ""
         raise SinkscopeError(f"the recipe {path} has the unknown top-level key {unknown[0]!r}{hint}; "
                              f"a recipe holds {', '.join(TOP_LEVEL_KEYS)} at its top level.")
@@ -248,13 +280,18 @@ def load_steps(path: str, overrides: list[str] = ()) -> list[tuple[str, object]]
             raise SinkscopeError(f"the recipe {path} has an empty [[steps]] list.")
     else:
         raw_steps = [{"command": recipe.get("command"), "options": recipe.get("options", {})}]
+    if not isinstance(recipe.get("vars", {}), dict):
+        raise SinkscopeError(f"[vars] of the recipe {path} must be a table ([vars] followed by name = value lines), "
+                             f"not {recipe['vars']!r}.")
     variables = dict(recipe.get("vars", {}))
     steps = []
     for n, step in enumerate(raw_steps, 1):
-        command = step.get("command")
         what = f"step {n} of the recipe {path}" if "steps" in recipe else f"the recipe {path}"
-        if command not in commands:
-            raise SinkscopeError(f"{what} names the command {command!r}; known: {', '.join(sorted(commands))}.")
+        _check_step_shape(step, what, commands)
+        command = step.get("command")
+        if not isinstance(command, str) or command not in commands:
+            form = "" if isinstance(command, str) else ", each a string (command = \"sinks\")"
+            raise SinkscopeError(f"{what} names the command {command!r}; known: {', '.join(sorted(commands))}{form}.")
         if not isinstance(step.get("options", {}), dict):
             raise SinkscopeError(f"the options of {what} must be a table ([options] followed by key = value "
                                  f"lines), not {step['options']!r}.")
@@ -340,6 +377,59 @@ def check_recipe_code(path: str, steps: list[tuple[str, object]], overrides: lis
                     f"on the command line too ({option('plugins')} {plugin}) or run with --allow-recipe-code.")
 
 
+#: the options of a step that choose where its runs go: an executor, a launcher other than local, SLURM's
+#: or Ray's parameters. A step's ``jobs`` (local processes on this machine) is not among them.
+EXECUTOR_OPTIONS = ("launcher", "slurm", *(name for name in ENGINE_FIELDS if name != "jobs"))
+
+
+def _field_default(options, name: str):
+    """The default of the dataclass field ``name`` of ``options``."""
+    field = next(f for f in dataclasses.fields(options) if f.name == name)
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else None
+
+
+def _picks_executor(options, name: str) -> bool:
+    """Whether the step's option ``name`` (one of :data:`EXECUTOR_OPTIONS`) chooses where its runs go."""
+    value = getattr(options, name)
+    if name == "launcher":
+        return value not in (None, "local")
+    return value not in (None, "", (), []) and value != _field_default(options, name)
+
+
+def _shown(value) -> str:
+    """``value`` as a sentence quotes it: Python's repr (a newline shows as ``\\n``), at most 60 characters."""
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_recipe_executor(path: str, steps: list[tuple[str, object]], overrides: list[str] = (), *,
+                          allow: bool = False) -> None:
+    """Refuse, in one sentence, a step whose options choose where its runs go (:data:`EXECUTOR_OPTIONS`:
+    ``launcher = "submitit"``, ``slurm = [...]``, an executor or its options), unless the command line opts
+    in: ``allow`` (``run --allow-recipe-executor``), or the option given with ``--set`` (the command line's
+    own). Whatever is allowed, a text among those options that holds a control character is refused (it
+    would reach a batch script)."""
+    from sinkscope.engines.options import check_text
+
+    from_cli = _set_on_command_line(list(overrides))
+    for n, (command, options) in enumerate(steps, 1):
+        where = f"step {n} ({command}) of the recipe {path}" if len(steps) > 1 else f"the recipe {path}"
+        names = {f.name for f in dataclasses.fields(options)}
+        for name in (name for name in EXECUTOR_OPTIONS if name in names):
+            value = getattr(options, name)
+            for text in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(text, str):
+                    check_text(text, f"{where}'s option {name}")
+            if allow or name in from_cli or not _picks_executor(options, name):
+                continue
+            raise SinkscopeError(
+                f"{where} sets {name} = {_shown(value)}, which chooses where its runs go, and a recipe says what is "
+                f"measured, not where it runs; choose the executor on the command line ({option('executor')}), or, "
+                f"if you trust the recipe, run it with {option('allow_recipe_executor', True)}.")
+
+
 def recipe_code_notes(steps: list[tuple[str, object]]) -> list[str]:
     """One line per piece of code the steps will run, said before the first step runs."""
     notes = []
@@ -349,6 +439,34 @@ def recipe_code_notes(steps: list[tuple[str, object]]) -> list[str]:
         if getattr(options, "trust_remote_code", False):
             what = getattr(options, "model", None) or getattr(options, "tokenizer", None) or "its model"
             notes.append(f"step {n} ({command}) may run the Python code of {what} (trust_remote_code)")
+    return notes
+
+
+#: the options of a step that name something it reads from disk (a model folder or file, a text, a tokenizer
+#: folder, run folders for a report).
+READ_OPTIONS = ("model", "text_file", "tokenizer", "runs")
+
+
+def recipe_read_notes(recipe: str, steps: list[tuple[str, object]]) -> list[str]:
+    """One line per path a step will read outside the recipe's folder and the working folder, said before
+    the first step runs (a recipe is a file someone hands you: ``text_file = "~/.ssh/id_rsa"`` would
+    otherwise land in tokens.npy and the report with only its name printed). A hub id (no such path on
+    disk and no slash-led form) is not a path; a path an earlier step writes is inside the folders."""
+    inside = [Path(recipe).expanduser().resolve().parent, Path.cwd().resolve()]
+    notes = []
+    for n, (command, options) in enumerate(steps, 1):
+        for name in READ_OPTIONS:
+            value = getattr(options, name, None)
+            for item in (value if isinstance(value, (list, tuple)) else [value]):
+                if not isinstance(item, str) or not item:
+                    continue
+                place = Path(item).expanduser()
+                if not (place.exists() or place.is_absolute() or item.startswith(("~", "."))):
+                    continue  # a hub id such as HuggingFaceTB/SmolLM2-135M
+                place = place.resolve()
+                if not any(place == folder or folder in place.parents for folder in inside):
+                    notes.append(f"step {n} ({command}) reads {place} ({name}), outside the recipe's folder and the "
+                                 "working folder")
     return notes
 
 
@@ -373,13 +491,16 @@ def run_recipe(path: str, overrides: list[str] = (), log=None, **code):
 
 
 def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_code: bool = False,
-                trust_remote_code: bool = False, plugins: tuple[str, ...] = (), engine=None) -> list:
+                trust_remote_code: bool = False, plugins: tuple[str, ...] = (), engine=None,
+                allow_recipe_executor: bool = False) -> list:
     """Several recipes, one after the other, every one checked (and ``--set`` applied to each) before
     the first step runs; returns what each recipe's last step returns.
 
     Code a recipe names runs only with the command line's opt-in (:func:`check_recipe_code`):
     ``allow_code`` (``--allow-recipe-code``), ``trust_remote_code`` (``--trust-remote-code``) and
-    ``plugins`` (``--plugin``, also loaded by every measuring step that takes plugins). ``engine``
+    ``plugins`` (``--plugin``, also loaded by every measuring step that takes plugins). Where the runs go
+    is the command line's too (:func:`check_recipe_executor`): a step's own executor, launcher, SLURM or
+    Ray options need ``allow_recipe_executor`` (``--allow-recipe-executor``). ``engine``
     (``--executor``, ``engines.options.EngineOptions``) runs the runs of each measuring, ``sweep`` and
     ``toy`` step. The steps run in order (a step may need an earlier one's output), except that on an
     engine other than in-process, consecutive measuring steps (which read models and write only
@@ -394,10 +515,13 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
         steps = load_steps(path, overrides)
         check_recipe_code(path, steps, overrides, allow_code=allow_code, trust_remote_code=trust_remote_code,
                           plugins=plugins)
+        check_recipe_executor(path, steps, overrides, allow=allow_recipe_executor)
         loaded.append(_with_command_line_code(steps, trust_remote_code, plugins))
     say = log or (lambda message: print(message, file=sys.stderr))
     for path, steps in zip(paths, loaded):
         for note in recipe_code_notes(steps):
+            say(f"{Path(path).name}: {note}")
+        for note in recipe_read_notes(path, steps):
             say(f"{Path(path).name}: {note}")
     from sinkscope.fileio import check_inputs_outside
 

@@ -249,7 +249,7 @@ def _run_jobs(options: SweepOptions, pairs, engine, log) -> None:
     outcomes = run_jobs(jobs, engine, folder, log=log)
     for outcome in outcomes:
         if outcome.ok:
-            log(outcome.value)
+            log(str(outcome.value))  # run_one's line (JSON from a SLURM task: a string too)
     _record(out)
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:

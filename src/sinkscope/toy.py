@@ -616,10 +616,7 @@ def run_toy(options: ToyOptions, log=None, engine=None) -> Path:
             raise SinkscopeError(f"unknown toy condition {condition!r}; use {' or '.join(CONDITIONS)}.")
     if any(load < 1 for load in options.loads) or options.steps < 1:
         raise SinkscopeError("loads and steps must be positive.")
-    for name in ("jobs", "threads"):
-        value = getattr(options, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise SinkscopeError(f"--{name} must be a positive integer, not {value!r}.")
+    check_toy_numbers(options)
     out = Path(options.out)
     check_toy_dir(out, options.overwrite)
     from sinkscope.fileio import lock_folder
@@ -629,6 +626,23 @@ def run_toy(options: ToyOptions, log=None, engine=None) -> Path:
         _run_toy(options, out, log, engine)
     log(f"wrote {out / 'toy.md'}")
     return out / "toy.md"
+
+
+def check_toy_numbers(options: ToyOptions) -> None:
+    """One sentence naming the first count that is not a positive integer or rate that is not a finite
+    positive number (``--batch-size 0`` would divide by zero in every group), before anything trains."""
+    for name in ("steps", "batch_size", "eval_seqs", "n_items", "n_relevant", "jobs", "threads"):
+        value = getattr(options, name)
+        if value is None and name in ("jobs", "threads"):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise SinkscopeError(f"{option(name)} must be a positive integer, not {value!r}.")
+    for name in ("lr", "beta", "p_relevant"):
+        value = getattr(options, name)
+        if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0
+                or (name == "p_relevant" and value > 1)):
+            limit = "a number in (0, 1]" if name == "p_relevant" else "a finite positive number"
+            raise SinkscopeError(f"{option(name)} must be {limit}, not {value!r}.")
 
 
 def toy_jobs(options: ToyOptions) -> int:
@@ -642,9 +656,10 @@ def toy_jobs(options: ToyOptions) -> int:
 
 def train_all(options: ToyOptions, log=lambda message: None, engine=None) -> list[dict]:
     """Every (condition, load) group (:func:`train_group`, all seeds at once), each in one torch
-    thread (``options.threads`` if given), in :func:`toy_jobs` processes, or as one job each on
-    ``engine`` (``--executor ray|slurm``: :func:`_train_on_engine`); rows by condition, load, seed,
-    variant. A group's rows do not depend on the number of processes or where they ran."""
+    thread (``options.threads`` if given): in this process for one job, else one job each (the
+    largest loads first) in :func:`toy_jobs` spawned processes or on ``engine`` (``--executor
+    ray|slurm``), as :func:`_train_on_engine` runs them; rows by condition, load, seed, variant. A
+    group's rows do not depend on the number of processes or where they ran."""
     groups = [(condition, load) for condition in options.conditions for load in options.loads]
     done = {}
 
@@ -654,34 +669,24 @@ def train_all(options: ToyOptions, log=lambda message: None, engine=None) -> lis
             log(f"{group[0]} load {group[1]} seed {seed}: "
                 + ", ".join(f"{r['variant']} {r['error']:.4f}" for r in rows if r["seed"] == seed))
 
-    if engine is not None and engine.executor != "local":
-        for group, rows in zip(groups, _train_on_engine(options, groups, engine, log)):
-            finished(group, rows)
-        return [row for group in groups for row in done[group]]
-    jobs = toy_jobs(options)
-    if jobs == 1:
-        for group in groups:
-            finished(group, _train_group_job(options, *group))
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+    if engine is None or engine.executor == "local":
+        jobs = toy_jobs(options)
+        if jobs == 1:
+            for group in groups:
+                finished(group, _train_group_job(options, *group))
+            return [row for group in groups for row in done[group]]
+        from sinkscope.engines.options import EngineOptions
 
-        order = sorted(groups, key=lambda group: -group[1])  # the largest loads first: the slowest
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(_train_group_job, options, *group): group for group in order}
-            try:
-                for future in as_completed(futures):
-                    finished(futures[future], future.result())
-            except BaseException:
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        engine = EngineOptions(jobs=jobs)  # each group a process of its own: a killed one fails alone
+    _train_on_engine(options, sorted(groups, key=lambda group: -group[1]), engine, log, finished)
     return [row for group in groups for row in done[group]]
 
 
-def _train_on_engine(options: ToyOptions, groups: list[tuple[str, int]], engine, log) -> list[list[dict]]:
-    """Each group one job on Ray or SLURM (``engines``), its log under ``paths.cache_root()/engine/``
-    (the output folder is written whole at the end); the groups' rows, or one sentence naming each
-    group that failed (nothing is written then)."""
+def _train_on_engine(options: ToyOptions, groups: list[tuple[str, int]], engine, log, finished) -> None:
+    """Each group one job on ``engine`` (``engines``: local processes, Ray or SLURM), its log under
+    ``paths.cache_root()/engine/`` (the output folder is written whole at the end); ``finished(group,
+    rows)`` as each group ends. A group that fails, fails alone: the others finish, then one sentence
+    names each group that failed (nothing is written then)."""
     import time
 
     from sinkscope.engines.jobs import Job
@@ -690,17 +695,34 @@ def _train_on_engine(options: ToyOptions, groups: list[tuple[str, int]], engine,
 
     folder = cache_root() / "engine" / f"toy-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     jobs = [Job(f"{condition}-load{load}", str(folder / "logs" / f"{condition}-load{load}.log"), _train_group_job,
-                (options, condition, load)) for condition, load in groups]
-    outcomes = run_jobs(jobs, engine, folder, log=log)
+                (options, condition, load)) for condition, load in groups]  # train_group sets its threads
+    by_name = dict(zip((job.name for job in jobs), groups))
+
+    def arrived(outcome) -> None:
+        if outcome.ok:
+            finished(by_name[outcome.name], _checked_rows(outcome.value, outcome.name))
+
+    outcomes = run_jobs(jobs, engine, folder, log=log, show_progress=engine.executor != "local", on_outcome=arrived)
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:
         raise SinkscopeError(f"{len(failed)} of {len(jobs)} toy groups failed: " + "; ".join(o.failure() for o in failed)
                              + "; nothing was written.")
-    return [outcome.value for outcome in outcomes]
+
+
+def _checked_rows(value, name: str) -> list[dict]:
+    """A group's rows as a job hands them back (JSON from SLURM): a list of flat dicts of numbers and
+    texts, else one sentence."""
+    ok = isinstance(value, list) and all(isinstance(row, dict) and all(
+        isinstance(key, str) and isinstance(item, (str, int, float)) for key, item in row.items()) for row in value)
+    if not ok:
+        raise SinkscopeError(f"the toy group {name} handed back rows that are not a table's; rerun the command.")
+    return value
 
 
 def _train_group_job(options: ToyOptions, condition: str, load: int) -> list[dict]:
-    return train_group(options, condition, load, options.seeds)
+    """One group's job: its rows, each a flat dict of numbers and texts (JSON can carry them back)."""
+    return [{key: (value.item() if hasattr(value, "item") else value) for key, value in row.items()}
+            for row in train_group(options, condition, load, options.seeds)]
 
 
 def _run_toy(options: ToyOptions, out: Path, log, engine=None) -> None:

@@ -180,3 +180,101 @@ def test_a_recipe_nested_too_deeply_is_one_sentence(tmp_path):
     recipe = _recipe(tmp_path / "deep.toml", 'command = "sinks"\n[options]\nmodel = ' + "[" * 100000 + "]" * 100000 + "\n")
     sentence = _one_sentence(runner.invoke(app, ["run", str(recipe)]))
     assert "deep.toml" in sentence and "nested too deeply" in sentence
+
+
+# ---- issue 60: a recipe says what is measured, never where it runs -------------------------------------
+
+
+def _sweep_recipe(tmp_path: Path, options: str) -> Path:
+    return _recipe(tmp_path / "sweep.toml", f'command = "sweep"\n[options]\nvariants = ["baseline"]\nseeds = [0]\n'
+                                            f'out = "{tmp_path / "sw"}"\n{options}')
+
+
+@pytest.mark.parametrize("options, named", [
+    ('launcher = "submitit"\n', "launcher = 'submitit'"),
+    ('slurm = ["slurm_partition=gpu"]\n', "slurm = ['slurm_partition=gpu']"),
+])
+def test_a_recipe_that_picks_an_executor_is_refused_before_anything_runs(tmp_path, options, named, monkeypatch):
+    import sinkscope.engines.options as engine_options
+
+    monkeypatch.setattr(engine_options.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
+    sentence = _one_sentence(runner.invoke(app, ["run", str(_sweep_recipe(tmp_path, options))]))
+    assert named in sentence and "chooses where its runs go" in sentence
+    assert "--allow-recipe-executor" in sentence and "--executor" in sentence
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_step_that_picks_an_executor_is_refused_before_the_first_step(tmp_path):
+    recipe = _recipe(tmp_path / "r.toml", f'''
+[[steps]]
+command = "report"
+[steps.options]
+runs = ["{tmp_path / 'none'}"]
+out = "{tmp_path / 'page'}"
+[[steps]]
+command = "sweep"
+[steps.options]
+out = "{tmp_path / 'sw'}"
+launcher = "submitit"
+''')
+    sentence = _one_sentence(runner.invoke(app, ["run", str(recipe)]))
+    assert "step 2 (sweep)" in sentence and "--allow-recipe-executor" in sentence
+    assert not (tmp_path / "page").exists() and not (tmp_path / "sw").exists()
+
+
+def test_a_newline_in_a_recipes_slurm_value_is_refused_even_when_allowed(tmp_path):
+    recipe = _sweep_recipe(tmp_path, 'launcher = "submitit"\nslurm = ["slurm_comment=x\\necho pwned > /tmp/x"]\n')
+    sentence = _one_sentence(runner.invoke(app, ["run", str(recipe), "--allow-recipe-executor"]))
+    assert "option slurm holds the control character '\\n'" in sentence
+    assert not (tmp_path / "sw").exists()
+
+
+def test_allow_recipe_executor_and_set_are_the_command_lines_own(tmp_path):
+    from sinkscope.recipes import check_recipe_executor
+
+    planted = _sweep_recipe(tmp_path, 'launcher = "submitit"\njobs = 2\n')
+    steps = load_steps(str(planted))
+    with pytest.raises(SinkscopeError, match="--allow-recipe-executor"):
+        check_recipe_executor(str(planted), steps)
+    check_recipe_executor(str(planted), steps, allow=True)  # opted in
+    plain = _sweep_recipe(tmp_path, "jobs = 2\n")  # local processes on this machine: allowed
+    check_recipe_executor(str(plain), load_steps(str(plain)))
+    given = ["launcher=submitit", 'slurm=["slurm_partition=gpu"]']  # typed by the user
+    check_recipe_executor(str(plain), load_steps(str(plain), given), given)
+
+
+def test_with_allow_recipe_executor_the_recipes_launcher_is_used(tmp_path, monkeypatch):
+    """Opted in, the step's launcher picks SLURM: here, a machine without sbatch, its own sentence."""
+    import sinkscope.engines.options as engine_options
+
+    pytest.importorskip("submitit")
+    monkeypatch.setattr(engine_options.shutil, "which", lambda name: None)
+    result = runner.invoke(app, ["run", str(_sweep_recipe(tmp_path, 'launcher = "submitit"\n')), "--allow-recipe-executor"])
+    assert "submits with sbatch, which this machine does not have" in _one_sentence(result)
+
+
+def test_a_recipe_says_which_paths_outside_its_folders_it_reads(tmp_path, monkeypatch, tiny_llama_dir, text_file):
+    """issue 60, item 7: ``text_file = "~/.secret"`` is said, by its full path, before the first step runs."""
+    from sinkscope.recipes import recipe_read_notes
+
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    secret = elsewhere / "secret.txt"
+    secret.write_text(text_file.read_text())
+    monkeypatch.chdir(work)
+    recipe = work / "r.toml"
+    recipe.write_text(f'command = "sinks"\n[options]\nmodel = "{tiny_llama_dir}"\ntext_file = "{secret}"\n'
+                      'seq_len = 16\nn_seqs = 1\nfigures = false\nout = "run"\n')
+    (work / "local.txt").write_text("x")
+    notes = recipe_read_notes(str(recipe), load_steps(str(recipe)))
+    assert notes == [f"step 1 (sinks) reads {Path(tiny_llama_dir).resolve()} (model), outside the recipe's folder "
+                     "and the working folder",
+                     f"step 1 (sinks) reads {secret.resolve()} (text_file), outside the recipe's folder and the "
+                     "working folder"]
+    result = runner.invoke(app, ["run", str(recipe)])
+    assert result.exit_code == 0, result.output
+    assert f"r.toml: step 1 (sinks) reads {secret.resolve()} (text_file)" in result.output.splitlines()[1]
+    inside = work / "r2.toml"
+    inside.write_text('command = "sinks"\n[options]\nmodel = "HuggingFaceTB/SmolLM2-135M"\ntext_file = "local.txt"\n')
+    assert recipe_read_notes(str(inside), load_steps(str(inside))) == []  # a hub id, a file in the working folder

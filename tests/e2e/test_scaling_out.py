@@ -80,7 +80,9 @@ def test_three_plans_on_slurm_local_equal_the_local_runs(three_models, text_file
     out = tmp_path / "cmp"
     result = _heads(three_models, out, text_file, "--executor", "slurm", "--slurm-cluster", "local")
     _same_as_local(out, local_tables, result)
-    assert list((out / "engine" / "slurm").glob("*_submitted.pkl"))  # submitit's own files, in the engine folder
+    submissions = list((out / "engine" / "slurm").iterdir())  # submitit's own files: a folder of the submission's own
+    assert len(submissions) == 1 and list(submissions[0].glob("*_submitted.pkl"))
+    assert len(list(submissions[0].glob("outcome-*.json"))) == 3  # the outcomes came back as JSON
 
 
 def test_three_plans_in_local_processes_equal_the_in_process_runs(three_models, text_file, tmp_path, local_tables):
@@ -169,5 +171,5 @@ def test_a_recipes_measuring_steps_go_as_one_slurm_array(three_models, text_file
     assert result.exit_code == 0, result.output
     assert (tmp_path / "cmp0" / "results.csv").read_bytes() == local_tables["alpha"]
     assert (tmp_path / "cmp1" / "results.csv").read_bytes() == local_tables["gamma"]
-    batch = list((tmp_path / "cache" / "engine").glob("*-batch/slurm"))
+    batch = list((tmp_path / "cache" / "engine").glob("*-batch/slurm/*"))
     assert len(batch) == 1 and len(list(batch[0].glob("*_submitted.pkl"))) == 2  # one array of both runs

@@ -165,5 +165,5 @@ def test_submitit_runs_one_array_job_per_run(swept, tmp_path, monkeypatch):
     assert "sink+norm seed 1: kept, sinks kept, selectivity kept" in messages
     for name in ("baseline-s0", "baseline-s1", "sink+norm-s0", "sink+norm-s1"):
         assert "finished in" in (out / "engine" / "logs" / f"{name}.log").read_text()
-    assert list((out / "engine" / "slurm").glob("*_submitted.pkl"))
+    assert list((out / "engine" / "slurm").glob("*/*_submitted.pkl"))  # one folder per submission
     assert pd.read_csv(out / "table1.csv").equals(pd.read_csv(swept / "table1.csv"))

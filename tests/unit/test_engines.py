@@ -52,7 +52,7 @@ def test_engine_options_take_their_names_and_leave_the_rest():
     ({"jobs": 0}, "--jobs must be a positive integer (got 0)"),
     ({"jobs": True}, "--jobs must be a positive integer"),
     ({"slurm_time": -5}, "--slurm-time must be a positive integer"),
-    ({"ray_gpus_per_run": -1}, "--ray-gpus-per-run must be 0 or more"),
+    ({"ray_gpus_per_run": -1}, "--ray-gpus-per-run must be a finite number, 0 or more"),
     ({"slurm_cluster": "pbs"}, "unknown --slurm-cluster 'pbs'"),
     ({"executor": "slurm", "jobs": 2}, "--jobs sets the local executor's processes"),
 ])
@@ -253,10 +253,10 @@ def test_ctrl_c_while_waiting_on_slurm_names_the_array_to_cancel(tmp_path, monke
             self.job_id = f"4242_{k}"
 
     class Executor:
-        def map_array(self, function, jobs):
+        def map_array(self, function, jobs, *more):
             return [Handle(k) for k in range(len(jobs))]
 
-    def interrupted(*args):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(slurm, "executor_for", lambda engine, folder, gpus: Executor())
@@ -267,3 +267,267 @@ def test_ctrl_c_while_waiting_on_slurm_names_the_array_to_cancel(tmp_path, monke
                         Progress(jobs, "slurm", show=False), lambda m: None)
     assert "the SLURM array 4242 keeps running" in str(caught.value) and "scancel 4242" in str(caught.value)
     assert caught.value.exit_code == 130
+
+
+# ---- issue 60: what reaches a batch script or a cluster, and what comes back -----------------------
+
+@pytest.mark.parametrize("given, words", [
+    ({"ray_gpus_per_run": float("nan")}, "--ray-gpus-per-run must be a finite number"),
+    ({"ray_gpus_per_run": float("inf")}, "--ray-gpus-per-run must be a finite number"),
+    ({"slurm_partition": "gpu\nrm -rf ~"}, "--slurm-partition holds the control character '\\n'"),
+    ({"slurm_partition": 5}, "--slurm-partition takes a text"),
+    ({"slurm_extra": ("slurm_comment=x\necho pwned",)}, "--slurm 'slurm_comment' holds the control character '\\n'"),
+    ({"slurm_extra": ("slurm_comment=x\r",)}, "holds the control character '\\r'"),
+    ({"slurm_extra": ("slurm_comment=x\u2028y",)}, "holds the control character '\\u2028'"),
+    ({"slurm_extra": ("slurm_setup=curl x | sh",)}, "--slurm slurm_setup would put shell commands into the batch"),
+    ({"slurm_extra": ("srun_args=--x",)}, "--slurm srun_args would put shell commands"),
+    ({"slurm_extra": ("slurm mem=1",)}, "takes a submitit parameter name"),
+    ({"slurm_extra": "slurm_mem=1"}, "--slurm takes a list of key=value texts"),
+    ({"ray_address": "garbage"}, "--ray-address 'garbage' is not a Ray address; use auto, HOST:PORT"),
+    ({"ray_address": "http://[::1"}, "--ray-address 'http://[::1' is not a Ray address"),
+    ({"ray_address": "host:²"}, "is not a Ray address"),
+    ({"ray_address": "host:0"}, "has the port 0"),
+    ({"ray_address": "host:65536"}, "has the port 65536"),
+    ({"ray_address": "[nonsense]:6379"}, "has no IPv6 address between its brackets"),
+    ({"ray_address": "host:6379\n"}, "--ray-address holds the control character '\\n'"),
+])
+def test_what_would_reach_a_batch_script_or_a_cluster_is_checked(given, words):
+    with pytest.raises(SinkscopeError) as caught:
+        check_engine(EngineOptions(**given))
+    assert words in str(caught.value) and str(caught.value).count(". ") == 0
+
+
+@pytest.mark.parametrize("address", ["auto", "127.0.0.1:6379", "[::1]:6379", "ray://head.example:10001", "head-1:1"])
+def test_the_ray_addresses_ray_takes_are_taken(address):
+    assert check_engine(EngineOptions(ray_address=address)).ray_address == address
+
+
+def test_slurm_values_are_numbers_only_when_int_reads_them():
+    from sinkscope.engines.options import slurm_value
+
+    assert slurm_value(" 12 ") == 12 and slurm_value("²") == "²" and slurm_value("64G") == "64G"
+    params = slurm_parameters(EngineOptions(slurm_extra=("slurm_mem_gb=²", "slurm_nice=5")), 0)
+    assert params["slurm_mem_gb"] == "²" and params["slurm_nice"] == 5
+
+
+def test_a_parameter_submitit_refuses_is_one_sentence(tmp_path):
+    pytest.importorskip("submitit")
+    engine = EngineOptions(executor="slurm", slurm_cluster="local", slurm_extra=("mem_gb=lots",))
+    with pytest.raises(SinkscopeError, match=r"submitit refused the SLURM parameters .*check --slurm"):
+        executor_for(engine, tmp_path, 0)
+
+
+def test_a_submitit_folder_with_a_control_character_is_refused(tmp_path):
+    from sinkscope.engines.slurm import submission_folder
+
+    with pytest.raises(SinkscopeError, match="holds the control character '\\\\n'"):
+        submission_folder(tmp_path / "runs\n#SBATCH --x")
+    assert not (tmp_path / "runs\n#SBATCH --x").exists()
+
+
+def test_each_submission_gets_a_fresh_folder_of_its_own(tmp_path):
+    from sinkscope.engines.slurm import submission_folder
+
+    first, second = submission_folder(tmp_path / "slurm"), submission_folder(tmp_path / "slurm")
+    assert first != second and first.parent == second.parent == tmp_path / "slurm"
+    assert first.is_dir() and not any(first.iterdir())
+
+
+def test_an_outcome_comes_back_only_as_the_json_this_submission_asked_for(tmp_path):
+    import json
+
+    from sinkscope.engines.slurm import outcome_path, read_outcome, slurm_task
+
+    job = _jobs(tmp_path, [square])[0]
+    path = outcome_path(tmp_path, 0, "n0nce")
+    slurm_task(job, str(path), "n0nce")
+    outcome = read_outcome(job, path, "n0nce")
+    assert outcome.ok and outcome.value == 0 and outcome.name == "run0" and outcome.log == job.log
+    assert read_outcome(job, path, "another") is None  # a file from another submission
+    other = Job("run9", job.log, square, (0,))
+    assert read_outcome(other, path, "n0nce") is None  # another job's
+    record = json.loads(path.read_text())
+    for planted in ({**record, "ok": "yes"}, {**record, "ok": False, "sentence": None}, [record], "x"):
+        path.write_text(json.dumps(planted))
+        assert read_outcome(job, path, "n0nce") is None
+    path.write_bytes(b"\x80\x04not json")  # a pickle where the JSON should be is not read as one
+    assert read_outcome(job, path, "n0nce") is None
+    assert read_outcome(job, tmp_path / "none.json", "n0nce") is None
+    assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, replaced
+
+
+def unjsonable(x: int) -> object:
+    return {1, 2}
+
+
+def test_a_value_json_cannot_carry_is_a_failed_outcome(tmp_path):
+    from sinkscope.engines.slurm import outcome_path, read_outcome, slurm_task
+
+    job = _jobs(tmp_path, [unjsonable])[0]
+    path = outcome_path(tmp_path, 0, "n")
+    slurm_task(job, str(path), "n")
+    outcome = read_outcome(job, path, "n")
+    assert not outcome.ok and "cannot be sent back as JSON" in outcome.sentence
+
+
+def test_a_task_done_without_its_outcome_is_lost_and_its_result_pickle_never_read(tmp_path):
+    import sinkscope.engines.slurm as slurm
+
+    class Handle:
+        job_id = "77_0"
+        paths = types.SimpleNamespace(stderr=tmp_path / "77_0_0_log.err")
+
+        def done(self):
+            return True
+
+        def result(self):  # submitit's: would unpickle <id>_0_result.pkl
+            raise AssertionError("the result pickle was read")
+
+    jobs = _jobs(tmp_path, [square])
+    said = []
+    outcomes = slurm._wait(jobs, [Handle()], [tmp_path / "outcome-0-n.json"], "n", Progress(jobs, "slurm", show=False),
+                           said.append)
+    assert not outcomes[0].ok and "ended without an outcome" in outcomes[0].sentence
+    assert f"submitit's log: {tmp_path / '77_0_0_log.err'}" in outcomes[0].sentence and len(said) == 1
+
+
+def test_the_debug_executors_runs_come_back_as_json_in_a_fresh_folder(tmp_path):
+    pytest.importorskip("submitit")
+    engine = EngineOptions(executor="slurm", slurm_cluster="debug")
+    for _ in range(2):
+        outcomes = run_jobs(_jobs(tmp_path, [square, refuse]), engine, tmp_path, log=lambda m: None, show_progress=False)
+        assert [o.ok for o in outcomes] == [True, False] and outcomes[0].value == 0
+    folders = sorted((tmp_path / "slurm").iterdir())
+    assert len(folders) == 2 and all(len(list(folder.glob("outcome-*.json"))) == 2 for folder in folders)
+
+
+# ---- issue 60: Ray's address, said in one sentence ---------------------------------------------------
+
+def _listener(answer: bytes | None):
+    """A TCP server on 127.0.0.1 that answers each connection with ``answer`` (None: closes it at once);
+    its port and a function that stops it."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(5)
+
+    def serve():
+        try:
+            while True:
+                connection, _ = server.accept()
+                if answer is not None:
+                    connection.sendall(answer)
+                connection.close()
+        except OSError:
+            return
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1], server.close
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_address_where_nothing_answers_is_one_sentence_before_ray_starts(monkeypatch):
+    import time
+
+    from sinkscope.engines.ray_engine import connect
+
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    started = time.monotonic()
+    with pytest.raises(SinkscopeError) as caught:
+        connect(EngineOptions(executor="ray", ray_address=f"127.0.0.1:{_closed_port()}"))
+    assert time.monotonic() - started < 30 and not fake.inits
+    assert "no Ray cluster answers at 127.0.0.1:" in str(caught.value) and "--ray-address" in str(caught.value)
+
+
+def test_an_address_where_something_else_answers_is_one_sentence(monkeypatch):
+    from sinkscope.engines.ray_engine import connect
+
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    port, stop = _listener(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    try:
+        with pytest.raises(SinkscopeError, match="is not a Ray cluster"):
+            connect(EngineOptions(executor="ray", ray_address=f"127.0.0.1:{port}"))
+    finally:
+        stop()
+    assert not fake.inits
+
+
+def test_a_grpc_server_is_joined_and_the_commands_sigterm_handler_is_put_back(monkeypatch):
+    import signal
+
+    from sinkscope.engines.ray_engine import connect
+
+    class SignalTakingRay(_FakeRay):
+        def init(self, **kwargs):  # as ray.init does: its own SIGTERM handler
+            signal.signal(signal.SIGTERM, lambda *a: None)
+            super().init(**kwargs)
+
+    fake = SignalTakingRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    port, stop = _listener(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))  # an HTTP/2 SETTINGS frame, as gRPC answers
+
+    def ours(*args):
+        pass
+
+    before = signal.signal(signal.SIGTERM, ours)
+    try:
+        assert connect(EngineOptions(executor="ray", ray_address=f"127.0.0.1:{port}")) is True
+        assert signal.getsignal(signal.SIGTERM) is ours and fake.inits[0]["address"] == f"127.0.0.1:{port}"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        stop()
+
+
+def test_ray_finding_no_cluster_is_said_as_such_not_as_a_disk_failure(monkeypatch):
+    from sinkscope.engines.ray_engine import connect
+
+    class NoCluster(_FakeRay):
+        def init(self, **kwargs):
+            raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setitem(sys.modules, "ray", NoCluster())
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(SinkscopeError) as caught:
+        connect(EngineOptions(executor="ray", ray_address="auto"))
+    assert str(caught.value).startswith("no Ray cluster is running on this machine")
+    assert "`ray start --head`" in str(caught.value) and "could not write" not in str(caught.value)
+
+
+def test_a_malformed_ray_address_in_the_environment_is_named(monkeypatch):
+    from sinkscope.engines.ray_engine import connect
+
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setenv("RAY_ADDRESS", "garbage")
+    with pytest.raises(SinkscopeError, match="the RAY_ADDRESS environment variable 'garbage' is not a Ray address"):
+        connect(EngineOptions(executor="ray"))
+    assert not fake.inits
+
+
+def test_a_ray_task_name_shows_control_characters_as_escapes():
+    from sinkscope.engines.ray_engine import _task_name
+
+    assert _task_name(Job("a\nb", "x.log", square)) == "sinkscope:a\\nb"
+    assert _task_name(Job("cmp/alpha", "x.log", square)) == "sinkscope:cmp/alpha"
+
+
+def test_how_a_process_ended_is_said():
+    from sinkscope.engines.local import _how_it_ended
+
+    assert _how_it_ended(-9).startswith("killed by SIGKILL; the system's out-of-memory killer")
+    assert _how_it_ended(-15) == "killed by SIGTERM" and _how_it_ended(3) == "exit code 3"

@@ -199,6 +199,7 @@ def run_recipe_command(
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Let the steps' models (and a train step's --tokenizer folder) run their own Python code; a recipe's trust_remote_code = true needs this.")] = False,
     plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A probe plugin file for the measure steps (repeatable); a recipe's plugins = [...] must be given here too.")] = None,
     allow_recipe_code: Annotated[bool, typer.Option("--allow-recipe-code", help="Run the code the recipes name (trust_remote_code, plugins) without repeating it here.")] = False,
+    allow_recipe_executor: Annotated[bool, typer.Option("--allow-recipe-executor", help="Let the recipes' steps choose where their runs go (a sweep step's launcher = \"submitit\", slurm = [...], an executor or its SLURM or Ray options); without it such a step is refused, and --executor here decides.")] = False,
     **engine,
 ) -> None:
     """Run probe recipes (TOML files naming a command and its options, or steps).
@@ -206,7 +207,9 @@ def run_recipe_command(
     A measuring step without an `out` writes to reports/<time>-<recipe>-<model>-...: the recipe's
     name is in the run folder's name. A recipe is a file someone hands you, like a model: code it
     names (trust_remote_code = true, plugins = [...]) runs only with --trust-remote-code, --plugin
-    or --allow-recipe-code, and the run first says which code it runs.
+    or --allow-recipe-code, and the run first says which code it runs. Where the runs go is the
+    command line's to say (--executor): a step that picks an executor, a launcher, or SLURM or Ray
+    options runs only with --allow-recipe-executor.
 
     Examples:
 
@@ -228,7 +231,8 @@ def run_recipe_command(
     overrides = list(set_ or []) + ([f"model={json.dumps(model)}"] if model is not None else [])
     for result in run_recipes(recipe, overrides, log=lambda message: typer.echo(message, err=True),
                               allow_code=allow_recipe_code, trust_remote_code=trust_remote_code,
-                              plugins=tuple(plugin or ()), engine=engine):
+                              plugins=tuple(plugin or ()), engine=engine,
+                              allow_recipe_executor=allow_recipe_executor):
         typer.echo(str(result))
 
 

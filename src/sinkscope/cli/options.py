@@ -35,7 +35,7 @@ CheckpointSecondsOpt = Annotated[float, typer.Option("--checkpoint-seconds", hel
 
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="Where the runs of several models, revisions or lengths go: local (this machine; --jobs processes) | ray | slurm (docs/scaling.md).", rich_help_panel="Executor")]
 JobsOpt = Annotated[int, typer.Option("--jobs", help="--executor local: runs at once, each in a process of its own.", rich_help_panel="Executor")]
-RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: auto or HOST:PORT joins a cluster; none starts a local one.", rich_help_panel="Executor")]
+RayAddressOpt = Annotated[Optional[str], typer.Option("--ray-address", help="--executor ray: auto, HOST:PORT, [IPv6]:PORT or ray://HOST:PORT joins a cluster; none starts a local one.", rich_help_panel="Executor")]
 RayGpusOpt = Annotated[Optional[float], typer.Option("--ray-gpus-per-run", help="--executor ray: GPUs per run [default: 1 for cuda, a device map, or auto on a cluster with GPUs; else 0].", rich_help_panel="Executor")]
 SlurmPartitionOpt = Annotated[Optional[str], typer.Option("--slurm-partition", help="--executor slurm: the partition.", rich_help_panel="Executor")]
 SlurmGpusOpt = Annotated[Optional[int], typer.Option("--slurm-gpus-per-run", help="--executor slurm: GPUs per run [default: 1 for cuda or a device map, else 0].", rich_help_panel="Executor")]

@@ -1,4 +1,4 @@
-"""Where jobs run: in this process, a local process pool, a Ray cluster, or SLURM through submitit.
+"""Where jobs run: in this process, in spawned local processes, on a Ray cluster, or on SLURM through submitit.
 
 A *job* (:class:`~sinkscope.engines.jobs.Job`) is a picklable call with a name and a log file: one
 plan of a comparison (``executors.plan_job``), one (variant, seed) of a sweep. Every engine runs

@@ -120,12 +120,14 @@ def _size(path: str) -> int:
 
 class Progress:
     """One bar over the jobs: done, running and failed (a job runs once its log grows: the first line
-    :func:`run_job` writes; a log kept from an earlier attempt counts from its size now)."""
+    :func:`run_job` writes; a log kept from an earlier attempt counts from its size now). ``on_outcome``
+    is told each outcome as its job ends (the toy task prints a group's numbers as it finishes)."""
 
-    def __init__(self, jobs: list[Job], engine: str, show: bool = True):
+    def __init__(self, jobs: list[Job], engine: str, show: bool = True,
+                 on_outcome: Callable[[Outcome], None] | None = None):
         from sinkscope.progress import progress_bar
 
-        self.jobs, self.finished, self.failed = jobs, set(), 0
+        self.jobs, self.finished, self.failed, self.on_outcome = jobs, set(), 0, on_outcome
         self.sizes = {job.name: _size(job.log) for job in jobs}
         self.bar = progress_bar(total=len(jobs), desc=f"runs ({engine})", unit="run", disable=not show,
                                 file=sys.stderr, dynamic_ncols=True)
@@ -145,6 +147,8 @@ class Progress:
             log(outcome.failure())
         self.bar.update(1)
         self.refresh()
+        if self.on_outcome is not None:
+            self.on_outcome(outcome)
 
     def close(self) -> None:
         self.bar.close()

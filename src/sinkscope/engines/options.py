@@ -8,12 +8,22 @@ before anything heavy is imported.
             ``slurm_time`` (minutes), ``slurm_array_parallelism``, any other submitit parameter in
             ``slurm_extra`` (key=value); ``slurm_cluster`` local | debug runs submitit's own local
             executors (local processes; in this process) instead of sbatch
+
+Every value that reaches a batch script, a shell or a cluster's API is checked here, from the command
+line, the API and recipes alike (:func:`check_text`: no control characters, so a newline cannot end an
+``#SBATCH`` line and start a shell line); numbers are read with ``int()``/``float()`` and must be finite;
+a Ray address must be ``auto``, ``HOST:PORT``, ``[IPv6]:PORT`` or ``ray://HOST:PORT``
+(:func:`ray_address_parts`).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
+import math
+import re
 import shutil
+import unicodedata
 from dataclasses import dataclass
 
 from sinkscope.errors import SinkscopeError, option
@@ -56,8 +66,9 @@ def engine_options(values: dict) -> EngineOptions:
 
 
 def check_engine(engine: EngineOptions) -> EngineOptions:
-    """Refuse an unknown executor, a bad count, or an engine whose package is missing (one sentence
-    naming the pip command); returns ``engine``."""
+    """Refuse an unknown executor, a bad count, a text that would break a batch script or a cluster
+    call (control characters), a malformed Ray address, or an engine whose package is missing (one
+    sentence naming the pip command); returns ``engine``."""
     if engine.executor not in EXECUTORS:
         raise SinkscopeError(f"unknown {option('executor')} {engine.executor!r}; use {', '.join(EXECUTORS)}.")
     for name in ("jobs", "slurm_time", "slurm_array_parallelism"):
@@ -66,13 +77,16 @@ def check_engine(engine: EngineOptions) -> EngineOptions:
             raise SinkscopeError(f"{option(name)} must be a positive integer (got {value!r}).")
     for name in ("ray_gpus_per_run", "slurm_gpus_per_run"):
         value = getattr(engine, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            raise SinkscopeError(f"{option(name)} must be 0 or more (got {value!r}).")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value < 0):
+            raise SinkscopeError(f"{option(name)} must be a finite number, 0 or more (got {value!r}).")
     if engine.slurm_cluster not in SLURM_CLUSTERS:
         raise SinkscopeError(f"unknown {option('slurm_cluster')} {engine.slurm_cluster!r}; use {', '.join(SLURM_CLUSTERS)}.")
+    _check_texts(engine)
     for item in engine.slurm_extra:
-        if "=" not in str(item) or not str(item).partition("=")[0].strip():
-            raise SinkscopeError(f"{option('slurm')} takes a submitit parameter as key=value, not {item!r}.")
+        _check_slurm_item(item)
+    if engine.ray_address is not None:
+        ray_address_parts(engine.ray_address)
     if engine.jobs > 1 and engine.executor != "local":
         raise SinkscopeError(f"{option('jobs')} sets the local executor's processes; {engine.executor} runs as many "
                              f"jobs at once as its resources allow.")
@@ -86,6 +100,98 @@ def check_engine(engine: EngineOptions) -> EngineOptions:
                              f"the command on the cluster's login node, or try the runs here with "
                              f"{option('slurm_cluster')} local.")
     return engine
+
+
+def control_character(text: str) -> str | None:
+    """The first character of ``text`` that would end or bend a line of a batch script or a shell
+    command (a control character: newline, carriage return, tab, escape, NUL, ...; or a Unicode line or
+    paragraph separator), shown as Python writes it (``'\\n'``); None when there is none."""
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
+            return repr(char)
+    return None
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse ``text`` (named ``what``: an option, a folder) when it holds a control character: it would
+    reach a batch script, a shell line or a cluster's API, where a newline starts a command of its own."""
+    found = control_character(text)
+    if found is not None:
+        raise SinkscopeError(f"{what} holds the control character {found}, which would reach a batch script or a "
+                             f"cluster's API as a line break or an escape; remove it.")
+
+
+def _check_texts(engine: EngineOptions) -> None:
+    """Every text option is a string without control characters (:func:`check_text`)."""
+    for name in ("executor", "ray_address", "slurm_partition", "slurm_cluster"):
+        value = getattr(engine, name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise SinkscopeError(f"{option(name)} takes a text, not {value!r}.")
+        check_text(value, option(name))
+    if isinstance(engine.slurm_extra, (str, bytes)) or not isinstance(engine.slurm_extra, (tuple, list)):
+        raise SinkscopeError(f"{option('slurm')} takes a list of key=value texts, not {engine.slurm_extra!r}.")
+    for item in engine.slurm_extra:
+        if not isinstance(item, str):
+            raise SinkscopeError(f"{option('slurm')} takes key=value texts, not {item!r}.")
+        check_text(item, f"{option('slurm')} {item.partition('=')[0].strip()!r}")
+
+
+#: submitit parameters that are shell lines, lists or tables, not one sbatch value: ``--slurm`` cannot
+#: give them (a text where submitit expects a list would run as shell lines or break the script).
+SLURM_CODE_KEYS = ("setup", "teardown", "srun_args", "additional_parameters", "use_srun", "python", "command")
+
+
+def _check_slurm_item(item: str) -> None:
+    """One ``--slurm key=value``: a key, and not a parameter that carries shell lines (:data:`SLURM_CODE_KEYS`)."""
+    key = item.partition("=")[0].strip()
+    if "=" not in item or not key:
+        raise SinkscopeError(f"{option('slurm')} takes a submitit parameter as key=value, not {item!r}.")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key):
+        raise SinkscopeError(f"{option('slurm')} takes a submitit parameter name (letters, digits, _) before '=', "
+                             f"not {key!r}.")
+    bare = key[len("slurm_"):] if key.startswith("slurm_") else key
+    if bare in SLURM_CODE_KEYS:
+        raise SinkscopeError(f"{option('slurm')} {key} would put shell commands into the batch script, which "
+                             f"sinkscope does not pass on; set the environment up before running the command.")
+
+
+def slurm_value(text: str):
+    """A ``--slurm`` value as submitit takes it: a whole number (``int()``, ASCII digits) as an int, else
+    the text (stripped)."""
+    text = text.strip()
+    return int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else text
+
+
+#: ``--ray-address``: auto, HOST:PORT, [IPv6]:PORT or ray://HOST:PORT
+_RAY_ADDRESS = re.compile(r"(?P<scheme>ray://)?(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9._-]+)):(?P<port>[0-9]{1,5})")
+
+
+def ray_address_parts(address: str, what: str | None = None) -> tuple[str, int] | None:
+    """``address`` checked (``auto``, ``HOST:PORT``, ``[IPv6]:PORT`` or ``ray://HOST:PORT``, the port an
+    integer from 1 to 65535): (host, port), or None for ``auto``; else one sentence naming ``what``
+    (default: the ``ray_address`` option)."""
+    what = what or option("ray_address")
+    if address == "auto":
+        return None
+    check_text(address, what)
+    match = _RAY_ADDRESS.fullmatch(address)
+    usage = "auto, HOST:PORT, [IPv6]:PORT or ray://HOST:PORT (the port a number from 1 to 65535)"
+    if match is None:
+        raise SinkscopeError(f"{what} {address!r} is not a Ray address; use {usage}.")
+    port = int(match["port"])
+    host = match["host"] if match["ipv6"] is None else match["ipv6"]
+    if not 1 <= port <= 65535:
+        raise SinkscopeError(f"{what} {address!r} has the port {port}; use {usage}.")
+    if match["ipv6"] is not None:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise SinkscopeError(f"{what} {address!r} has no IPv6 address between its brackets; use {usage}.") from None
+    elif host.startswith(("-", ".")) or ".." in host:
+        raise SinkscopeError(f"{what} {address!r} has no valid host name; use {usage}.")
+    return host, port
 
 
 def gpus_per_run(device: str, device_map: str | None, override: float | None, cluster_gpus: float) -> float:

@@ -10,12 +10,13 @@ from sinkscope.engines.options import EngineOptions
 
 
 def run_jobs(jobs: list[Job], engine: EngineOptions, folder: Path, *, log: Callable[[str], None],
-             show_progress: bool = True) -> list[Outcome]:
+             show_progress: bool = True, on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Run ``jobs`` on ``engine`` (its files, such as submitit's, under ``folder``); their outcomes in
-    order. A failed job is logged as it ends (``NAME failed: SENTENCE (log: PATH)``) and the others go on."""
+    order. A failed job is logged as it ends (``NAME failed: SENTENCE (log: PATH)``) and the others go on;
+    ``on_outcome`` is told each outcome as its job ends."""
     if len({job.name for job in jobs}) != len(jobs):
         raise ValueError("every job needs a name of its own")  # the engines match outcomes to jobs by name
-    progress = Progress(jobs, engine.executor, show_progress)
+    progress = Progress(jobs, engine.executor, show_progress, on_outcome)
     try:
         if engine.executor == "ray":
             from sinkscope.engines.ray_engine import run_ray
