@@ -8,7 +8,9 @@ Sources: the bundled default (six Jane Austen novels, fetched at set-up from the
 Windowing (documented in docs/getting-started.md, "Corpus and windows", and recorded in the manifest):
 
 1. Each document (a novel, the text file, one dataset row) is tokenised on its own with no
-   special tokens.
+   special tokens. A document longer than :data:`SEGMENT_CHARS` characters is tokenised in
+   segments (SPEC.md "Windows of a long text"): its tokens are the segments' in order, and only the
+   segments the windows need are held, so a large text costs little more than its windows.
 2. Every document is cut into non-overlapping chunks of ``body = seq_len - 1`` tokens if a BOS
    token is prepended, else ``seq_len``, starting at its first token; the remainder is dropped.
    Windows never cross a document boundary.
@@ -22,9 +24,13 @@ The result is an int64 array of shape (n_seqs, seq_len), saved as ``tokens.npy``
 
 from __future__ import annotations
 
+import codecs
 import hashlib
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -34,29 +40,198 @@ from sinkscope.options import BOS_POLICIES, check_seed  # noqa: F401 - part of t
 
 
 
+#: a document longer than this many characters is tokenised in segments of about this many (SPEC.md
+#: "Windows of a long text"); the bundled novels (at most 883,279 bytes) are one segment each.
+SEGMENT_CHARS = 1 << 20
+#: a segment ends before the first whitespace that follows a non-space within this many characters past
+#: SEGMENT_CHARS (a token boundary for every tokenizer we know), else at SEGMENT_CHARS exactly.
+SEARCH_CHARS = 1 << 16
+#: each segment is tokenised after this many characters of the one before (whose tokens are then dropped),
+#: so that it starts as it does inside the text (no start-of-text prefix space).
+CONTEXT_CHARS = 64
+#: a text file is streamed in pieces of this many characters (validating, hashing, segmenting).
+READ_CHARS = 1 << 20
+_BREAK = re.compile(r"(?<=\S)\s", re.ASCII)
+
+
+class FileText(Sequence):
+    """A text file larger than one segment as a corpus's one document, left on disk.
+
+    ``text[0]`` reads it whole (the trainer does); the windows read it through :meth:`pieces`, in
+    :data:`READ_CHARS`-character pieces with the newline translation of ``Path.read_text``, so the
+    pieces joined are exactly ``read_text(encoding="utf-8")``.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(1))]
+        if index not in (0, -1):
+            raise IndexError("a text file is one document")
+        return self.path.read_text(encoding="utf-8")
+
+    def pieces(self) -> Iterator[str]:
+        with open(self.path, encoding="utf-8") as handle:
+            while piece := handle.read(READ_CHARS):
+                yield piece
+
+    def __reduce__(self):
+        return FileText, (self.path,)
+
+
+def _text_pieces(text: str) -> Callable[[], Iterator[str]]:
+    return lambda: (text[i:i + READ_CHARS] for i in range(0, len(text), READ_CHARS))
+
+
+def segments(pieces: Iterable[str]) -> Iterator[str]:
+    """The text given in ``pieces`` cut into segments (SPEC.md "Windows of a long text").
+
+    From the start of what is left, a segment runs to the first whitespace that follows a
+    non-space at or past :data:`SEGMENT_CHARS` characters and before SEGMENT_CHARS +
+    :data:`SEARCH_CHARS` (exclusive), else SEGMENT_CHARS characters; the last segment is what
+    remains (at most SEGMENT_CHARS). The cuts depend on the text only, never on how it is split
+    into pieces; a text of at most SEGMENT_CHARS characters is one segment.
+    """
+    buffer = ""
+    for piece in pieces:
+        buffer += piece
+        while len(buffer) > SEGMENT_CHARS + SEARCH_CHARS:  # every cut sees its whole search range
+            cut = _cut(buffer)
+            yield buffer[:cut]
+            buffer = buffer[cut:]
+    while len(buffer) > SEGMENT_CHARS:
+        cut = _cut(buffer)
+        yield buffer[:cut]
+        buffer = buffer[cut:]
+    if buffer:
+        yield buffer
+
+
+def _cut(buffer: str) -> int:
+    found = _BREAK.search(buffer, SEGMENT_CHARS, SEGMENT_CHARS + SEARCH_CHARS)
+    return found.start() if found else SEGMENT_CHARS
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def segment_ids(tokenizer, segment: str, context: str) -> np.ndarray:
+    """A segment's ids (int64) as they are inside the text: tokenised after ``context`` (the end of
+    the segment before), whose own ids are then dropped; alone where they are not a prefix."""
+    if context:
+        head, both = _ids(tokenizer, context), _ids(tokenizer, context + segment)
+        if both[:len(head)] == head:
+            return np.asarray(both[len(head):], dtype=np.int64)
+    return np.asarray(_ids(tokenizer, segment), dtype=np.int64)
+
+
+class SegmentedIds:
+    """The ids of a document longer than one segment, tokenised on demand, one segment at a time.
+
+    Nothing holds the whole document's ids: :meth:`prefix` tokenises segments until it has enough;
+    ``len()`` counts every segment's tokens once (and the unknown token's, for
+    :func:`check_unknown_share`), keeping only the counts; :meth:`take` streams through the text
+    again and tokenises only the segments that hold the windows asked for.
+    """
+
+    def __init__(self, tokenizer, pieces: Callable[[], Iterator[str]]):
+        self.tokenizer = tokenizer
+        self.pieces = pieces  # a fresh iterator over the document's text on each call
+        self.counts: np.ndarray | None = None  # (n_segments,) tokens per segment, once counted
+        self.unknown = 0  # unknown tokens in the whole document, once counted
+        self.read = 0  # tokens of the segments :meth:`prefix` read
+
+    def _segments(self) -> Iterator[tuple[str, str]]:
+        """(segment, context) in order: the context is the last CONTEXT_CHARS characters before it."""
+        context = ""
+        for segment in segments(self.pieces()):
+            yield segment, context
+            context = segment[-CONTEXT_CHARS:]
+
+    def _count(self) -> np.ndarray:
+        if self.counts is None:
+            unk = getattr(self.tokenizer, "unk_token_id", None)
+            counts = []
+            for segment, context in self._segments():
+                ids = segment_ids(self.tokenizer, segment, context)
+                counts.append(len(ids))
+                if unk is not None:
+                    self.unknown += int((ids == unk).sum())
+            self.counts = np.asarray(counts, dtype=np.int64)
+        return self.counts
+
+    def __len__(self) -> int:
+        return int(self._count().sum())
+
+    def prefix(self, n: int | None) -> np.ndarray:
+        """The document's first ``n`` ids (all of them for None), reading segments only until there are enough."""
+        parts, have = [], 0
+        for segment, context in self._segments():
+            if n is not None and have >= n:
+                break
+            parts.append(segment_ids(self.tokenizer, segment, context))
+            have += len(parts[-1])
+        self.read = have
+        ids = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return ids if n is None else ids[:n]
+
+    def take(self, starts: Sequence[int], length: int) -> list[np.ndarray]:
+        """``ids[s:s + length]`` for each s of ``starts`` (ascending), in one pass over the text."""
+        ends = np.cumsum(self._count())  # (n_segments,) exclusive end of each segment's ids
+        out = [np.zeros(0, np.int64)] * len(starts)
+        wanted = [(i, s) for i, s in enumerate(starts)]
+        begin = 0
+        for k, (segment, context) in enumerate(self._segments()):
+            end = int(ends[k])
+            overlapping = [(i, s) for i, s in wanted if s < end and s + length > begin]
+            if overlapping:
+                ids = segment_ids(self.tokenizer, segment, context)
+                for i, s in overlapping:
+                    out[i] = np.concatenate([out[i], ids[max(0, s - begin):max(0, s + length - begin)]])
+            wanted = [(i, s) for i, s in wanted if s + length > end]
+            begin = end
+            if not wanted:
+                break
+        return out
+
+
 @dataclass
 class Corpus:
     """Documents plus a description of where they came from.
 
     Attributes:
         name: short name (``austen``, the file name, the dataset name).
-        documents: the texts, in corpus order.
+        documents: the texts, in corpus order (a text file larger than a segment: a :class:`FileText`,
+            read in pieces).
         info: provenance recorded in the manifest (paths as the user gave them, hashes).
     """
 
     name: str
-    documents: list[str]
+    documents: Sequence[str]
     info: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        """``'austen' (6 documents)``, for progress messages."""
+        """``'austen' (6 documents)``, for progress messages; a text file by its full path."""
         n = len(self.documents)
-        return f"{self.name!r} ({n} document{'' if n == 1 else 's'})"
+        path = self.info.get("abs_path") if isinstance(self.info, dict) else None
+        return f"{str(path) if path else self.name!r} ({n} document{'' if n == 1 else 's'})"
 
     @property
     def sha256(self) -> str:
         """Hash of the documents in order (what the manifest calls the corpus hash)."""
         digest = hashlib.sha256()
+        if isinstance(self.documents, FileText):  # the same hash as the text read whole, streamed
+            inner = hashlib.sha256()
+            for piece in self.documents.pieces():
+                inner.update(piece.encode("utf-8"))
+            digest.update(inner.digest())
+            return digest.hexdigest()
         for text in self.documents:
             digest.update(hashlib.sha256(text.encode("utf-8")).digest())
         return digest.hexdigest()
@@ -77,17 +252,42 @@ def bundled_corpus() -> Corpus:
 
 
 def text_file_corpus(path: str) -> Corpus:
-    """One UTF-8 text file as a single document."""
+    """One UTF-8 text file as a single document (one larger than a segment stays on disk: :class:`FileText`)."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise SinkscopeError(f"no text file at {path}.")
+    info = {"kind": "text_file", "path": path, "abs_path": str(file.resolve())}
+    if file.stat().st_size > SEGMENT_CHARS:
+        _check_utf8_text(file, path)
+        return Corpus(file.name, FileText(file), info)
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
         raise SinkscopeError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start}).") from error
     if not text.strip():
         raise SinkscopeError(f"the text file {path} is empty.")
-    return Corpus(file.name, [text], {"kind": "text_file", "path": path, "abs_path": str(file.resolve())})
+    return Corpus(file.name, [text], info)
+
+
+def _check_utf8_text(file: Path, path: str) -> None:
+    """What ``text_file_corpus`` checks of a small file, streamed: UTF-8 throughout and not blank."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, blank = 0, True
+    with open(file, "rb") as handle:
+        while True:
+            block = handle.read(READ_CHARS)
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous block
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as error:
+                raise SinkscopeError(f"{path} is not UTF-8 text ({error.reason} at byte "
+                                     f"{offset - pending + error.start}).") from error
+            blank = blank and not text.strip()
+            offset += len(block)
+            if not block:
+                break
+    if blank:
+        raise SinkscopeError(f"the text file {path} is empty.")
 
 
 def dataset_corpus(spec: str, text_column: str = "text") -> Corpus:
@@ -141,12 +341,21 @@ def resolve_bos(policy: str, tokenizer) -> int | None:
     return int(bos) if tokenizer_adds_bos(tokenizer) else None
 
 
-def tokenize_documents(tokenizer, documents: list[str]) -> list[np.ndarray]:
-    """Each document's token ids (no special tokens), int64."""
-    out = []
+def tokenize_documents(tokenizer, documents: Sequence[str]) -> list[np.ndarray | SegmentedIds]:
+    """Each document's token ids (no special tokens), int64.
+
+    A document longer than :data:`SEGMENT_CHARS` (and a :class:`FileText`) gives a
+    :class:`SegmentedIds`, tokenised only as far as the windows need (``text_window``,
+    ``make_windows``); a shorter one is tokenised whole, as it always was.
+    """
+    if isinstance(documents, FileText):
+        return [SegmentedIds(tokenizer, documents.pieces)]
+    out: list[np.ndarray | SegmentedIds] = []
     for text in documents:
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-        out.append(np.asarray(ids, dtype=np.int64))
+        if len(text) > SEGMENT_CHARS:
+            out.append(SegmentedIds(tokenizer, _text_pieces(text)))
+        else:
+            out.append(np.asarray(_ids(tokenizer, text), dtype=np.int64))
     return out
 
 
@@ -154,7 +363,8 @@ def tokenize_documents(tokenizer, documents: list[str]) -> list[np.ndarray]:
 UNKNOWN_REFUSE, UNKNOWN_WARN = 0.5, 0.05
 
 
-def check_unknown_share(doc_ids: list[np.ndarray], tokenizer, model_label: str, log, hint: str = "") -> None:
+def check_unknown_share(doc_ids: list[np.ndarray | SegmentedIds], tokenizer, model_label: str, log,
+                        hint: str = "") -> None:
     """Refuse a text the tokenizer cannot read: most of its tokens are the unknown token.
 
     A tokenizer with a small word-level vocabulary (a trigger-task checkpoint's) maps every word it
@@ -166,7 +376,7 @@ def check_unknown_share(doc_ids: list[np.ndarray], tokenizer, model_label: str, 
     total = sum(len(ids) for ids in doc_ids)
     if unk is None or total == 0:
         return
-    share = sum(int((ids == unk).sum()) for ids in doc_ids) / total
+    share = sum(ids.unknown if isinstance(ids, SegmentedIds) else int((ids == unk).sum()) for ids in doc_ids) / total
     token = getattr(tokenizer, "unk_token", None)
     what = f"the tokenizer of {model_label} maps {share:.0%} of the text's {total:,} tokens to its unknown token " \
            f"{token!r} (id {unk})"
@@ -208,6 +418,82 @@ def check_token_range(tokens: np.ndarray, n_embeddings: int | None) -> None:
             f"(ids 0 to {n_embeddings - 1}); the tokenizer does not belong to this model.")
 
 
+def ram_available() -> int | None:
+    """Bytes of RAM this process may still use, or None where nothing says: the least of Linux's
+    MemAvailable, its memory cgroup's room (``memory.max - memory.current``, a container's limit) and
+    its address-space limit's room (``ulimit -v`` less what is mapped).
+
+    Unlike ``model_size.available_memory`` it counts no accelerator (and so never starts CUDA): what a
+    window draw, or a forward on the CPU, has (``runner.free_memory``).
+    """
+    found = [_meminfo_available(), _cgroup_room(), _address_space_room()]
+    known = [n for n in found if n is not None]
+    return max(0, min(known)) if known else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+#: (limit, usage) files of a memory cgroup: v2's, then v1's; a limit this large is none.
+_CGROUP_FILES = (("", "memory.max", "memory.current", "inactive_file"),
+                 ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+_NO_LIMIT = 1 << 60
+
+
+def _cgroup_room(groups: str = "/proc/self/cgroup", mounted: str = "/sys/fs/cgroup") -> int | None:
+    """Room left under this process's memory cgroup limit: limit - usage + the inactive file cache the
+    kernel reclaims first (v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None without a limit."""
+    try:
+        with open(groups, encoding="ascii") as handle:
+            lines = [line.strip().split(":", 2) for line in handle]
+    except OSError:
+        return None
+    for controller, limit_file, usage_file, inactive in _CGROUP_FILES:
+        paths = [p for _, names, p in lines if (names == "" if not controller else controller in names.split(","))]
+        root = Path(mounted) / controller
+        for folder in [root / p.lstrip("/") for p in paths] + [root]:  # the process's group, or a namespace's root
+            try:
+                limit = (folder / limit_file).read_text(encoding="ascii").strip()
+                usage = int((folder / usage_file).read_text(encoding="ascii").strip())
+            except (OSError, ValueError):
+                continue
+            if limit == "max" or not limit.isascii() or not limit.isdigit() or int(limit) >= _NO_LIMIT:
+                return None
+            cache = 0
+            try:
+                for line in (folder / "memory.stat").read_text(encoding="ascii").splitlines():
+                    name, _, value = line.partition(" ")
+                    if name == inactive:
+                        cache = int(value)
+            except (OSError, ValueError):
+                pass
+            return int(limit) - usage + cache
+    return None
+
+
+def _address_space_room() -> int | None:
+    """``RLIMIT_AS`` less the address space mapped now (``VmSize``), None without a limit."""
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status", encoding="ascii") as handle:
+            size = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmSize:"))
+        return limit - size
+    except (OSError, ValueError, ImportError, StopIteration, IndexError):
+        return None
+
+
 #: ``sinks --inputs``: Gu et al.'s three inputs (ICLR 2025, Table 1).
 INPUTS = ("text", "random", "repeated")
 
@@ -225,6 +511,12 @@ def synthetic_windows(kind: str, vocab_size: int, excluded: set[int], *, seq_len
     BOS comes first when ``bos_id`` is set (``--bos``), as for text windows.
     """
     check_seed(seed)
+    need = 2 * 8 * int(n_seqs) * int(seq_len)  # the draw and the ids it picks, int64 each
+    memory = ram_available()
+    if memory is not None and need > memory:
+        raise SinkscopeError(f"{n_seqs:,} windows of {seq_len:,} {kind} tokens take {need / 1e9:,.1f} GB to draw, more "
+                             f"than the {memory / 1e9:,.1f} GB of memory available; lower {option('seq_len')} or "
+                             f"{option('n_seqs')}.")
     allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int64), np.fromiter(excluded, dtype=np.int64))
     if len(allowed) == 0:
         raise SinkscopeError("the tokenizer has no ordinary token to draw windows from.")
@@ -248,42 +540,71 @@ def synthetic_windows(kind: str, vocab_size: int, excluded: set[int], *, seq_len
     return Windows(np.ascontiguousarray(rows, dtype=np.int64), bos_id, [], 0), record
 
 
-def text_window(doc_ids: list[np.ndarray], *, seq_len: int | None, bos_id: int | None) -> Windows:
+def text_window(doc_ids: list[np.ndarray | SegmentedIds], *, seq_len: int | None, bos_id: int | None) -> Windows:
     """One window: the documents' tokens in order (BOS first when ``bos_id`` is set), cut at ``seq_len``.
 
-    ``sinkscope explore``'s window is the text itself; fewer than 2 tokens is one sentence.
+    ``sinkscope explore``'s window is the text itself; fewer than 2 tokens is one sentence. A
+    document read in segments is read only as far as the window needs (its ``n_corpus_tokens``
+    then counts the tokens of the segments read).
     """
-    body = np.concatenate([np.asarray(ids, dtype=np.int64) for ids in doc_ids]) if doc_ids else np.zeros(0, np.int64)
+    need = None if seq_len is None else max(0, seq_len - (1 if bos_id is not None else 0))
+    parts, have = [], 0
+    for ids in doc_ids:
+        if need is not None and have >= need:
+            break
+        part = ids.prefix(None if need is None else need - have) if isinstance(ids, SegmentedIds) else \
+            np.asarray(ids, dtype=np.int64)
+        parts.append(part)
+        have += len(part)
+    counted = sum(ids.read if isinstance(ids, SegmentedIds) else len(ids) for ids in doc_ids)
+    body = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     row = np.concatenate([np.asarray([bos_id], dtype=np.int64), body]) if bos_id is not None else body
     if seq_len is not None:
         row = row[:seq_len]
     if len(row) < 2:
         raise SinkscopeError(f"the text is {len(row)} token{'s' if len(row) != 1 else ''} long; the explorer needs at "
                              "least 2 (a query and a key): give a longer text.")
-    return Windows(row[None, :].astype(np.int64), bos_id, [(0, 0)], int(body.size))
+    return Windows(row[None, :].astype(np.int64), bos_id, [(0, 0)], int(counted))
 
 
-def make_windows(doc_ids: list[np.ndarray], *, seq_len: int, n_seqs: int, seed: int, bos_id: int | None) -> Windows:
-    """Draw ``n_seqs`` windows of ``seq_len`` tokens (see the module docstring for the rule)."""
+def make_windows(doc_ids: list[np.ndarray | SegmentedIds], *, seq_len: int, n_seqs: int, seed: int,
+                 bos_id: int | None) -> Windows:
+    """Draw ``n_seqs`` windows of ``seq_len`` tokens (see the module docstring for the rule).
+
+    The chunks are counted, not listed: document d has ``len_d // body`` of them, chunk c of all
+    is the one numbered c in corpus order, so the draw is over ``sum_d len_d // body`` chunks.
+    """
     check_seed(seed)
     if seq_len < 2:
         raise SinkscopeError(f"{option('seq_len')} must be at least 2 (got {seq_len}).")
     if n_seqs < 1:
         raise SinkscopeError(f"{option('n_seqs')} must be at least 1 (got {n_seqs}).")
     body = seq_len - (1 if bos_id is not None else 0)
-    chunks = [(d, start) for d, ids in enumerate(doc_ids) for start in range(0, len(ids) - body + 1, body)]
-    total = int(sum(len(ids) for ids in doc_ids))
-    if len(chunks) < n_seqs:
+    lengths = np.asarray([len(ids) for ids in doc_ids], dtype=np.int64)  # (D,)
+    per_doc = lengths // body  # (D,) chunks of each document: starts 0, body, ... while a whole chunk fits
+    n_chunks, total = int(per_doc.sum()), int(lengths.sum())
+    if n_chunks < n_seqs:
         raise SinkscopeError(
-            f"the corpus has {total} tokens, enough for {len(chunks)} windows of {seq_len} tokens, "
+            f"the corpus has {total} tokens, enough for {n_chunks} windows of {seq_len} tokens, "
             f"but {option('n_seqs')} {n_seqs} were asked for; lower {option('n_seqs')} or {option('seq_len')}, or use a longer text."
         )
     rng = np.random.default_rng(seed)
-    picked = sorted(rng.choice(len(chunks), size=n_seqs, replace=False).tolist())
-    starts = [chunks[i] for i in picked]
+    picked = np.sort(rng.choice(n_chunks, size=n_seqs, replace=False))  # (n_seqs,) chunk numbers
+    first = np.cumsum(per_doc) - per_doc  # (D,) number of each document's first chunk
+    # (n_seqs,) the document of each chunk: the last whose first chunk is at or before it (never an empty one,
+    # whose first chunk number is the next document's)
+    docs = np.searchsorted(first, picked, side="right") - 1
+    starts = [(int(d), int((c - first[d]) * body)) for d, c in zip(docs.tolist(), picked.tolist())]
+    bodies: dict[int, np.ndarray] = {}
+    for d in sorted(set(docs.tolist())):
+        mine = [i for i, (dd, _) in enumerate(starts) if dd == d]
+        ids = doc_ids[d]
+        rows_d = ids.take([starts[i][1] for i in mine], body) if isinstance(ids, SegmentedIds) else \
+            [ids[starts[i][1]:starts[i][1] + body] for i in mine]
+        bodies.update(zip(mine, rows_d))
     rows = []
-    for d, start in starts:
-        row = doc_ids[d][start:start + body]
+    for i in range(n_seqs):
+        row = np.asarray(bodies[i], dtype=np.int64)
         if bos_id is not None:
             row = np.concatenate([np.asarray([bos_id], dtype=np.int64), row])
         rows.append(row)

@@ -1,10 +1,13 @@
 """The explorer's own forward pass: after a measurement, keep a few heads' patterns on its first windows.
 
 ``explore(...)`` runs the ``explorer`` probe (``probes/explorer.py``) alone over the first
-``--explore-windows`` windows of tokens.npy in one batch, under the same attention capture as the
-measurement (``--attention``), decodes those windows' tokens for the page's labels, and keeps what
-fits the page's budget (``explorer_data.fit``: ``--explore-max-mb``). It returns the data and the
-manifest's ``explorer`` record, or None where there is nothing to explore:
+``--explore-windows`` windows of tokens.npy in batches of ``--batch-size`` (the stored result does
+not depend on it), under the same attention capture as the measurement (``--attention``), decodes
+those windows' tokens for the page's labels, and keeps what fits the page's budget
+(``explorer_data.fit``: ``--explore-max-mb``): the probe stops keeping entries once the windows
+read cost more than the budget (``Explorer.keep_within``), so memory follows the budget and one
+batch, not the number of windows and heads. It returns the data and the manifest's ``explorer``
+record, or None where there is nothing to explore:
 
     --explore-heads none or --explore-windows 0     asked for nothing
     a command that reads its windows its own way     ``stream`` (a bounded cache, not one forward pass)
@@ -22,7 +25,16 @@ from typing import Callable
 
 import numpy as np
 
-from sinkscope.explorer_data import THRESHOLD, ExplorerData, choose_heads, fit, parse_heads
+from sinkscope.explorer_data import (
+    THRESHOLD,
+    ExplorerData,
+    check_max_mb,
+    choose_heads,
+    fit,
+    label_array,
+    labels_size,
+    parse_heads,
+)
 
 
 def token_labels(tokenizer, ids: np.ndarray) -> list[str]:
@@ -33,24 +45,35 @@ def token_labels(tokenizer, ids: np.ndarray) -> list[str]:
                                        clean_up_tokenization_spaces=False))
 
 
+#: windows per forward pass where the caller names no ``--batch-size``.
+DEFAULT_BATCH = 1
+
+
 def explore(model, tokenizer, spec, tokens: np.ndarray, *, heads: str, windows: int, max_mb: float | None,
             seed: int, attention: str, device, log: Callable[[str], None],
-            run_p0: np.ndarray | None = None) -> tuple[ExplorerData, dict] | None:
+            run_p0: np.ndarray | None = None, batch_size: int | None = None) -> tuple[ExplorerData, dict] | None:
     """Run the explorer's pass over ``tokens[:windows]``; (data, manifest record) or None (see the module).
 
     ``run_p0``: the measurement's own per-head ``p0_mass`` (L, H) where it has one (NaN elsewhere);
-    ``auto`` then ranks the heads by it, in one pass.
+    ``auto`` then ranks the heads by it, in one pass. ``batch_size``: windows per forward pass (the
+    run's ``--batch-size``; :data:`DEFAULT_BATCH` when None).
     """
     from sinkscope.probes import get_probe
     from sinkscope.runner import run_probes
 
     kind, _ = parse_heads(heads)
+    budget = check_max_mb(max_mb)  # MB, or None
     n = min(int(windows), len(tokens))
     if kind == "none" or n <= 0:
         return None
+    batch = max(1, min(n, int(batch_size or DEFAULT_BATCH)))
+    labels = {w: token_labels(tokenizer, tokens[w]) for w in range(n)}
+    labels_bytes = labels_size(label_array([labels[w] for w in range(n)], tokens.shape[1]))
+
     def read(heads_rule: str):
         probe = get_probe("explorer")(spec, heads=heads_rule)
-        run_probes(model, tokens[:n], [probe], batch_size=n, device=device, progress=False, attention=attention,
+        probe.keep_within(None if budget is None else int(budget * 1e6), labels_bytes)
+        run_probes(model, tokens[:n], [probe], batch_size=batch, device=device, progress=False, attention=attention,
                    log=log)
         return probe
 
@@ -63,11 +86,11 @@ def explore(model, tokenizer, spec, tokens: np.ndarray, *, heads: str, windows: 
     else:
         heads_rule = heads
     probe = read(heads_rule)
-    data = probe.data({w: token_labels(tokenizer, tokens[w]) for w in range(n)}, chosen)
+    data = probe.data(labels, chosen)
     if data is None:
         return None
-    stored = len(data.kept())
-    data, used = fit(data, None if max_mb is None else int(max_mb * 1e6))
+    stored = len(data.kept()) + len(data.beyond)
+    data, used = fit(data, None if budget is None else int(budget * 1e6))
     record = {
         "heads": [[int(l), int(h)] for l, h in data.heads],
         "chosen": [str(c) for c in data.chosen],

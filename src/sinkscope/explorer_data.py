@@ -32,12 +32,21 @@ zlib-compressed little-endian bytes ``int32 indptr[T + 1] | float32 value_norm[T
 phantom[T] | uint32 keys[n] | uint16 codes[n]``, base64-encoded, which ``explorer.js`` inflates with
 the browser's ``DecompressionStream``. :func:`fit` keeps blocks, window 0's heads first, while the
 page's explorer data stays within a byte budget (``--explore-max-mb``).
+
+Reading a run folder's arrays (:func:`read_npz`, :func:`read_npy`: ``explorer.npz`` here,
+``tokens.npy`` by ``run_result.Result.load``) checks each member's header (dtype, shape) and, in an
+npz, the zip entry's uncompressed size, against the sizes the run's manifest allows before a byte of
+data is read, and never unpickles: a planted file that would inflate to gigabytes, or whose header
+declares 10**12 elements, is one sentence naming the file.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
+import math
+import re
 import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
@@ -57,6 +66,12 @@ SCALE = 1.0 / 65535
 AUTO_TOP, AUTO_SAMPLE = 8, 4
 #: the page's explorer data budget by default (report.html stays under 5 MB with its figures).
 DEFAULT_MAX_MB = 3.5
+#: the members of ``explorer.npz``: (numpy kinds allowed, dimensions); shapes are checked by :func:`_npz_limits`.
+MEMBERS = {"heads": ("iu", 2), "chosen": ("U", 1), "windows": ("iu", 1), "labels": ("U", 2), "blocks": ("iu", 3),
+           "indptr": ("iu", 3), "keys": ("iu", 1), "codes": ("u", 1), "value_norms": ("f", 3), "phantom": ("f", 3),
+           "p0": ("f", 2), "meta": ("f", 1)}
+#: the widest ``chosen`` value ("sample") and token label a file may hold, in characters.
+MAX_CHOSEN_CHARS, MAX_LABEL_CHARS = 16, 1024
 
 
 @dataclass
@@ -80,6 +95,10 @@ class ExplorerData:
     has_value_norms: bool = True
     #: what :func:`fit` left out, as (window row, layer, head), for the page's note and the manifest.
     left_out: list = field(default_factory=list)
+    #: (window position, head position) of the patterns read past the budget, whose entries were not
+    #: kept (the explorer pass's windows after the budget was spent); :func:`fit` leaves them out in
+    #: their place. Not written to the file.
+    beyond: list = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
@@ -128,11 +147,19 @@ class ExplorerData:
                      value_norms=self.value_norms, phantom=self.phantom, p0=self.p0, meta=meta)
 
     @classmethod
-    def load(cls, path: Path) -> "ExplorerData":
-        """Read ``explorer.npz`` (no pickle); a damaged file is one sentence."""
+    def load(cls, path: Path, manifest: dict | None = None) -> "ExplorerData":
+        """Read ``explorer.npz`` (no pickle); a damaged file is one sentence.
+
+        Every member's header is checked before anything is read (:func:`read_npz`): against the
+        run's ``manifest`` (default: the ``manifest.json`` beside the file, where there is one: its
+        windows, the explorer's heads and windows, the model's layers and heads), else against each
+        other and the memory available.
+        """
+        path = Path(path)
+        if manifest is None:
+            manifest = _manifest_beside(path)
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {name: npz[name] for name in npz.files}
+            arrays = read_npz(path, lambda shapes: _npz_limits(shapes, manifest), "the explorer data")
             meta = arrays.pop("meta")
             data = cls(**arrays, threshold=float(meta[0]), scale=float(meta[1]), has_phantom=bool(meta[2]),
                        has_value_norms=bool(meta[3]))
@@ -142,7 +169,7 @@ class ExplorerData:
         return data
 
     def check(self) -> None:
-        """Shapes that agree with each other (a damaged or foreign file fails here, not in the page)."""
+        """Shapes and values that agree with each other (a damaged or foreign file fails here, not in the page)."""
         W, K = len(self.windows), len(self.heads)
         T = self.labels.shape[-1] if self.labels.ndim == 2 else -1
         if (self.blocks.shape != (W, K, 2) or self.indptr.shape != (W, K, T + 1) or self.labels.shape != (W, T)
@@ -153,24 +180,64 @@ class ExplorerData:
             raise ValueError("a pattern points past its entries")
         if self.keys.size and (int(self.keys.min()) < 0 or int(self.keys.max()) >= T):
             raise ValueError("a key lies outside its window")
+        for name, value, low, high in (("threshold", self.threshold, 0, 1), ("scale", self.scale, 0, 1)):
+            if not (isinstance(value, float) and math.isfinite(value) and low < value <= high):
+                raise ValueError(f"its {name} is {value!r}, not a number in ({low}, {high}]")
+        if self.heads.size and (int(self.heads.min()) < 0 or int(self.heads[:, 0].max()) >= self.n_layers
+                                or int(self.heads[:, 1].max()) >= self.n_heads):
+            raise ValueError("a head lies outside the model's layers and heads")
+        if self.windows.size and int(self.windows.min()) < 0:
+            raise ValueError("a window row is negative")
+        kept = self.blocks[:, :, 0] >= 0  # (W, K)
+        sizes = (self.blocks[:, :, 1] - self.blocks[:, :, 0])[kept]  # (n_kept,)
+        rows = self.indptr[kept]  # (n_kept, T + 1)
+        if kept.any() and (int(self.blocks[:, :, 0][kept].min()) < 0 or (sizes < 0).any() or (rows[:, 0] != 0).any()
+                           or (np.diff(rows, axis=-1) < 0).any() or (rows[:, -1] != sizes).any()):
+            raise ValueError("a pattern's rows do not add up to its entries")
+        if set(map(str, self.chosen)) - {"top", "sample", "asked", "all"}:
+            raise ValueError("a head is kept for no known reason")
 
     # ---- the page's blocks ----------------------------------------------------------------------------
     def block_bytes(self, w: int, k: int) -> bytes:
         """One pattern as the page carries it: the zlib-compressed layout of the module docstring."""
         start, stop = (int(x) for x in self.blocks[w, k])
-        parts = [self.indptr[w, k].astype("<i4"), self.value_norms[w, k].astype("<f4"),
-                 self.phantom[w, k].astype("<f4"), self.keys[start:stop].astype("<u4"),
-                 self.codes[start:stop].astype("<u2")]
-        return zlib.compress(b"".join(p.tobytes() for p in parts), 6)
+        return pack_block(self.indptr[w, k], self.value_norms[w, k], self.phantom[w, k], self.keys[start:stop],
+                          self.codes[start:stop])
 
     def block_text(self, w: int, k: int) -> str:
         """:meth:`block_bytes` in base64 (what the page's JSON holds)."""
         return base64.b64encode(self.block_bytes(w, k)).decode("ascii")
 
 
+def pack_block(indptr: np.ndarray, value_norms: np.ndarray, phantom: np.ndarray, keys: np.ndarray,
+               codes: np.ndarray) -> bytes:
+    """``int32 indptr[T + 1] | float32 value_norm[T] | float32 phantom[T] | uint32 keys[n] | uint16 codes[n]``,
+    little-endian, zlib level 6 (the page's block)."""
+    parts = [indptr.astype("<i4"), value_norms.astype("<f4"), phantom.astype("<f4"), keys.astype("<u4"),
+             codes.astype("<u2")]
+    return zlib.compress(b"".join(p.tobytes() for p in parts), 6)
+
+
+def block_size(indptr: np.ndarray, value_norms: np.ndarray, phantom: np.ndarray, keys: np.ndarray,
+               codes: np.ndarray) -> int:
+    """What one block costs the page's budget: its base64 text plus 64 bytes of JSON keys and numbers (:func:`fit`)."""
+    return 4 * math.ceil(len(pack_block(indptr, value_norms, phantom, keys, codes)) / 3) + 64
+
+
+def label_array(rows: list[list[str]], seq_len: int) -> np.ndarray:
+    """The windows' token labels as the file holds them: (W, seq_len) unicode, as wide as the widest label."""
+    width = max([len(t) for row in rows for t in row] + [1])
+    return np.array([row[:seq_len] for row in rows], dtype=f"<U{width}")
+
+
+def labels_size(labels: np.ndarray) -> int:
+    """The bytes token labels (W, T) take in the page's JSON."""
+    return sum(len(json.dumps([str(t) for t in row])) for row in labels)
+
+
 def labels_bytes(data: ExplorerData) -> int:
     """The bytes the windows' token labels take in the page's JSON."""
-    return sum(len(json.dumps([str(t) for t in row])) for row in data.labels)
+    return labels_size(data.labels)
 
 
 def fit(data: ExplorerData, max_bytes: int | None) -> tuple[ExplorerData, int]:
@@ -178,14 +245,16 @@ def fit(data: ExplorerData, max_bytes: int | None) -> tuple[ExplorerData, int]:
 
     The token labels count first; a pattern that does not fit is left out (recorded in
     ``left_out``), and so is every later one, so what is kept is always a prefix of the order
-    (window 0's top heads first). ``max_bytes`` None keeps everything. Returns the data with only
-    the kept entries, and the bytes its page data takes (labels and blocks).
+    (window 0's top heads first). A pattern read past the budget (``data.beyond``) is left out in its
+    place. ``max_bytes`` None keeps everything. Returns the data with only the kept entries, and the
+    bytes its page data takes (labels and blocks).
     """
     used = labels_bytes(data)
     keep, left_out, full = [], [], False
-    for w, k in data.kept():
-        size = len(data.block_text(w, k)) + 64  # the block's JSON keys and numbers
-        if not full and (max_bytes is None or used + size <= max_bytes):
+    beyond = set(data.beyond)
+    for w, k in sorted(data.kept() + list(beyond)):
+        size = None if (w, k) in beyond else len(data.block_text(w, k)) + 64  # the block's JSON keys and numbers
+        if not full and size is not None and (max_bytes is None or used + size <= max_bytes):
             keep.append((w, k))
             used += size
         else:
@@ -206,7 +275,7 @@ def select(data: ExplorerData, keep: list[tuple[int, int]], left_out: list | Non
         at += stop - start
     return replace(data, blocks=blocks, keys=np.concatenate(keys) if keys else np.zeros(0, np.int32),
                    codes=np.concatenate(codes) if codes else np.zeros(0, np.uint16),
-                   left_out=list(data.left_out) + list(left_out or []))
+                   left_out=list(data.left_out) + list(left_out or []), beyond=[])
 
 
 def choose_heads(p0: np.ndarray, seed: int) -> dict[tuple[int, int], str]:
@@ -234,12 +303,29 @@ def parse_heads(value: str) -> tuple[str, tuple[tuple[int, int], ...]]:
         return text, ()
     heads = []
     for part in text.split(","):
-        layer, dot, head = part.strip().partition(".")
-        if not dot or not layer.isdigit() or not head.isdigit():
+        found = _HEAD.fullmatch(part.strip())  # ASCII digits only: str.isdigit also takes '²' and '٣'
+        if found is None:
             raise SinkscopeError(f"{option('explore_heads')} takes auto, all, none or LAYER.HEAD pairs such as "
                                  f"3.1,5.0, not {value!r}.")
-        heads.append((int(layer), int(head)))
+        heads.append((int(found.group(1)), int(found.group(2))))
     return "asked", tuple(dict.fromkeys(heads))
+
+
+_HEAD = re.compile(r"([0-9]{1,9})\.([0-9]{1,9})")
+
+
+def check_max_mb(value) -> float | None:
+    """``--explore-max-mb``: None (no budget) or a finite number of MB above 0, as a float; else one sentence."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+        raise SinkscopeError(f"{option('explore_max_mb')} must be a finite number of MB above 0 (got {value!r}); "
+                             f"the default is {DEFAULT_MAX_MB:g}.")
+    return number
 
 
 def check_heads_exist(value: str, n_layers: int, n_heads: int, attention_layers) -> None:
@@ -250,3 +336,150 @@ def check_heads_exist(value: str, n_layers: int, n_heads: int, attention_layers)
             raise SinkscopeError(f"{option('explore_heads')} names layer {layer} head {head}, which the model does not "
                                  f"have as an attention head ({n_layers} layers, attention in "
                                  f"{len(attention_layers)} of them, {n_heads} heads each).")
+
+
+# ---- a run folder's arrays, checked before they are read -------------------------------------------------
+
+#: the longest npy header read (numpy's own limit for headers it reads without ``max_header_size``).
+MAX_HEADER = 10000
+
+
+def _header(handle, what: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, header bytes) of the npy stream ``handle``, reading its header only."""
+    start = handle.read(12)
+    if len(start) < 10 or start[:6] != b"\x93NUMPY" or start[6] not in (1, 2):
+        raise ValueError(f"{what} is not an npy array")
+    size = 10 + int.from_bytes(start[8:10], "little") if start[6] == 1 else 12 + int.from_bytes(start[8:12], "little")
+    if size > MAX_HEADER:
+        raise ValueError(f"{what} has a header of {size:,} bytes")
+    head = start + handle.read(size - len(start))
+    if len(head) < size:
+        raise ValueError(f"{what} is cut short")
+    stream = io.BytesIO(head)
+    version = np.lib.format.read_magic(stream)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(stream)
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise ValueError(f"{what} holds {dtype} values, not numbers or text")
+    return tuple(int(n) for n in shape), dtype, size
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize  # Python ints: 10**12 elements do not overflow
+
+
+def read_npz(path: Path, limits, what: str) -> dict[str, np.ndarray]:
+    """The arrays of the npz at ``path``, every member's header checked before any data is read.
+
+    Each member must be one of :data:`MEMBERS` (all of them present), of an allowed dtype kind and
+    dimension; ``limits(shapes)`` (``{name: shape}``) raises ValueError for shapes the run does not
+    allow; the zip entry's uncompressed size must be exactly the header plus the data it declares
+    (so nothing inflates past what was checked). Raises ValueError (or a zip error) naming what is wrong.
+    """
+    with zipfile.ZipFile(path) as archive:
+        infos = {info.filename: info for info in archive.infolist()}
+        expected = {f"{name}.npy" for name in MEMBERS}
+        if set(infos) != expected:
+            strange = sorted(set(infos) ^ expected)[:3]
+            raise ValueError(f"its members are not the explorer's ({', '.join(map(repr, strange))})")
+        shapes, dtypes = {}, {}
+        for name, (kinds, ndim) in MEMBERS.items():
+            info = infos[f"{name}.npy"]
+            with archive.open(info) as member:
+                shape, dtype, header = _header(member, f"its member {name}")
+            if dtype.kind not in kinds or len(shape) != ndim:
+                raise ValueError(f"its member {name} is {dtype} of {len(shape)} dimensions")
+            if info.file_size != header + _nbytes(shape, dtype):
+                raise ValueError(f"its member {name} inflates to {info.file_size:,} bytes, not the "
+                                 f"{header + _nbytes(shape, dtype):,} its header declares")
+            shapes[name], dtypes[name] = shape, dtype
+        if dtypes["chosen"].itemsize > 4 * MAX_CHOSEN_CHARS or dtypes["labels"].itemsize > 4 * MAX_LABEL_CHARS:
+            raise ValueError("its text is wider than any token")
+        limits(shapes)
+        _check_memory(sum(_nbytes(shapes[n], dtypes[n]) for n in MEMBERS), what)
+        with np.load(path, allow_pickle=False) as npz:
+            return {name: npz[name] for name in MEMBERS}
+
+
+def read_npy(path: Path, shape: tuple[int, ...] | None, kinds: str, what: str) -> np.ndarray:
+    """The array of the npy file at ``path``, its header checked first: a dtype of ``kinds``, the
+    ``shape`` the run's manifest gives (None: any shape that fits in memory), and a file as long as
+    the header says. Raises ValueError naming what is wrong."""
+    with open(path, "rb") as handle:
+        found, dtype, header = _header(handle, what)
+    if dtype.kind not in kinds:
+        raise ValueError(f"it holds {dtype} values")
+    if shape is not None and found != tuple(shape):
+        raise ValueError(f"its shape is {found}, but the run's manifest says {tuple(shape)}")
+    if Path(path).stat().st_size != header + _nbytes(found, dtype):
+        raise ValueError(f"it is {Path(path).stat().st_size:,} bytes long, not the "
+                         f"{header + _nbytes(found, dtype):,} its header declares")
+    _check_memory(_nbytes(found, dtype), what)
+    return np.load(path, allow_pickle=False)
+
+
+def _check_memory(nbytes: int, what: str) -> None:
+    from sinkscope.model_size import available_memory
+
+    memory = available_memory()
+    if memory is not None and nbytes > memory:
+        raise ValueError(f"{what} would take {nbytes:,} bytes, more than the {memory:,} available")
+
+
+def _manifest_beside(path: Path) -> dict | None:
+    """The run's manifest.json beside ``path``, or None (no manifest, or not one a run writes)."""
+    file = path.parent / "manifest.json"
+    if not file.is_file():
+        return None
+    try:
+        manifest = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
+def _count(value) -> int | None:
+    """A non-negative integer from a manifest, or None (missing, or not one)."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _npz_limits(shapes: dict[str, tuple[int, ...]], manifest: dict | None) -> None:
+    """``explorer.npz``'s shapes against each other and, where there is one, the run's manifest.
+
+    W windows, K heads, T tokens per window, L layers and H heads per layer, N entries:
+
+        heads (K, 2)  chosen (K,)  windows (W,)  labels (W, T)  blocks (W, K, 2)  indptr (W, K, T + 1)
+        value_norms, phantom (W, K, T)  p0 (L, H)  meta (4,)  keys, codes (N,), N <= W K T (T + 1) / 2
+
+    and from the manifest: W and K as its ``explorer`` record lists them, T its windows' ``seq_len``, W at
+    most its ``n_seqs``, (L, H) its model's ``spec``.
+    """
+    K, W, T = shapes["heads"][0], shapes["windows"][0], shapes["labels"][1]
+    want = {"heads": (K, 2), "chosen": (K,), "windows": (W,), "labels": (W, T), "blocks": (W, K, 2),
+            "indptr": (W, K, T + 1), "value_norms": (W, K, T), "phantom": (W, K, T), "meta": (4,),
+            "codes": shapes["keys"]}
+    for name, shape in want.items():
+        if shapes[name] != shape:
+            raise ValueError(f"its member {name} has the shape {shapes[name]}, not {shape}")
+    if shapes["keys"][0] > W * K * T * (T + 1) // 2:
+        raise ValueError(f"it declares {shapes['keys'][0]:,} entries, more than {W} windows of {K} heads can hold")
+    if manifest is None:
+        return
+    record = manifest.get("explorer") if isinstance(manifest.get("explorer"), dict) else {}
+    windows = manifest.get("windows") if isinstance(manifest.get("windows"), dict) else {}
+    spec = ((manifest.get("model") or {}).get("spec") or {}) if isinstance(manifest.get("model"), dict) else {}
+    spec = spec if isinstance(spec, dict) else {}
+    allowed = {"windows": len(record["windows"]) if isinstance(record.get("windows"), list) else None,
+               "heads": len(record["heads"]) if isinstance(record.get("heads"), list) else None,
+               "tokens per window": _count(windows.get("seq_len")),
+               "layers": _count(spec.get("n_layers")), "heads per layer": _count(spec.get("n_heads"))}
+    found = {"windows": W, "heads": K, "tokens per window": T, "layers": shapes["p0"][0],
+             "heads per layer": shapes["p0"][1]}
+    if allowed["windows"] is None and allowed["heads"] is None:
+        raise ValueError("the run's manifest records no explorer")
+    for name, value in found.items():
+        if allowed[name] is not None and value != allowed[name]:
+            raise ValueError(f"it holds {value:,} {name}, but the run's manifest says {allowed[name]:,}")
+    n_seqs = _count(windows.get("n_seqs"))
+    if n_seqs is not None and W > n_seqs:
+        raise ValueError(f"it holds {W:,} windows of a run of {n_seqs:,}")

@@ -160,13 +160,12 @@ def check_options(options: RunOptions) -> None:
 
 def check_explore(options: RunOptions) -> None:
     """``--explore-heads``, ``--explore-windows`` and ``--explore-max-mb``, before anything loads."""
-    from sinkscope.explorer_data import parse_heads
+    from sinkscope.explorer_data import check_max_mb, parse_heads
 
     parse_heads(options.explore_heads)
     if options.explore_windows < 0:
         raise SinkscopeError(f"{option('explore_windows')} must be 0 or more (got {options.explore_windows}).")
-    if options.explore_max_mb is not None and not options.explore_max_mb > 0:
-        raise SinkscopeError(f"{option('explore_max_mb')} must be more than 0 (got {options.explore_max_mb:g}).")
+    check_max_mb(options.explore_max_mb)
 
 
 

@@ -844,7 +844,7 @@ def _add_explorer(plan_: Prepared, loaded: Loaded, result: Result, log) -> None:
                     heads=options.explore_heads, windows=options.explore_windows, max_mb=options.explore_max_mb,
                     seed=options.seed, attention=options.attention,
                     device=None if options.device_map else loaded.model.device, log=log,
-                    run_p0=_run_p0(result.table, loaded.spec))
+                    run_p0=_run_p0(result.table, loaded.spec), batch_size=options.batch_size)
     if found is not None:
         result.explorer, result.manifest["explorer"] = found
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.explorer_data import FILE as EXPLORER_FILE
-from sinkscope.explorer_data import ExplorerData
+from sinkscope.explorer_data import ExplorerData, read_npy
 from sinkscope.results import lock_run_dir, staged_run_dir, write_tables
 
 
@@ -58,15 +58,21 @@ class Result:
 
     @classmethod
     def load(cls, path: str | Path) -> "Result":
-        """The result a run folder holds (its table, manifest and token ids; no pickle is read)."""
+        """The result a run folder holds (its table, manifest and token ids; no pickle is read).
+
+        tokens.npy and explorer.npz are checked against the manifest before they are read: tokens.npy
+        must be integers of the manifest's ``(n_seqs, seq_len)`` and no longer than its header says
+        (``explorer_data.read_npy``), so a planted file is one sentence, never gigabytes allocated.
+        """
         from sinkscope.fileio import read_json
         from sinkscope.results import read_results
 
         path = Path(path)
-        tokens = np.load(path / "tokens.npy", allow_pickle=False)
-        explorer = ExplorerData.load(path / EXPLORER_FILE) if (path / EXPLORER_FILE).is_file() else None
-        return cls(read_results(path), read_json(path / "manifest.json", "the run's manifest"), tokens, path,
-                   explorer=explorer)
+        manifest = read_json(path / "manifest.json", "the run's manifest")
+        tokens = _read_tokens(path / "tokens.npy", manifest)
+        explorer = ExplorerData.load(path / EXPLORER_FILE, manifest if isinstance(manifest, dict) else None) \
+            if (path / EXPLORER_FILE).is_file() else None
+        return cls(read_results(path), manifest, tokens, path, explorer=explorer)
 
     def save(self, path: str | Path, *, overwrite: bool = False, figures: bool = True) -> Path:
         """Write the run folder at ``path`` (table, manifest, tokens; with ``figures`` the report).
@@ -75,6 +81,7 @@ class Result:
         ``overwrite`` replaces only a run folder or an empty folder.
         """
         out_dir = Path(path)
+        self._check_place(out_dir)
         with contextlib.ExitStack() as stack:
             if not _holds_lock(out_dir):
                 stack.enter_context(lock_run_dir(out_dir))
@@ -86,6 +93,19 @@ class Result:
                     _draw_report(stage, out_dir)
         self.path = out_dir
         return out_dir
+
+    def _check_place(self, out_dir: Path) -> None:
+        """Refuse what the command line refuses: the working folder (or one above it), and a folder inside
+        (or holding) the model or the text file the run read (``fileio.check_inputs_outside``)."""
+        from sinkscope.fileio import check_inputs_outside, check_not_cwd
+
+        model = self.manifest.get("model") if isinstance(self.manifest.get("model"), dict) else {}
+        source = model.get("source") if isinstance(model.get("source"), dict) else {}
+        corpus = self.manifest.get("corpus") if isinstance(self.manifest.get("corpus"), dict) else {}
+        check_not_cwd(out_dir, "save() needs", "runs/NAME")
+        check_inputs_outside(out_dir, {"the model": source.get("path") if isinstance(source.get("path"), str) else None,
+                                       "the text file": corpus.get("abs_path") if isinstance(corpus.get("abs_path"), str)
+                                       else None}, flag="save()'s path")
 
     def report(self, path: str | Path | None = None, *, overwrite: bool = False) -> Path:
         """The run's ``report.html``: writes the run folder at ``path`` first unless already saved there."""
@@ -141,6 +161,23 @@ class Result:
 
 #: run folders whose lock this process holds (taken in plan, released when the run is written).
 _LOCKED: set[Path] = set()
+
+
+def _read_tokens(file: Path, manifest) -> np.ndarray:
+    """tokens.npy, checked against the manifest's windows before it is read (one sentence naming the file)."""
+    windows = manifest.get("windows") if isinstance(manifest, dict) else None
+    shape = None
+    if isinstance(windows, dict):
+        sizes = [windows.get("n_seqs"), windows.get("seq_len")]
+        if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
+            shape = tuple(sizes)
+    try:
+        return read_npy(file, shape, "iu", "the token ids")
+    except FileNotFoundError:
+        raise SinkscopeError(f"{file.parent} holds no tokens.npy, so it is not a complete run folder; rerun the "
+                             "measurement.") from None
+    except (OSError, ValueError, EOFError) as error:
+        raise SinkscopeError(f"the token ids at {file} are damaged ({error}); rerun the measurement.") from None
 
 
 def _holds_lock(out_dir: Path) -> bool:

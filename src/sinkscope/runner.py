@@ -30,6 +30,7 @@ from sinkscope import heap
 from sinkscope.capture import capture
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.discover import input_device
+from sinkscope.corpus import ram_available
 from sinkscope.errors import SinkscopeError, option
 from sinkscope.probes.base import Probe
 from sinkscope.progress import progress_bar
@@ -227,6 +228,9 @@ def run_probes(
     switch = _PassSwitch([d for _, d in passes])
     # logits of every position only on the passes that read the loss (the others: the last position's)
     pass_kwargs = [{} if native else _forward_kwargs(model, need_logits=hp.LOSS in d.observed) for _, d in passes]
+    if n > start:  # one window must fit, or the run stops here in one sentence
+        check_forward_fits(model, int(tokens.shape[1]), device,
+                           all_logits=native or any("logits_to_keep" not in kwargs for kwargs in pass_kwargs))
     attached = contextlib.nullcontext() if native else capture(model, switch, mode=attention)
     retried = False
     index = start
@@ -267,6 +271,96 @@ def run_probes(
                 on_batch_done(index)
     bar.close()
     return batch_size
+
+
+# ---- the memory a forward needs, before it runs ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """A lower bound of what one forward allocates beyond the weights (see :func:`forward_cost`)."""
+
+    per_token: int  # bytes per token of the batch
+    fixed: int  # bytes whatever the length (the last position's logits)
+    width: int  # C, the residual stream's width
+    mlp: int  # F, the widest projection inside the model (the MLP's, or a fused q/k/v)
+    vocab: int  # V, the logits' width
+
+    def bytes(self, seq_len: int, batch: int = 1) -> int:
+        return batch * (seq_len * self.per_token + self.fixed)
+
+    def longest(self, memory: int, batch: int = 1) -> int:
+        """The longest length whose forward fits in ``memory`` bytes (0: none)."""
+        return max(0, (memory // batch - self.fixed) // self.per_token) if self.per_token else 1 << 62
+
+
+def forward_cost(model: torch.nn.Module, *, all_logits: bool) -> ForwardCost:
+    """What one forward of T tokens at least allocates beyond the weights, read off the model's modules:
+
+        bytes >= B T b (2 C + 2 F) + B T' V b      (b bytes per activation; T' = T with ``all_logits``
+                                                     (a pass that reads the loss, or a model that always
+                                                     computes every position's logits), else 1)
+
+    C is the token embedding's width and V its rows (or the output embedding's), F the widest
+    linear projection below the output embedding (the MLP's first; GPT-2's ``Conv1D`` too). At the
+    MLP, the residual stream, the normalised input and two F-wide intermediates are alive at once
+    (gate and up, or the pre-activation and its activation); attention runs in a fused kernel whose
+    memory is linear in T, so it adds nothing of a higher order. Everything else a forward holds
+    (q, k, v, the kernel's output, the probes' accumulators) comes on top: this is a lower bound.
+    """
+    embeddings = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    token = max(embeddings, key=lambda m: m.num_embeddings * m.embedding_dim, default=None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    width = token.embedding_dim if token is not None else 0
+    vocab = int(getattr(head, "out_features", 0) or (token.num_embeddings if token is not None else 0))
+    widths = [int(m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head
+              and not (head is None and m.out_features == vocab)]
+    widths += [int(m.nf) for m in model.modules()  # GPT-2's Conv1D: (in, nf)
+               if type(m).__name__ == "Conv1D" and isinstance(getattr(m, "nf", None), int)]
+    mlp = max(widths, default=width)
+    weight = token.weight if token is not None else next(model.parameters())
+    size = weight.element_size() if weight.is_floating_point() else 2
+    per_token = size * (2 * width + 2 * mlp) + (size * vocab if all_logits else 0)
+    return ForwardCost(per_token, 0 if all_logits else size * vocab, width, mlp, vocab)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes a forward on ``device`` can still allocate: a CUDA device's free memory plus what torch's
+    allocator holds unused; on the CPU, available RAM (Linux's MemAvailable); None where unknown."""
+    if device.type == "cuda":
+        try:
+            free, _ = torch.cuda.mem_get_info(device)
+            return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+        except RuntimeError:
+            return None
+    return ram_available() if device.type == "cpu" else None
+
+
+def check_forward_fits(model: torch.nn.Module, seq_len: int, device: torch.device, *, all_logits: bool,
+                       memory: int | None = None) -> None:
+    """Refuse, in one sentence naming the longest ``--seq-len`` that fits, a forward of one window of
+    ``seq_len`` tokens whose lower bound (:func:`forward_cost`) exceeds the free memory
+    (:func:`free_memory`; ``memory`` overrides it, for tests).
+
+    Run before the first batch: a length that no corpus bounds (``sinks --inputs random`` at
+    ``--seq-len 1000000``) would otherwise run for minutes and end in out-of-memory errors. One
+    window is what must fit (a larger batch is halved on a device's out-of-memory error).
+    """
+    cost = forward_cost(model, all_logits=all_logits)
+    memory = free_memory(device) if memory is None else memory
+    if memory is None or cost.bytes(seq_len) <= memory:
+        return
+    what = f"the {cost.width}-wide residual stream and the {cost.mlp}-wide MLP" + (
+        f", and every position's logits over {cost.vocab:,} ids" if all_logits else "")
+    longest = cost.longest(memory)
+    advice = f"the longest {option('seq_len')} that fits is {longest:,}" if longest >= 2 else \
+        "not even 2 tokens fit: free memory or use a larger device"
+    raise SinkscopeError(f"a forward over {seq_len:,} tokens needs at least {_gb(cost.bytes(seq_len))} beyond the "
+                         f"weights ({what}), but {_gb(memory)} is free on {device.type}; {advice}.")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def _pass_inputs(dispatcher: Dispatcher, label: str | None, ids: Tensor) -> Tensor:

@@ -248,3 +248,15 @@ def test_a_probe_name_given_as_a_string_is_one_probe():
     from sinkscope.monitor import SinkMonitor
 
     assert SinkMonitor("p0_mass", windows=WINDOWS).probes == ("p0_mass",)
+
+
+def test_result_save_refuses_what_the_command_line_refuses(tiny_llama_dir, text_file, tmp_path, monkeypatch):
+    result = sinkscope.measure("p0_mass", tiny_llama_dir, text_file=str(text_file), seq_len=16, n_seqs=2)
+    before = sorted(p.name for p in tiny_llama_dir.iterdir())
+    with pytest.raises(SinkscopeError, match="lies inside the model"):
+        result.save(tiny_llama_dir / "run")
+    assert sorted(p.name for p in tiny_llama_dir.iterdir()) == before
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SinkscopeError, match="is the current folder or one above it"):
+        result.save(".")
+    assert result.save(tmp_path / "run") == tmp_path / "run"

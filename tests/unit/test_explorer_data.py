@@ -107,3 +107,146 @@ def test_a_head_the_model_lacks_is_one_sentence():
         check_heads_exist("1.4", 3, 4, (0, 1, 2))
     with pytest.raises(SinkscopeError, match="names layer 1 head 0"):
         check_heads_exist("1.0", 3, 4, (0, 2))  # layer 1 has no attention (a hybrid model)
+
+
+# ---- a planted file is checked before it is read (issue 60) -----------------------------------------------------
+
+import io  # noqa: E402
+import math  # noqa: E402
+import tracemalloc  # noqa: E402
+import zipfile  # noqa: E402
+
+from sinkscope.explorer_data import MEMBERS, check_max_mb, read_npy  # noqa: E402
+
+
+def _member(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def _header(shape: tuple, descr: str = "<u2") -> bytes:
+    """An npy header alone (version 1.0) declaring ``shape``."""
+    text = "{'descr': '%s', 'fortran_order': False, 'shape': %r, }" % (descr, shape)
+    head = b"\x93NUMPY\x01\x00"
+    body = text.encode("latin1")
+    body += b" " * (64 - (len(head) + 2 + len(body) + 1) % 64) + b"\n"
+    return head + len(body).to_bytes(2, "little") + body
+
+
+def _plant(path, data, **members: bytes) -> None:
+    """``data``'s explorer.npz with some members' bytes replaced (deflated, as a planted file would be)."""
+    data.save(path)
+    with zipfile.ZipFile(path) as archive:
+        original = {name: archive.read(name) for name in archive.namelist()}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, raw in original.items():
+            archive.writestr(name, members.get(name[:-4], raw))
+
+
+def _refused(path, manifest=None) -> str:
+    tracemalloc.start()
+    try:
+        with pytest.raises(SinkscopeError) as error:
+            ExplorerData.load(path, manifest)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak:,} bytes read before the refusal"
+    message = str(error.value)
+    assert message.startswith(f"the explorer data at {path} is damaged (") and message.count(". ") == 0
+    return message
+
+
+def test_a_member_that_inflates_past_its_header_is_refused_unread(tmp_path):
+    """64 MB of zeros after a small header: the zip entry's size is not what the header declares."""
+    path = tmp_path / "explorer.npz"
+    _plant(path, synthetic(), codes=_header((10,)) + bytes(64 << 20))
+    assert path.stat().st_size < 1 << 20
+    assert "inflates to 67,108,9" in _refused(path)
+
+
+def test_a_member_declaring_more_entries_than_its_windows_hold_is_refused_unread(tmp_path):
+    """Consistent 16 MB and 8 MB members (headers and sizes agree): more entries than 2 windows x 3 heads x 16 tokens hold."""
+    path = tmp_path / "explorer.npz"
+    n = 4 << 20
+    _plant(path, synthetic(), keys=_header((n,), "<i4") + bytes(4 * n), codes=_header((n,)) + bytes(2 * n))
+    assert "more than 2 windows of 3 heads can hold" in _refused(path)
+
+
+def test_a_header_declaring_a_trillion_elements_is_one_sentence(tmp_path):
+    path = tmp_path / "explorer.npz"
+    _plant(path, synthetic(), codes=_header((10**12,)) + bytes(100))
+    assert "its member codes inflates to" in _refused(path)
+    _plant(path, synthetic(), labels=_header((10**6, 10**6), "<U4") + bytes(100))
+    _refused(path)
+
+
+def test_an_object_member_is_never_unpickled(tmp_path):
+    path = tmp_path / "explorer.npz"
+    _plant(path, synthetic(), chosen=_member(np.array([print, print, print], dtype=object)))
+    assert "object" in _refused(path)
+
+
+@pytest.mark.parametrize("meta", [[math.nan, SCALE, 1, 1], [1e-3, math.inf, 1, 1], [-1, SCALE, 0, 1]])
+def test_metadata_that_is_not_finite_is_one_sentence(tmp_path, meta):
+    path = tmp_path / "explorer.npz"
+    _plant(path, synthetic(), meta=_member(np.array(meta, dtype=np.float64)))
+    assert "not a number in" in _refused(path)
+
+
+def test_wrong_typed_members_are_one_sentence(tmp_path):
+    path = tmp_path / "explorer.npz"
+    _plant(path, synthetic(), meta=_member(np.array(["a", "b", "c", "d"])))
+    assert "member meta is <U1" in _refused(path)
+    _plant(path, synthetic(), heads=_member(np.array([[0, 1], [2, 0], [9, 3]], np.int32)))
+    assert "outside the model's layers" in _refused(path)
+
+
+def test_a_file_the_manifest_does_not_allow_is_one_sentence(tmp_path):
+    path = tmp_path / "explorer.npz"
+    synthetic().save(path)
+    manifest = {"windows": {"seq_len": 16, "n_seqs": 8}, "model": {"spec": {"n_layers": 3, "n_heads": 4}},
+                "explorer": {"heads": [[0, 1], [2, 0], [1, 3]], "windows": [0, 5]}}
+    ExplorerData.load(path, manifest)  # what the run wrote
+    assert "but the run's manifest says 1" in _refused(path, {**manifest, "explorer": {**manifest["explorer"],
+                                                                                  "windows": [0]}})
+    assert "but the run's manifest says 8" in _refused(path, {**manifest, "windows": {"seq_len": 8, "n_seqs": 8}})
+    assert "records no explorer" in _refused(path, {"windows": manifest["windows"]})
+    (tmp_path / "manifest.json").write_text('{"windows": {"seq_len": 32, "n_seqs": 2}, "explorer": {"windows": [0, 5]}}')
+    assert "tokens per window" in _refused(path)  # the manifest beside the file
+
+
+def test_tokens_npy_is_checked_before_it_is_read(tmp_path):
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.arange(12, dtype=np.int64).reshape(3, 4))
+    np.testing.assert_array_equal(read_npy(path, (3, 4), "iu", "the token ids"), np.arange(12).reshape(3, 4))
+    with pytest.raises(ValueError, match=r"its shape is \(3, 4\), but the run's manifest says \(2, 4\)"):
+        read_npy(path, (2, 4), "iu", "the token ids")
+    path.write_bytes(_header((10**6, 10**6), "<i8") + bytes(64))
+    with pytest.raises(ValueError, match="not the 8,000,000,000,128 its header declares"):
+        read_npy(path, None, "iu", "the token ids")
+    path.write_bytes(_member(np.array([print], dtype=object)))
+    with pytest.raises(ValueError, match="holds object values"):
+        read_npy(path, None, "iu", "the token ids")
+
+
+def test_every_member_is_listed():
+    assert set(MEMBERS) == {"heads", "chosen", "windows", "labels", "blocks", "indptr", "keys", "codes", "value_norms",
+                            "phantom", "p0", "meta"}
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, -1, 0, "inf", "x", True])
+def test_explore_max_mb_must_be_finite_and_positive(value):
+    with pytest.raises(SinkscopeError, match="must be a finite number of MB above 0"):
+        check_max_mb(value)
+
+
+def test_explore_max_mb_accepts_numbers_and_none():
+    assert check_max_mb(None) is None and check_max_mb(2) == 2.0 and check_max_mb(0.5) == 0.5
+
+
+@pytest.mark.parametrize("value", ["².1", "1.²", "٣.1", "1.1_0", "+1.0", "1 .0", "1234567890.0"])
+def test_explore_heads_takes_ascii_digits_only(value):
+    with pytest.raises(SinkscopeError, match="takes auto, all, none or LAYER.HEAD pairs"):
+        parse_heads(value)
