@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 corpus: $(VENV)/.installed
-	$(BIN)/python -m sinkscope.corpus_fetch
+	$(BIN)/python -m sinkscope.data.fetch
 
 # MkDocs Material + mkdocstrings + mkdocs-jupyter (pyproject's `docs` extra), installed once into .venv.
 docs-deps: $(VENV)/.docs-installed

@@ -81,14 +81,14 @@ def worker(length: int, commands: list[str], repeats: int, probes_too: bool, pro
     import torch.nn.functional as F
 
     import sinkscope
-    from sinkscope import runner
-    from sinkscope.capture import ModelSpec
-    from sinkscope.capture import hooks as hp
+    from sinkscope.forward import runner
+    from sinkscope.capture import hooks as hp, ModelSpec
     from sinkscope.commands import get_command
-    from sinkscope.corpus import bundled_corpus
+    from sinkscope.data.corpus import bundled_corpus
     from sinkscope.probes import get_probe
     from sinkscope.probes.base import Probe
-    from sinkscope.sources import load_model, resolve_source
+    from sinkscope.run.loaders import load_model
+    from sinkscope.models.resolve import resolve_source
 
     torch.set_num_threads(THREADS)
     loaded = load_model(resolve_source(None), device="cpu", dtype="float32", log=lambda m: None)
@@ -149,7 +149,7 @@ def worker(length: int, commands: list[str], repeats: int, probes_too: bool, pro
             name, model, tok, windows=ids, progress=False, **options)
     probe_specs: dict[str, dict] = {}
     if probes_too:
-        from sinkscope.pipeline import available_probes
+        from sinkscope.run.pipeline import available_probes
 
         for name in commands:
             command = get_command(name)

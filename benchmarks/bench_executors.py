@@ -46,10 +46,10 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     import ray
 
-    from sinkscope.engines.options import EngineOptions, check_engine
-    from sinkscope.executors import execute
-    from sinkscope.plan import plan
-    from sinkscope.resolve import default_gguf_path
+    from sinkscope.executors.options import EngineOptions, check_engine
+    from sinkscope.run.dispatch import execute
+    from sinkscope.run.plan import plan
+    from sinkscope.models.resolve import default_gguf_path
 
     model = args.model or str(default_gguf_path())
     engines = {"in process": EngineOptions(), "local --jobs 2": EngineOptions(jobs=2),

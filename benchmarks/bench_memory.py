@@ -42,7 +42,7 @@ def model_dir(layers: int = 3) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from sinkscope.corpus import bundled_corpus
+    from sinkscope.data.corpus import bundled_corpus
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -66,7 +66,7 @@ def big_text(mb: int) -> Path:
     path = BENCH / f"austen-{mb}mb.txt"
     if path.is_file():
         return path
-    from sinkscope.corpus import bundled_corpus
+    from sinkscope.data.corpus import bundled_corpus
 
     text = "\n\n".join(bundled_corpus().documents)
     data = text.encode("utf-8")
@@ -156,7 +156,7 @@ def npz_case(opts) -> None:
         run(["report", str(folder), "--out", f"{tmp}/page"], "report on the planted folder")
         (folder / "explorer.npz").unlink()
         (folder / "tokens.npy").write_bytes(npy_header((1_000_000, 1_000_000), "<i8") + bytes(64))
-        code = ("import sinkscope, sys\nfrom sinkscope.run_result import Result\n"
+        code = ("import sinkscope, sys\nfrom sinkscope.run.result import Result\n"
                 f"Result.load({str(folder)!r})\n")
         env = dict(os.environ, PYTHONPATH=os.environ.get("SRC", ""))
         with tempfile.NamedTemporaryFile("r", suffix=".time") as out:

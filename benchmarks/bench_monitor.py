@@ -33,9 +33,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from sinkscope.monitor import DEFAULT_PROBES, SinkMonitor
-    from sinkscope.train.loop import MONITOR_WINDOWS, TIER_TRAINING
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.train.monitor import DEFAULT_PROBES, SinkMonitor
+    from sinkscope.train.loop import MONITOR_WINDOWS
+    from sinkscope.train.config import TIER_TRAINING
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     config = GPTConfig.from_tier("tiny", vocab_size=4096)
     torch.manual_seed(0)

@@ -86,8 +86,9 @@ class PeakSampler:
 
 def load():
     import torch
-    from sinkscope.corpus import bundled_corpus
-    from sinkscope.sources import load_model, resolve_source
+    from sinkscope.data.corpus import bundled_corpus
+    from sinkscope.run.loaders import load_model
+    from sinkscope.models.resolve import resolve_source
 
     torch.set_num_threads(THREADS)
     loaded = load_model(resolve_source(None), device="cpu", dtype="float32", log=lambda m: None)
@@ -116,7 +117,8 @@ def numbers_from_weights(attentions, values, hidden, n_kv, head_dim):
 def _smollm2_shape_gpt():
     """A trainer normgate GPT at SmolLM2-135M's shape (random weights, float32, eval)."""
     import torch
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     torch.manual_seed(0)
     return GPT(GPTConfig(vocab_size=49152, block_size=16384, n_layer=30, n_head=9, n_embd=576,
@@ -133,7 +135,7 @@ def _command_call(command_name: str, model):
 
     from sinkscope.capture import ModelSpec
     from sinkscope.commands import get_command, make_probes
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
 
     command = get_command(command_name)
     spec = ModelSpec.from_model(model)
@@ -186,7 +188,7 @@ def worker(method: str, length: int, repeats: int) -> dict:
         from sinkscope.capture import ModelSpec
         from sinkscope.commands.sinks import SINKS_PROBES
         from sinkscope.probes import get_probe
-        from sinkscope.runner import run_probes
+        from sinkscope.forward.runner import run_probes
 
         spec = ModelSpec.from_model(model)
         mode = "fused" if method == "sinkscope" else "explicit"

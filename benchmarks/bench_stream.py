@@ -41,8 +41,9 @@ from bench_sinks import THREADS, PeakSampler, rss_mb  # noqa: E402
 def load(n_tokens: int):
     import torch
 
-    from sinkscope.corpus import bundled_corpus
-    from sinkscope.sources import load_model, resolve_source
+    from sinkscope.data.corpus import bundled_corpus
+    from sinkscope.run.loaders import load_model
+    from sinkscope.models.resolve import resolve_source
 
     torch.set_num_threads(THREADS)
     torch.set_grad_enabled(False)
@@ -90,8 +91,8 @@ def chunked(model, ids, chunk: int, cache_size: int):
 def worker(kind: str, args) -> dict:
     import torch
 
-    from sinkscope.cache import Policy
-    from sinkscope.stream.reader import layout_of, read_stream
+    from sinkscope.kvcache.policies import Policy
+    from sinkscope.forward.stream.reader import layout_of, read_stream
 
     n_tokens = args.long if kind == "memory-stream" else (args.cache if kind == "memory-plain" else args.tokens)
     model, ids = load(max(n_tokens, 64))

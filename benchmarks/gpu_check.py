@@ -68,7 +68,7 @@ def run_sinks(model: torch.nn.Module, ids: np.ndarray, probe_names: tuple[str, .
     """
     from sinkscope.capture import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
 
     spec = ModelSpec.from_model(model)
     # no names: the capture alone (fused attention with records handed to a probe that reads nothing)
@@ -81,7 +81,7 @@ def head_p0(model: torch.nn.Module, ids: np.ndarray, attention: str) -> dict[tup
     """Every head's p0 mass over ``ids`` (B, T) under ``attention`` (fused or explicit): {(layer, head): value}."""
     from sinkscope.capture import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
 
     probe = get_probe("p0_mass")(ModelSpec.from_model(model))
     run_probes(model, ids, [probe], batch_size=ids.shape[0], progress=False, attention=attention)
@@ -93,7 +93,7 @@ def _capture_only_probe():
     """A probe that observes every attention record and does nothing: the capture's own cost."""
     from sinkscope.capture import hooks
     from sinkscope.probes import Probe, observes, register_probe
-    from sinkscope.results import MetricInfo
+    from sinkscope.store.results import MetricInfo
 
     @register_probe("gpu_check_capture_only", metrics={"none": MetricInfo("nothing", "", "", "gpu_check")})
     class CaptureOnly(Probe):
@@ -344,8 +344,8 @@ def stream_row(name: str, model, config, implementation: str, args, device: torc
     The plain forwards cover the same tokens in windows of the cache's size (what a reader bounded by
     that context must compute at least); issue 25/28's target is <= 1.5x on CPU.
     """
-    from sinkscope.cache import Policy
-    from sinkscope.stream.reader import layout_of, read_stream
+    from sinkscope.kvcache.policies import Policy
+    from sinkscope.forward.stream.reader import layout_of, read_stream
 
     length = max(args.lengths)
     cache = max(8, length // 8)
@@ -377,7 +377,7 @@ def monitor_row(name: str, model, config, implementation: str, args, device: tor
 
     ``--monitor-every N`` adds ``t_monitor / (N t_step)`` to training's wall time (issue 29: <= 2% at 100).
     """
-    from sinkscope.monitor import SinkMonitor
+    from sinkscope.train.monitor import SinkMonitor
 
     T = min(args.lengths)
     batch = torch.from_numpy(rng.integers(0, config.vocab_size, (4, T))).to(device)  # (4, T)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from sinkscope.train.checkpoint import save_checkpoint
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 
 
 def trainer_checkpoint(folder, variant: str, tokenizer, seed: int = 0, tier: str = "test", **fields):

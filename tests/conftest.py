@@ -137,7 +137,7 @@ def pytest_runtest_protocol(item, nextitem):
     if not _quick_figures_for(item):
         yield
         return
-    from sinkscope.fileio import atomic_write_bytes
+    from sinkscope.store.files import atomic_write_bytes
     from sinkscope.report import figures
 
     def placeholder(_fig, path, fmt, **_kwargs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sinkscope.explorer_data import ExplorerData
+from sinkscope.store.explorer_format import ExplorerData
 
 
 def synthetic(W: int = 2, K: int = 3, T: int = 16, seed: int = 0) -> ExplorerData:

@@ -92,7 +92,7 @@ def pytest_configure(config):
     global _load_gguf
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    import sinkscope.sources as sources
+    import sinkscope.run.loaders as sources
 
     subprocess.Popen.__init__ = _watched_popen
     multiprocessing.process.BaseProcess.start = _watched_start
@@ -106,7 +106,7 @@ def pytest_unconfigure(config):
     subprocess.Popen.__init__ = _popen_init
     multiprocessing.process.BaseProcess.start = _process_start
     if _load_gguf is not None:
-        import sinkscope.sources as sources
+        import sinkscope.run.loaders as sources
 
         sources._load_gguf = _load_gguf
     if getattr(config, "_tier_hook", None) is not None:

@@ -39,8 +39,8 @@ def measure(
     log=None,
     **options,
 ):
-    """Run a measuring command (or the named probes) on a model; returns a :class:`~sinkscope.run_result.Result`,
-    or for several models or revisions a :class:`~sinkscope.run_result.ComparisonResult`.
+    """Run a measuring command (or the named probes) on a model; returns a :class:`~sinkscope.run.result.Result`,
+    or for several models or revisions a :class:`~sinkscope.run.result.ComparisonResult`.
 
     Args:
         what: a command name such as ``"sinks"``, or a probe name, or a list of probe names.
@@ -73,7 +73,7 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
     import torch
 
     from sinkscope.commands import discover, get_command
-    from sinkscope.pipeline import Inputs, execute
+    from sinkscope.run.pipeline import Inputs, execute
     from sinkscope.probes import get_probe
 
     commands = discover()
@@ -93,7 +93,7 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
         command = get_command("measure")
         settings = [f"{probe}.{key}={value}" for probe, values in (params or {}).items() for key, value in values.items()]
         options = {**options, "probes": tuple(names), "params": tuple(settings)}
-    from sinkscope.engines.options import ENGINE_FIELDS, engine_options
+    from sinkscope.executors.options import ENGINE_FIELDS, engine_options
 
     engine = engine_options({key: options.pop(key) for key in list(options) if key in ENGINE_FIELDS})
     known = {f.name for f in fields(command.options)} - {"model"}
@@ -130,9 +130,9 @@ def _on_engine(command, options, model, revisions, group_by, engine, texts, wind
     :class:`Result` (or :class:`ComparisonResult`) read back from the folders."""
     from pathlib import Path
 
-    from sinkscope.executors import execute_jobs
-    from sinkscope.plan import plan
-    from sinkscope.run_result import ComparisonResult, Result
+    from sinkscope.run.dispatch import execute_jobs
+    from sinkscope.run.plan import plan
+    from sinkscope.run.result import ComparisonResult, Result
 
     if not options.get("out"):
         raise SinkscopeError(f"executor={engine.executor!r} and jobs= run each model in a process of its own, which "
@@ -162,9 +162,9 @@ def _compare(command, options, models, revisions, group_by, inputs, log):
     its page in ``options.out`` when given, as the command line does)."""
     from pathlib import Path
 
-    from sinkscope.pipeline import run_plan
-    from sinkscope.plan import plan
-    from sinkscope.run_result import ComparisonResult
+    from sinkscope.run.pipeline import run_plan
+    from sinkscope.run.plan import plan
+    from sinkscope.run.result import ComparisonResult
 
     plans = plan(command, options, models=models, revisions=revisions, group_by=group_by, write=False)
     say = log or (lambda _m: None)
@@ -220,7 +220,7 @@ def _as_tuples(options_cls: type, options: dict) -> dict:
     if isinstance(out.get("seq_len"), (list, tuple)):  # several lengths: seq_len=[128, 512]
         out["seq_len"] = tuple(out["seq_len"])
     elif isinstance(out.get("seq_len"), str):
-        from sinkscope.options import parse_seq_len
+        from sinkscope.commands.spec import parse_seq_len
 
         out["seq_len"] = parse_seq_len(out["seq_len"])
     return out

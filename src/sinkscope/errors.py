@@ -134,3 +134,30 @@ def _declared_kind(annotation) -> tuple[str, bool] | None:
     if len(kinds) == 1 and kinds[0] in ("int", "float", "bool"):
         return kinds[0], optional
     return None
+
+
+# ---- parameter checks the command line runs before torch loads (a probe's Param and a command's option) --------
+
+_HEAD = re.compile(r"^[0-9]+\.[0-9]+$")  # ASCII digits only (\\d also takes other scripts)
+
+
+def check_heads(heads: tuple, example: str = "0.3") -> str | None:
+    """A ``Param`` check (and a command's option check): every item is a ``LAYER.HEAD`` pair.
+
+    The error phrase shows ``example`` as a well-formed pair (``sinkscope circuit`` subtracts heads of
+    layer 0, so its example is 0.3; head_ablation's is 3.1).
+    """
+    bad = [h for h in heads if not _HEAD.match(str(h))]
+    return f"takes LAYER.HEAD pairs such as {example}, not {bad[0]!r}" if bad else None
+
+
+def check_repeats(repeats: tuple) -> str | None:
+    """A ``Param`` check (also ``sinkscope circuit``'s ``--repeats`` check): positive integers including 1
+    (the reference)."""
+    try:
+        values = [int(r) for r in repeats]
+    except (TypeError, ValueError):
+        return "takes positive integers such as 1,2,4,8"
+    if not values or min(values) < 1 or 1 not in values:
+        return "takes positive integers including 1 (the reference), such as 1,2,4,8"
+    return None

@@ -140,7 +140,7 @@ def test_recipe_runs_with_overrides(tiny_llama_dir, text_file, tmp_path):
 def test_bundled_recipes_parse():
 
     from sinkscope.commands import discover
-    from sinkscope.recipes import load_steps
+    from sinkscope.lab.recipes import load_steps
 
     known = {"train", "report", "sweep", "toy", *discover()}  # the trainer, the page, sweeps, the toy task, every measuring command
     for path in sorted((REPO / "probes").glob("*.toml")):

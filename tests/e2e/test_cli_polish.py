@@ -152,7 +152,7 @@ def test_a_kernel_without_ipywidgets_gets_the_plain_bar_quietly(monkeypatch):
 
     import tqdm
 
-    from sinkscope.progress import bar_class, in_notebook, progress_bar
+    from sinkscope.runtime.progress import bar_class, in_notebook, progress_bar
 
     _fake_kernel(monkeypatch)
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # `import ipywidgets` fails
@@ -174,7 +174,7 @@ def test_the_widget_bar_only_in_a_kernel_with_ipywidgets(monkeypatch):
     import tqdm
     import tqdm.notebook
 
-    from sinkscope.progress import bar_class, in_notebook
+    from sinkscope.runtime.progress import bar_class, in_notebook
 
     monkeypatch.setitem(sys.modules, "ipywidgets", types.ModuleType("ipywidgets"))
     monkeypatch.setattr(tqdm.notebook, "IProgress", object)  # as if ipywidgets had been found
@@ -186,12 +186,12 @@ def test_the_widget_bar_only_in_a_kernel_with_ipywidgets(monkeypatch):
 
 
 def test_the_runner_and_the_trainer_use_the_quiet_bar():
-    import sinkscope.runner
+    import sinkscope.forward.runner
     import sinkscope.train.loop
 
-    assert "progress_bar" in inspect.getsource(sinkscope.runner.run_probes)
-    assert "tqdm.auto" not in inspect.getsource(sinkscope.runner)
-    assert "from sinkscope.progress import progress_bar" in inspect.getsource(sinkscope.train.loop)
+    assert "progress_bar" in inspect.getsource(sinkscope.forward.runner.run_probes)
+    assert "tqdm.auto" not in inspect.getsource(sinkscope.forward.runner)
+    assert "from sinkscope.runtime.progress import progress_bar" in inspect.getsource(sinkscope.train.loop)
 
 
 # ---- 7. a plugin probe that raises: one sentence, its traceback under --debug -------------------------------
@@ -199,7 +199,7 @@ def test_the_runner_and_the_trainer_use_the_quiet_bar():
 PLUGIN = '''
 from sinkscope.capture import hooks
 from sinkscope.probes import Probe, observes, register_probe
-from sinkscope.results import MetricInfo, Row
+from sinkscope.store.results import MetricInfo, Row
 
 FAIL_IN = {fail_in!r}
 

@@ -30,9 +30,9 @@ from typer.testing import CliRunner
 from engine_jobs import kill_myself, square
 from repo_paths import REPO
 from sinkscope.cli import app
-from sinkscope.engines.jobs import Job
-from sinkscope.engines.options import EngineOptions
-from sinkscope.engines.run import run_jobs
+from sinkscope.executors.jobs import Job
+from sinkscope.executors.options import EngineOptions
+from sinkscope.executors.run import run_jobs
 from tiny_models import build
 
 pytestmark = pytest.mark.slow
@@ -119,7 +119,7 @@ def test_a_toy_group_that_fails_fails_alone_in_local_processes(tmp_path, monkeyp
     from dataclasses import replace
 
     from sinkscope.errors import SinkscopeError
-    from sinkscope.toy import ToyOptions, train_all
+    from sinkscope.lab.toy import ToyOptions, train_all
 
     monkeypatch.setenv("SINKSCOPE_CACHE", str(tmp_path / "cache"))
     # load 1 has 64 features, no more than the 100 relevant ones: its group refuses; load 2 trains
@@ -148,7 +148,7 @@ class _Planted:
 
 def test_a_planted_result_pickle_is_never_loaded(tmp_path, monkeypatch):
     pytest.importorskip("submitit")
-    import sinkscope.engines.slurm as slurm
+    import sinkscope.executors.slurm as slurm
 
     marker = tmp_path / "pwned"
     planted = pickle.dumps(_Planted(marker))

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import sinkscope
-from sinkscope.run_result import Result
+from sinkscope.run.result import Result
 from tiny_models import build, random_ids
 
 pytestmark = pytest.mark.slow  # drives the browser

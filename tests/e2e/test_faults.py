@@ -13,7 +13,7 @@ import sinkscope
 
 from conftest import make_tokenizer
 from sinkscope.cli import app
-from sinkscope.sources import default_gguf_path
+from sinkscope.models.resolve import default_gguf_path
 from tiny_models import build
 from repo_paths import GOLDEN, REPO
 
@@ -119,12 +119,12 @@ def test_remote_code_is_refused_without_the_flag(tmp_path, text_file):
 
 def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, monkeypatch):
     """A too-short text fails before any weights are read, at any --seq-len (one past the trained context only warns)."""
-    import sinkscope.pipeline
+    import sinkscope.run.pipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(sinkscope.pipeline, "load_model", no_loading)
+    monkeypatch.setattr(sinkscope.run.pipeline, "load_model", no_loading)
     short = tmp_path / "short.txt"
     short.write_text("three words only", encoding="utf-8")
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(short), "--out", str(tmp_path / "a")))
@@ -137,15 +137,15 @@ def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, mon
 def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_file, existing_run, monkeypatch):
     import errno
 
-    import sinkscope.pipeline
+    import sinkscope.run.pipeline
 
     def disk_full(stage, *args, **kwargs):
         (Path(stage) / "results.csv").write_text("half a tab")  # a partial write inside the stage ...
         raise OSError(errno.ENOSPC, "No space left on device", str(Path(stage) / "results.parquet"))
 
-    import sinkscope.run_result
+    import sinkscope.run.result
 
-    monkeypatch.setattr(sinkscope.run_result, "write_tables", disk_full)
+    monkeypatch.setattr(sinkscope.run.result, "write_tables", disk_full)
     before = _snapshot(existing_run)
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(existing_run),
                               "--overwrite"))
@@ -159,12 +159,12 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_
 
 def _no_loading(monkeypatch):
     """Fail the test if the model is loaded (for checks that must come first)."""
-    import sinkscope.pipeline
+    import sinkscope.run.pipeline
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(sinkscope.pipeline, "load_model", no_loading)
+    monkeypatch.setattr(sinkscope.run.pipeline, "load_model", no_loading)
 
 
 def test_overwrite_never_replaces_the_model_being_measured(tiny_llama_dir, text_file, tmp_path):
@@ -193,7 +193,8 @@ def test_overwrite_never_replaces_a_folder_of_other_files(tiny_llama_dir, text_f
 
 
 def test_a_second_writer_of_one_folder_fails_with_one_sentence(tiny_llama_dir, text_file, tmp_path, monkeypatch):
-    from sinkscope.results import lock_path, lock_run_dir
+    from sinkscope.store.results import lock_run_dir
+    from sinkscope.store.files import lock_path
 
     out = tmp_path / "race"
     _no_loading(monkeypatch)
@@ -207,7 +208,7 @@ def test_a_second_writer_of_one_folder_fails_with_one_sentence(tiny_llama_dir, t
 
 
 def test_the_lock_is_released_when_a_run_fails(tiny_llama_dir, text_file, tmp_path):
-    from sinkscope.results import lock_path
+    from sinkscope.store.files import lock_path
 
     out = tmp_path / "again"
     bad = _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out), "--sink-epsilon", "0.1",
@@ -230,12 +231,13 @@ def test_the_lock_holds_across_processes(tmp_path):
     import time
 
     from sinkscope.errors import SinkscopeError
-    from sinkscope.results import lock_path, lock_run_dir
+    from sinkscope.store.results import lock_run_dir
+    from sinkscope.store.files import lock_path
 
     out = tmp_path / "shared"
     src = _SRC
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from sinkscope.results import lock_run_dir\n"
+        [sys.executable, "-c", "import sys, time; from sinkscope.store.results import lock_run_dir\n"
          f"with lock_run_dir({str(out)!r}):\n    print('held', flush=True); time.sleep(60)"],
         env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, text=True)
     try:
@@ -254,7 +256,7 @@ def test_the_lock_holds_across_processes(tmp_path):
 
 
 def test_default_run_ids_are_unique_per_run(tiny_llama_dir, text_file, tmp_path, monkeypatch):
-    from sinkscope.results import default_run_dir
+    from sinkscope.store.results import default_run_dir
 
     ids = {default_run_dir("SmolLM2", seed).name for seed in (0, 0, 1, 1)}
     assert len(ids) == 4
@@ -274,7 +276,7 @@ def test_an_unwritable_cache_warns_and_keeps_the_model_in_memory(tmp_path, monke
     """A GGUF load whose float32 cache cannot be written goes on with the dequantised model."""
     import transformers
 
-    from sinkscope import sources
+    from sinkscope.run import loaders as sources
 
     blocker = tmp_path / "cache-is-a-file"
     blocker.write_text("")
@@ -311,9 +313,9 @@ def test_a_tokenizer_of_another_model_is_one_sentence(tmp_path, text_file):
 def test_the_vocab_check_runs_on_the_loaded_model_too():
     import numpy as np
 
-    from sinkscope.corpus import check_token_range
+    from sinkscope.data.corpus import check_token_range
     from sinkscope.errors import SinkscopeError
-    from sinkscope.sources import embedding_rows
+    from sinkscope.run.loaders import embedding_rows
 
     rows = embedding_rows(build("gpt2"))
     check_token_range(np.array([[0, rows - 1]]), rows)
@@ -348,7 +350,7 @@ def test_sink_layer_start_must_name_a_layer(start, phrase, tiny_llama_dir, text_
 
 def test_sink_layer_start_is_checked_on_the_loaded_model():
     from sinkscope.errors import SinkscopeError
-    from sinkscope.sources import check_layer_start
+    from sinkscope.commands.spec import check_layer_start
 
     check_layer_start(None, 2)  # not given: 2 on models with more than 2 layers, else no [2:] row
     check_layer_start(1, 2, (0, 1))
@@ -506,7 +508,7 @@ def test_an_uncached_hub_id_fails_fast_without_retries(tmp_path):
 
 def test_a_mistyped_local_folder_is_not_sent_to_the_hub(tmp_path, monkeypatch):
     from sinkscope.errors import SinkscopeError
-    from sinkscope.sources import resolve_source
+    from sinkscope.models.resolve import resolve_source
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ckpt").mkdir()
@@ -636,7 +638,8 @@ def test_readme_does_not_show_a_shell_pipe_for_ls_and_documents_offline_mode():
 def test_the_printed_training_loss_is_the_one_in_log_csv(tmp_path, text_file):
     import csv
 
-    from sinkscope.train.loop import TrainOptions, train
+    from sinkscope.train.loop import train
+    from sinkscope.train.config import TrainOptions
 
     messages: list[str] = []
     out = tmp_path / "ckpt"
@@ -655,7 +658,7 @@ def test_the_printed_training_loss_is_the_one_in_log_csv(tmp_path, text_file):
 
 
 def test_progress_messages_count_documents_in_english():
-    from sinkscope.corpus import Corpus
+    from sinkscope.data.corpus import Corpus
 
     assert Corpus("sample.txt", ["a"]).describe() == "'sample.txt' (1 document)"
     assert Corpus("austen", ["a", "b"]).describe() == "'austen' (2 documents)"
@@ -664,14 +667,14 @@ def test_progress_messages_count_documents_in_english():
 @pytest.mark.parametrize("after_a_checkpoint", [False, True])
 def test_ctrl_c_exits_130_before_and_after_the_first_checkpoint(after_a_checkpoint, tiny_llama_dir, text_file,
                                                                tmp_path, monkeypatch):
-    import sinkscope.pipeline
+    import sinkscope.run.pipeline
 
     def interrupted(model, tokens, probes, *, on_batch_done, **kwargs):
         if after_a_checkpoint:
             on_batch_done(1)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sinkscope.pipeline, "run_probes", interrupted)
+    monkeypatch.setattr(sinkscope.run.pipeline, "run_probes", interrupted)
     out = tmp_path / "o"
     result = _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out), "--checkpoint-seconds", "0")
     assert result.exit_code == 130

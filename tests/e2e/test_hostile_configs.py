@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from conftest import make_tokenizer
 from sinkscope.cli import app
 from sinkscope.train.checkpoint import save_checkpoint
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkscope.cli import app
-from sinkscope.fileio import INVENTORY
+from sinkscope.store.files import INVENTORY
 from repo_paths import GOLDEN
 
 runner = CliRunner()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.recipes import load_steps
+from sinkscope.lab.recipes import load_steps
 
 runner = CliRunner()
 
@@ -60,7 +60,7 @@ def test_toy_counts_that_cannot_train_are_one_sentence(args, words, tmp_path):
 
 
 def test_toy_rates_from_the_api_are_checked(tmp_path):
-    from sinkscope.toy import ToyOptions, run_toy
+    from sinkscope.lab.toy import ToyOptions, run_toy
 
     for bad, words in (({"lr": float("nan")}, "lr must be a finite positive number"),
                        ({"p_relevant": 1.5}, "p_relevant must be a number in (0, 1]")):

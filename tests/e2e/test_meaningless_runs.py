@@ -23,7 +23,8 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def trigger_checkpoint(tmp_path_factory):
     """A trigger-task checkpoint stopped at step 2 of 4 (an interrupted training)."""
-    from sinkscope.train.loop import TrainOptions, train
+    from sinkscope.train.loop import train
+    from sinkscope.train.config import TrainOptions
 
     out = tmp_path_factory.mktemp("trigger") / "ckpt"
     train(TrainOptions(task="trigger", tier="micro", steps=4, stop_at=2, batch_size=4, eval_windows=4,
@@ -73,7 +74,7 @@ def test_an_overflowing_dose_is_refused_before_loading(tiny_llama_dir, text_file
 
 
 def test_non_finite_numbers_are_written_with_a_warning():
-    from sinkscope.pipeline import _warn_non_finite
+    from sinkscope.run.pipeline import _warn_non_finite
 
     messages = []
     table = pd.DataFrame({"probe": ["injection"] * 2, "metric": ["inject_loss"] * 2, "layer": [None, None],

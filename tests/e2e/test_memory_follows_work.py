@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.run_result import Result
+from sinkscope.run.result import Result
 
 runner = CliRunner()
 
@@ -110,7 +110,7 @@ def test_explorer_options_that_are_not_numbers_are_one_sentence(args, words, tin
 def test_a_forward_that_cannot_fit_names_the_longest_seq_len(tiny_llama_dir, tmp_path, monkeypatch):
     """``--inputs random`` at a length no corpus bounds: the forward's lower bound against the free memory
     (made 100 MB here), before the forward runs."""
-    monkeypatch.setattr("sinkscope.runner.free_memory", lambda device: 100_000_000)
+    monkeypatch.setattr("sinkscope.forward.runner.free_memory", lambda device: 100_000_000)
     out = tmp_path / "run"
     result = runner.invoke(app, ["sinks", str(tiny_llama_dir), "--inputs", "random", "--seq-len", "200000",
                                  "--n-seqs", "1", "--out", str(out), "--no-figures", "--no-progress"])

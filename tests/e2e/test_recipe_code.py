@@ -1,5 +1,5 @@
 """A recipe is a file someone hands you: code it names runs only when the command line opts in
-(issue 38, class 1; src/sinkscope/recipes.py ``check_recipe_code``).
+(issue 38, class 1; src/sinkscope/lab/recipes.py ``check_recipe_code``).
 
 The planted code writes a marker file when it runs, so "it did not run" is checked on the disk,
 not on the message. When code is allowed, the run first says which file it runs.
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes import others_can_write
-from sinkscope.recipes import check_recipe_code, load_steps
+from sinkscope.lab.recipes import check_recipe_code, load_steps
 
 runner = CliRunner()
 
@@ -27,7 +27,7 @@ PLUGIN = '''
 open({marker!r}, "w").write("ran")
 from sinkscope.capture import hooks
 from sinkscope.probes import Probe, observes, register_probe
-from sinkscope.results import MetricInfo, Row
+from sinkscope.store.results import MetricInfo, Row
 
 
 @register_probe("planted_{tag}", metrics={{"planted_{tag}": MetricInfo("x", "x", "x", "test", per="model")}})
@@ -195,7 +195,7 @@ def _sweep_recipe(tmp_path: Path, options: str) -> Path:
     ('slurm = ["slurm_partition=gpu"]\n', "slurm = ['slurm_partition=gpu']"),
 ])
 def test_a_recipe_that_picks_an_executor_is_refused_before_anything_runs(tmp_path, options, named, monkeypatch):
-    import sinkscope.engines.options as engine_options
+    import sinkscope.executors.options as engine_options
 
     monkeypatch.setattr(engine_options.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
     sentence = _one_sentence(runner.invoke(app, ["run", str(_sweep_recipe(tmp_path, options))]))
@@ -230,7 +230,7 @@ def test_a_newline_in_a_recipes_slurm_value_is_refused_even_when_allowed(tmp_pat
 
 
 def test_allow_recipe_executor_and_set_are_the_command_lines_own(tmp_path):
-    from sinkscope.recipes import check_recipe_executor
+    from sinkscope.lab.recipes import check_recipe_executor
 
     planted = _sweep_recipe(tmp_path, 'launcher = "submitit"\njobs = 2\n')
     steps = load_steps(str(planted))
@@ -245,7 +245,7 @@ def test_allow_recipe_executor_and_set_are_the_command_lines_own(tmp_path):
 
 def test_with_allow_recipe_executor_the_recipes_launcher_is_used(tmp_path, monkeypatch):
     """Opted in, the step's launcher picks SLURM: here, a machine without sbatch, its own sentence."""
-    import sinkscope.engines.options as engine_options
+    import sinkscope.executors.options as engine_options
 
     pytest.importorskip("submitit")
     monkeypatch.setattr(engine_options.shutil, "which", lambda name: None)
@@ -255,7 +255,7 @@ def test_with_allow_recipe_executor_the_recipes_launcher_is_used(tmp_path, monke
 
 def test_a_recipe_says_which_paths_outside_its_folders_it_reads(tmp_path, monkeypatch, tiny_llama_dir, text_file):
     """issue 60, item 7: ``text_file = "~/.secret"`` is said, by its full path, before the first step runs."""
-    from sinkscope.recipes import recipe_read_notes
+    from sinkscope.lab.recipes import recipe_read_notes
 
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     work.mkdir()

@@ -1,4 +1,4 @@
-"""Recipes with several steps (src/sinkscope/recipes.py): train, probe and compare in one command."""
+"""Recipes with several steps (src/sinkscope/lab/recipes.py): train, probe and compare in one command."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.recipes import load_recipe, load_steps
+from sinkscope.lab.recipes import load_recipe, load_steps
 from repo_paths import REPO
 
 BUNDLED = REPO / "probes" / "trigger-baseline-vs-sinklogit.toml"

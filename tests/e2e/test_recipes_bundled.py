@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkscope.cli import app
-from sinkscope.results import is_run_folder
+from sinkscope.store.results import is_run_folder
 from repo_paths import REPO
 
 PROBES = REPO / "probes"

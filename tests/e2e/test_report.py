@@ -16,8 +16,8 @@ from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
 from sinkscope.commands.sinks import SINKS_PROBES
 from sinkscope.report import build_report
-from sinkscope.results import read_results, rows_to_frame
-from sinkscope.probes.base import Row
+from sinkscope.store.results import read_results, rows_to_frame
+from sinkscope.store.results import Row
 from repo_paths import GOLDEN
 from report_pages import parse
 

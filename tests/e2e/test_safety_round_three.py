@@ -70,7 +70,8 @@ def test_a_checkpoint_whose_config_disagrees_with_its_weights_is_refused_before_
 
 
 def test_the_weight_check_passes_every_variant_and_its_tied_head(tmp_path, tokenizer):
-    from sinkscope.train.checkpoint import check_weights_fit_config, load_checkpoint, model_config, read_config
+    from sinkscope.models.checkpoint_folder import model_config, read_config
+    from sinkscope.train.checkpoint import check_weights_fit_config, load_checkpoint
 
     for variant in ("baseline", "sinktoken", "sinklogit", "normgate"):
         folder = trainer_checkpoint(tmp_path / variant, variant, tokenizer)
@@ -208,7 +209,7 @@ def test_a_conformance_matrix_that_would_check_nothing_fails(tmp_path, capsys):
 
 
 def test_a_connection_error_is_not_called_a_disk_failure(monkeypatch, tiny_llama_dir, text_file, tmp_path):
-    import sinkscope.executors as executors
+    import sinkscope.run.dispatch as executors
 
     def refuse(*args, **kwargs):
         raise ConnectionRefusedError(111, "Connection refused")
@@ -236,7 +237,7 @@ WINDOWS = [[1, 2, 3, 4], [5, 6, 7, 8]]
     ({"out": "/proc/no/such/place"}, "could not create the monitor's folder"),
 ])
 def test_a_bad_monitor_argument_is_one_sentence(arguments, words, tmp_path, monkeypatch):
-    from sinkscope.monitor import SinkMonitor
+    from sinkscope.train.monitor import SinkMonitor
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SinkscopeError, match=words):
@@ -245,7 +246,7 @@ def test_a_bad_monitor_argument_is_one_sentence(arguments, words, tmp_path, monk
 
 
 def test_a_probe_name_given_as_a_string_is_one_probe():
-    from sinkscope.monitor import SinkMonitor
+    from sinkscope.train.monitor import SinkMonitor
 
     assert SinkMonitor("p0_mass", windows=WINDOWS).probes == ("p0_mass",)
 

@@ -91,7 +91,7 @@ def test_sigterm_during_a_run_keeps_the_progress_and_says_how_to_resume(tiny_lla
                                                                         monkeypatch):
     """The signal is sent to this process from inside the window loop (after the first window's progress
     is saved), as a scheduler would send it; the real-process variant is in test_scale_and_resume.py."""
-    import sinkscope.runner as runner_mod
+    import sinkscope.forward.runner as runner_mod
 
     original = runner_mod.run_probes
     sent = {"n": 0}
@@ -106,7 +106,7 @@ def test_sigterm_during_a_run_keeps_the_progress_and_says_how_to_resume(tiny_lla
         return original(*args, on_batch_done=done, **kwargs)
 
     monkeypatch.setattr(runner_mod, "run_probes", run_probes)
-    monkeypatch.setattr("sinkscope.pipeline.run_probes", run_probes, raising=False)
+    monkeypatch.setattr("sinkscope.run.pipeline.run_probes", run_probes, raising=False)
     out = tmp_path / "run"
     result = runner.invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "16",
                                  "--n-seqs", "6", "--batch-size", "1", "--checkpoint-seconds", "0", "--out", str(out),

@@ -18,10 +18,10 @@ from typer.testing import CliRunner
 from conftest import free_port, SAMPLE_TEXT, make_tokenizer
 from sinkscope.capture import ModelSpec
 from sinkscope.cli import app
-from sinkscope.statefile import read_header
+from sinkscope.store.statefile import read_header
 from sinkscope.commands.sinks import sinks_probes
-from sinkscope.results import rows_to_frame
-from sinkscope.runner import run_probes
+from sinkscope.store.results import rows_to_frame
+from sinkscope.forward.runner import run_probes
 from tiny_models import build, random_ids
 from repo_paths import REPO
 
@@ -150,8 +150,9 @@ def test_two_process_data_parallel_run_equals_one_process(tiny_llama_dir, text_f
 
 
 def test_sharded_device_map_gives_the_same_table(tiny_llama_dir, text_file, tmp_path):
-    from sinkscope.sources import load_model, resolve_source
-    from sinkscope.corpus import make_windows, text_file_corpus, tokenize_documents
+    from sinkscope.run.loaders import load_model
+    from sinkscope.models.resolve import resolve_source
+    from sinkscope.data.corpus import make_windows, text_file_corpus, tokenize_documents
 
     plain = load_model(resolve_source(str(tiny_llama_dir)), device="cpu")
     device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "cpu", "model.layers.2": "cpu",

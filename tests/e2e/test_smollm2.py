@@ -14,10 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from sinkscope.cli import app
-from sinkscope.corpus_fetch import default_corpus_dir, is_complete_corpus
+from sinkscope.data.fetch import default_corpus_dir, is_complete_corpus
 
 pytestmark = pytest.mark.skipif(not is_complete_corpus(default_corpus_dir()),
-                                reason="bundled corpus not fetched (run `python -m sinkscope.corpus_fetch`)")
+                                reason="bundled corpus not fetched (run `python -m sinkscope.data.fetch`)")
 
 
 @pytest.mark.slow  # loads the real SmolLM2

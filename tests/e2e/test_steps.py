@@ -94,7 +94,7 @@ def series_run(hub_cache, text_file, tmp_path_factory):
 
 
 def test_each_revision_equals_its_own_single_revision_run(series_run, offline_hub, text_file, tmp_path):
-    from sinkscope.results import read_results
+    from sinkscope.store.results import read_results
 
     tokens = [np.load(series_run / revision / "tokens.npy") for revision in REVISIONS]
     assert all(np.array_equal(tokens[0], t) for t in tokens[1:])  # the same windows for every revision
@@ -125,7 +125,7 @@ def test_the_series_table_has_the_parsed_step_and_the_revision(series_run):
 
 
 def test_revision_names_give_steps():
-    from sinkscope.resolve import parse_revisions, revision_step
+    from sinkscope.models.resolve import parse_revisions, revision_step
 
     assert [revision_step(r) for r in ("step0", "step143000", "step1000-tokens4B", "step-100", "main", None,
                                        "a1b2c3", "steps")] == [0, 143000, 1000, 100, None, None, None, None]
@@ -155,7 +155,7 @@ def drawn(monkeypatch) -> dict:
 
 def test_the_report_draws_every_metric_against_the_step_with_the_tables_numbers(series_run, drawn):
     from sinkscope.report import build_report, curves
-    from sinkscope.results import read_results
+    from sinkscope.store.results import read_results
 
     figs = series_run / "figures"
     for metric in ("p0_mass", "value_norm_ratio", "sink_rate"):
@@ -243,7 +243,8 @@ SMALL = ["n_layer=2", "n_head=2", "n_embd=32", "block_size=32"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A monitored trigger-task training (10 steps, measured every 5) and copies of its checkpoints by step."""
-    from sinkscope.train.loop import TrainOptions, train
+    from sinkscope.train.loop import train
+    from sinkscope.train.config import TrainOptions
 
     root = tmp_path_factory.mktemp("steps-train")
     base = dict(task="trigger", steps=10, batch_size=8, warmup_steps=2, eval_every=5, eval_windows=8,
@@ -283,7 +284,7 @@ def test_report_on_a_checkpoint_draws_the_monitors_formation_curves(trained, tmp
 
 @pytest.mark.slow  # trains (its fixture)
 def test_a_folder_of_trainer_checkpoints_is_a_series_with_their_steps(trained, tmp_path):
-    from sinkscope.results import read_results
+    from sinkscope.store.results import read_results
 
     ckpt, series = trained
     out = tmp_path / "by-step"
@@ -306,7 +307,7 @@ def test_a_folder_of_trainer_checkpoints_is_a_series_with_their_steps(trained, t
 @pytest.mark.slow  # trains
 def test_sweep_overlays_the_formation_curves_per_variant(tmp_path, monkeypatch):
     from sinkscope.report import curves
-    from sinkscope.sweep import SweepOptions, sweep
+    from sinkscope.lab.sweep import SweepOptions, sweep
 
     drawn = {}
     original = curves.metric_vs_step
@@ -409,7 +410,7 @@ def test_a_folder_of_several_trainings_checkpoints_is_compared_not_a_series(trai
 
 
 def test_ctrl_c_in_a_series_names_the_runs_kept(offline_hub, text_file, tmp_path, monkeypatch):
-    from sinkscope import comparison
+    from sinkscope.run import comparison
 
     calls = []
     original = comparison.carry_out

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.results import read_results
-from sinkscope.sweep import SweepOptions, check, run_dir, sweep
-from sinkscope.train.checkpoint import read_config
+from sinkscope.store.results import read_results
+from sinkscope.lab.sweep import SweepOptions, check, run_dir, sweep
+from sinkscope.models.checkpoint_folder import read_config
 from sinkscope.train.loop import train
 
 SMALL = dict(steps=6, batch_size=8, eval_windows=8, task_options=["vocab=16"],
@@ -95,7 +95,7 @@ def test_rerun_skips_finished_and_resumes_interrupted(swept, tmp_path):
     # interrupt one run at step 3 (a checkpoint before the last step) and drop one probe run
     partial = run_dir(options, "sink+norm", 1) / "ckpt"
     shutil.rmtree(partial.parent)
-    from sinkscope.sweep import train_options
+    from sinkscope.lab.sweep import train_options
 
     train(dataclasses.replace(train_options(options, "sink+norm", 1), stop_at=3), log=quiet)
     assert read_config(partial)["step"] == 3
@@ -133,7 +133,7 @@ def test_mistakes_fail_in_one_sentence_before_training(tmp_path):
     try:
         import submitit  # noqa: F401
     except ImportError:
-        from sinkscope.sweep import sweep_engine
+        from sinkscope.lab.sweep import sweep_engine
 
         with pytest.raises(SinkscopeError, match=r"sinkscope\[slurm\]"):
             sweep_engine(SweepOptions(out=out, launcher="submitit"))
@@ -147,14 +147,14 @@ def test_submitit_runs_one_array_job_per_run(swept, tmp_path, monkeypatch):
     """--executor slurm (submitit's local executor: the array's tasks as local processes; `--launcher
     submitit` is the same engine): one job per (variant, seed), each with its log, the tables after."""
     pytest.importorskip("submitit")
-    from sinkscope.engines.options import EngineOptions
-    from sinkscope.sweep import sweep_engine
+    from sinkscope.executors.options import EngineOptions
+    from sinkscope.lab.sweep import sweep_engine
 
     out = tmp_path / "sw"
     shutil.copytree(swept, out)
     options = SweepOptions(variants=("baseline", "sink+norm"), seeds=(0, 1), out=str(out), launcher="submitit",
                            slurm=["slurm_partition=gpu", "timeout_min=30"], **SMALL)
-    import sinkscope.engines.options as engine_options
+    import sinkscope.executors.options as engine_options
 
     monkeypatch.setattr(engine_options.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
     assert sweep_engine(options) == EngineOptions(executor="slurm", slurm_extra=("slurm_partition=gpu", "timeout_min=30"))

@@ -23,10 +23,11 @@ from typer.testing import CliRunner
 from conftest import SAMPLE_TEXT, make_tokenizer
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import INVENTORY, exclusive_lock, lock_path, read_inventory, write_inventory
+from sinkscope.store.files import INVENTORY, exclusive_lock, lock_path, read_inventory, write_inventory
 from sinkscope.train import checkpoint as ckpt
 from sinkscope.train import data as tdata
-from sinkscope.train.loop import TrainOptions, read_log, train
+from sinkscope.train.loop import read_log, train
+from sinkscope.train.config import TrainOptions
 from sinkscope.train.model import GPT
 
 MODEL = ["n_layer=1", "n_head=2", "n_embd=32", "block_size=16"]
@@ -200,7 +201,7 @@ def test_caches_and_optimizer_state_are_loaded_without_pickle(tmp_path, monkeypa
     seen = []
     original = np.load
     monkeypatch.setattr(tdata.np, "load", lambda *a, **kw: (seen.append(kw), original(*a, **kw))[1])
-    from sinkscope.corpus import Corpus
+    from sinkscope.data.corpus import Corpus
 
     corpus = Corpus("words", [SAMPLE_TEXT * 4, SAMPLE_TEXT * 3], {"kind": "texts"})
     tokenizer = make_tokenizer()
@@ -513,7 +514,9 @@ FORMS = ["no-model", "empty-model", "trainer-string", "trainer-bool", "model-lis
 @pytest.mark.slow  # trains (its fixture `base`)
 @pytest.mark.parametrize("form", FORMS)
 def test_a_damaged_config_is_one_sentence_everywhere(base, tmp_path, form):
-    from sinkscope.sources import context_length, has_phantom_key, layer_count, load_model, resolve_source
+    from sinkscope.run.loaders import load_model
+    from sinkscope.models.config import context_length, has_phantom_key, layer_count
+    from sinkscope.models.resolve import resolve_source
     from sinkscope.train.tasks import checkpoint_windows
 
     folder = copy_of(base, tmp_path)

@@ -17,10 +17,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sinkscope import fileio
+from sinkscope.store import files as fileio
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.statefile import load_state, read_header, save_state
+from sinkscope.store.statefile import load_state, read_header, save_state
 from repo_paths import REPO
 
 runner = CliRunner()
@@ -124,7 +124,7 @@ def _from_pretrained_calls():
 
 def test_every_from_pretrained_passes_trust_remote_code_explicitly():
     calls = list(_from_pretrained_calls())
-    assert len(calls) >= 8  # sources.py and train/data.py: the test looks where the calls are
+    assert len(calls) >= 8  # run/loaders.py and train/data.py: the test looks where the calls are
     missing = [f"{path}:{node.lineno}" for path, node in calls
                if not any(k.arg == "trust_remote_code" for k in node.keywords)]
     assert not missing, f"from_pretrained without trust_remote_code=: {missing}"
@@ -164,7 +164,7 @@ def test_remote_code_is_refused_without_the_flag_and_never_prompts(tiny_llama_di
 
 
 def test_the_gguf_cache_key_changes_when_the_middle_of_the_file_changes(tmp_path, monkeypatch):
-    from sinkscope import sources
+    from sinkscope.run import loaders as sources
 
     monkeypatch.setenv("SINKSCOPE_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "model.gguf"
@@ -186,7 +186,8 @@ def test_the_gguf_cache_key_changes_when_the_middle_of_the_file_changes(tmp_path
 
 @pytest.mark.parametrize("plant", [os.symlink, os.link], ids=["symlink", "hard link"])
 def test_a_planted_lock_never_truncates_or_removes_its_target(plant, tmp_path):
-    from sinkscope.results import lock_path, lock_run_dir
+    from sinkscope.store.results import lock_run_dir
+    from sinkscope.store.files import lock_path
 
     target = tmp_path / "precious.txt"
     target.write_text("1234\n")  # looks like a process id: only the link count tells a hard link apart
@@ -200,7 +201,8 @@ def test_a_planted_lock_never_truncates_or_removes_its_target(plant, tmp_path):
 
 
 def test_a_stale_lock_of_a_killed_run_is_replaced_and_a_live_one_refuses(tmp_path):
-    from sinkscope.results import lock_path, lock_run_dir
+    from sinkscope.store.results import lock_run_dir
+    from sinkscope.store.files import lock_path
 
     out = tmp_path / "run"
     lock_path(out).write_text("99999\n")  # a killed process's lock: no flock held

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from repo_paths import GOLDEN
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import RunOptions
-from sinkscope.paths import user_path
+from sinkscope.commands.spec import RunOptions
+from sinkscope.runtime.paths import user_path
 
 runner = CliRunner()
 
@@ -86,9 +86,9 @@ def test_report_takes_tilde_runs_and_out(home, tmp_path):
 
 @pytest.mark.parametrize("command", ["sinks", "stream", "heads", "inject"])
 def test_an_out_that_is_not_utf8_is_one_sentence_before_loading(command, home, tiny_llama_dir, text_file, monkeypatch):
-    import sinkscope.sources
+    import sinkscope.run.loaders
 
-    monkeypatch.setattr(sinkscope.sources, "load_model", None)  # reaching the load would be a TypeError
+    monkeypatch.setattr(sinkscope.run.loaders, "load_model", None)  # reaching the load would be a TypeError
     result = runner.invoke(app, [command, str(tiny_llama_dir), "--text-file", str(text_file),
                                  "--out", os.fsdecode(b"caf\xe9")])
     assert result.exit_code == 1, result.output

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from sinkscope.cli import app
 from sinkscope.commands import discover
-from sinkscope.fileio import INVENTORY, default_folder_mode, read_inventory, write_inventory
+from sinkscope.store.files import INVENTORY, default_folder_mode, read_inventory, write_inventory
 
 runner = CliRunner()
 
@@ -97,7 +97,8 @@ def gated(tmp_path_factory, tokenizer) -> Path:
     import torch
 
     from sinkscope.train.checkpoint import save_checkpoint
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     folder = tmp_path_factory.mktemp("gated") / "normgate"
     torch.manual_seed(0)
@@ -210,8 +211,8 @@ def test_several_models_write_only_a_comparison_folder_of_their_own(tiny_llama_d
 
 def small_run(folder: Path, scale: float, metrics: tuple[str, ...] = ("p0_mass",)) -> Path:
     """A run folder as a sinkscope before inventories wrote it (2 layers x 2 heads; few figures to draw)."""
-    from sinkscope.probes.base import Row
-    from sinkscope.results import rows_to_frame
+    from sinkscope.store.results import Row
+    from sinkscope.store.results import rows_to_frame
 
     rows = []
     for metric in metrics:
@@ -350,7 +351,7 @@ def test_sweep_refuses_a_folder_it_did_not_write(tmp_path):
 
 @pytest.mark.slow  # trains
 def test_sweep_continues_its_own_folder_and_records_it(tmp_path):
-    from sinkscope.sweep import lock_sweep_dir
+    from sinkscope.lab.sweep import lock_sweep_dir
 
     out = tmp_path / "sw"
     ok(invoke([*SWEEP, "--out", out]))
@@ -403,7 +404,7 @@ def test_toy_never_replaces_a_users_files(tmp_path):
 
 @pytest.mark.slow  # trains
 def test_toy_replaces_its_own_output_only_with_overwrite(tmp_path, monkeypatch):
-    import sinkscope.toy as toy
+    import sinkscope.lab.toy as toy
 
     out = tmp_path / "toy"
     ok(invoke([*TOY, "--out", out]))

@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 from typer.testing import CliRunner  # noqa: E402
 
 from conftest import SAMPLE_TEXT, make_tokenizer  # noqa: E402
-from sinkscope.cli import app  # noqa: E402
+from sinkscope.cli import app
 from tiny_models import build  # noqa: E402
 
 COMMON = ["--no-figures", "--no-progress", "--device", "cpu"]
@@ -65,7 +65,8 @@ def _model(kind: str, folder: Path) -> Path:
         import torch
 
         from sinkscope.train.checkpoint import save_checkpoint
-        from sinkscope.train.model import GPT, GPTConfig
+        from sinkscope.models.trainer_config import GPTConfig
+        from sinkscope.train.model import GPT
 
         tokenizer = make_tokenizer()
         torch.manual_seed(0)

@@ -23,8 +23,8 @@ import torch
 from sinkscope.capture import ModelSpec
 from sinkscope.probes import discover
 from sinkscope.probes.base import HeadMeans, Probe
-from sinkscope.runner import run_probes
-from sinkscope.statefile import load_state, save_state
+from sinkscope.forward.runner import run_probes
+from sinkscope.store.statefile import load_state, save_state
 from tiny_models import build
 
 N_WINDOWS, SEQ_LEN, BATCH, SPLIT = 6, 16, 2, 4  # SPLIT: windows before the checkpoint / in share A
@@ -40,7 +40,8 @@ PARAMS = {
 
 
 def _trainer(variant: str, **config):
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     torch.manual_seed(0)
     return GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, variant=variant,

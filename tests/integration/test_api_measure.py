@@ -42,8 +42,8 @@ def reference_table(model, tokens: np.ndarray, specs: list[tuple[str, dict]]) ->
     """The probes run by ``run_probes`` on ``tokens``, as a table (what the API must give)."""
     from sinkscope.capture import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.results import rows_to_frame
-    from sinkscope.runner import run_probes
+    from sinkscope.store.results import rows_to_frame
+    from sinkscope.forward.runner import run_probes
 
     spec = ModelSpec.from_model(model)
     probes = [get_probe(name)(spec, **params) for name, params in specs]

@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 
 from conftest import make_tokenizer
 from sinkscope.cli import app
-from sinkscope.sources import resolve_source
+from sinkscope.models.resolve import resolve_source
 from sinkscope.train.checkpoint import save_checkpoint
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 
 PHANTOM = {"offbyone", "sinklogit", "sink+norm", "sink+proj"}
 
@@ -74,7 +75,8 @@ def test_checkpoint_runs_carry_condition_columns_and_group_in_reports(tmp_path, 
         assert set(table.variant) == {variant} and set(table.seed) == {seed} and set(table.tier) == {"test"}
         assert set(table.step) == {0}
         runs.append(out)
-    from sinkscope.report.build import build_report, group_runs, read_run
+    from sinkscope.report.build import build_report, read_run
+    from sinkscope.report.runs import group_runs
 
     grouped = group_runs([read_run(r) for r in runs], "variant")
     assert [g.label for g in grouped] == ["variant=baseline (mean of 2 runs)", "variant=sinklogit"]

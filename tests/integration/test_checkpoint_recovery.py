@@ -25,11 +25,14 @@ from typer.testing import CliRunner
 from conftest import make_tokenizer
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import read_inventory
-from sinkscope.resolve import resolve_source
+from sinkscope.store.files import read_inventory
+from sinkscope.models.resolve import resolve_source
+from sinkscope.models import checkpoint_folder
 from sinkscope.train import checkpoint as ckpt
-from sinkscope.train.loop import TrainOptions, train
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.train.loop import train
+from sinkscope.train.config import TrainOptions
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 
 TRIGGER = dict(task="trigger", task_options=["vocab=16"], batch_size=8, warmup_steps=1, eval_every=3, eval_windows=8,
                checkpoint_every=3, overrides=["n_layer=1", "n_head=2", "n_embd=32", "block_size=20"], progress=False,
@@ -93,7 +96,7 @@ def test_commands_name_the_checkpoint_an_interrupted_save_left(tmp_path, tokeniz
     old = crash_between_renames(ck, tokenizer, 2, monkeypatch)
     assert old.name == f".ck.old-{os.getpid()}" and step_of(old) == 1
     assert not list(tmp_path.glob(".ck.partial-*"))  # the save's clean-up removed its stage
-    assert ckpt.interrupted_save(ck) == old
+    assert checkpoint_folder.interrupted_save(ck) == old
 
     with pytest.raises(SinkscopeError) as error:
         resolve_source(str(ck))
@@ -142,7 +145,7 @@ def test_nothing_is_restored_that_is_incomplete_or_not_only_sinkscopes(tmp_path,
     old = tmp_path / f".ck.old-{dead_pid()}"
     save(old, tokenizer, 1)
     (old / "optimizer.pt").unlink()  # a recorded file missing
-    assert ckpt.interrupted_save(ck) is None and ckpt.restore_interrupted_save(ck) is None
+    assert checkpoint_folder.interrupted_save(ck) is None and checkpoint_folder.restore_interrupted_save(ck) is None
     with pytest.raises(SinkscopeError, match="no model file or folder at"):
         resolve_source(str(ck))
     with pytest.raises(SinkscopeError, match="no trainer checkpoint to resume"):
@@ -152,20 +155,20 @@ def test_nothing_is_restored_that_is_incomplete_or_not_only_sinkscopes(tmp_path,
     shutil.rmtree(old)
     save(old, tokenizer, 1)
     (old / "notes.txt").write_text("mine")  # a file sinkscope did not write
-    assert ckpt.interrupted_save(ck) is None
+    assert checkpoint_folder.interrupted_save(ck) is None
     (old / "notes.txt").unlink()
     (old / "sub").mkdir()  # a checkpoint has no folders
-    assert ckpt.interrupted_save(ck) is None
+    assert checkpoint_folder.interrupted_save(ck) is None
     (old / "sub").rmdir()
-    assert ckpt.interrupted_save(ck) == old
+    assert checkpoint_folder.interrupted_save(ck) == old
 
     ck.mkdir()  # something is at PATH: never replaced
-    assert ckpt.interrupted_save(ck) is None and ckpt.restore_interrupted_save(ck) is None
+    assert checkpoint_folder.interrupted_save(ck) is None and checkpoint_folder.restore_interrupted_save(ck) is None
     ck.rmdir()
     ck.symlink_to(tmp_path / "elsewhere")  # a dangling link is something too
-    assert ckpt.interrupted_save(ck) is None
+    assert checkpoint_folder.interrupted_save(ck) is None
     ck.unlink()
-    assert ckpt.restore_interrupted_save(ck) == (old, " of step 1") and step_of(ck) == 1
+    assert checkpoint_folder.restore_interrupted_save(ck) == (old, " of step 1") and step_of(ck) == 1
 
 
 def test_the_next_save_removes_only_stale_leftovers_sinkscope_wrote(tmp_path, tokenizer):
@@ -201,12 +204,12 @@ def test_the_next_save_removes_only_stale_leftovers_sinkscope_wrote(tmp_path, to
     before = {name: sorted(p.name for p in path.iterdir()) for name, path in kept.items()}
 
     # a folder that is not a complete checkpoint removes nothing
-    assert ckpt.clean_leftovers(tmp_path / "absent") == []
+    assert checkpoint_folder.clean_leftovers(tmp_path / "absent") == []
     save(ck, tokenizer, 2)  # the next save
     assert not stale.exists() and not half_removed.exists()
     assert {name: sorted(p.name for p in path.iterdir()) for name, path in kept.items()} == before
     assert (kept["foreign"] / "notes.txt").read_text() == "mine" and other.is_dir() and target.is_dir()
-    assert ckpt.is_complete_checkpoint(target) and step_of(ck) == 2
+    assert checkpoint_folder.is_complete_checkpoint(target) and step_of(ck) == 2
     assert read_inventory(kept["live"])["writer"] == "checkpoint"
     assert [p.name for p in tmp_path.glob(".ck.partial-*")] and not list(tmp_path.glob(f".ck.partial-{os.getpid()}_*"))
 

@@ -220,7 +220,7 @@ def test_the_matrix_run_from_another_folder_writes_only_its_run_folder(tmp_path,
     import re
 
     from sinkscope.conformance import matrix, tiny
-    from sinkscope.fileio import foreign_entries, read_inventory
+    from sinkscope.store.files import foreign_entries, read_inventory
 
     project = tmp_path / "other"
     (project / "docs").mkdir(parents=True)

@@ -1,5 +1,5 @@
 """Plans run by executors.execute: one plan alone through the pipeline, several as one comparison
-(src/sinkscope/executors.py, comparison.py, run_result.py), and the API's several models.
+(src/sinkscope/run/dispatch.py, run/comparison.py, run/result.py), and the API's several models.
 
 The reference for each run of a comparison is the same model measured alone.
 """
@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 import sinkscope
-from sinkscope.comparison import SERIES_TABLE, execute_several, run_comparison
+from sinkscope.run.comparison import SERIES_TABLE, execute_several, run_comparison
 from sinkscope.commands import get_command
-from sinkscope.executors import execute, written_path
-from sinkscope.plan import plan
-from sinkscope.run_result import ComparisonResult, Result
+from sinkscope.run.dispatch import execute, written_path
+from sinkscope.run.plan import plan
+from sinkscope.run.result import ComparisonResult, Result
 
 OPTIONS = {"seq_len": 24, "n_seqs": 3, "progress": False, "device": "cpu"}
 

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 import sinkscope
 from sinkscope.errors import SinkscopeError
-from sinkscope.explorer_data import SCALE, THRESHOLD
-from sinkscope.run_result import Result
+from sinkscope.store.explorer_format import SCALE, THRESHOLD
+from sinkscope.run.result import Result
 from tiny_models import build, random_ids
 
 quiet = {"progress": False, "log": lambda message: None}

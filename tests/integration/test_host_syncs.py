@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from sinkscope.capture import ModelSpec
 from sinkscope.commands.sinks import SINKS_PROBES
 from sinkscope.probes import get_probe, stats
-from sinkscope.runner import run_probes
+from sinkscope.forward.runner import run_probes
 from sync_guard import HostSyncGuard
 from tiny_models import VOCAB, random_ids
 

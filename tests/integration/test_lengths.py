@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 import sinkscope
-from sinkscope import leak as leak_mod
+from sinkscope.stats import leak as leak_mod
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import parse_seq_len
+from sinkscope.commands.spec import parse_seq_len
 from tiny_models import build
 from repo_paths import REPO
 
@@ -96,7 +96,7 @@ def test_leak_formula_matches_seed_001():
 
 def test_leak_rows_recover_delta_per_head_from_a_table():
     """leak_rows on p0 rows built from known gaps: Delta per head, zero prediction error."""
-    from sinkscope.results import Row
+    from sinkscope.store.results import Row
 
     deltas = {(0, 0): 1.0, (0, 1): 4.0, (1, 0): 8.0, (1, 1): -0.5}
     rows = [Row("p0_mass", "p0_mass", l, h, synthetic_p0(d, n), 10, (("seq_len", n),))
@@ -307,7 +307,8 @@ def test_eviction_probe_refuses_a_model_it_cannot_measure():
 def test_eviction_and_layer_types_on_trainer_models_with_a_layer_pattern(variant):
     import torch
 
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=3, n_head=4, n_embd=32, variant=variant,
@@ -329,7 +330,8 @@ def test_eviction_and_layer_types_on_trainer_models_with_a_layer_pattern(variant
 def test_sink_rate_in_reach_on_trainer_models_with_a_layer_pattern(variant, attention):
     import torch
 
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     torch.manual_seed(0)
     T, W = 16, 4
@@ -439,7 +441,7 @@ def test_the_fit_reports_its_conditioning(window, phantom):
     """leak_delta_dp0 = |dDelta/dp0| at the fitted gap equals the inverse slope of the explicit softmax share in
     Delta; a saturated sink (p0 = 1 - 3e-6 at 128 tokens, SmolLM2's head 18.8) is ~1/(1 - p0) and flagged, a
     mid-range one is not."""
-    from sinkscope.results import Row
+    from sinkscope.store.results import Row
 
     deltas = {(0, 0): 0.5, (0, 1): 3.0, (0, 2): 7.0}
     measured, prefix = ("phantom_mass", "leak_phantom") if phantom else ("p0_mass", "leak")

@@ -22,12 +22,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-from sinkscope.capture import ModelSpec, kernels
-from sinkscope.probes import discover, get_probe
-from sinkscope.probes import eviction, head_importance
-from sinkscope.results import rows_to_frame
-from sinkscope.runner import run_probes
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.capture import kernels, ModelSpec
+from sinkscope.probes import discover, get_probe, eviction, head_importance
+from sinkscope.store.results import rows_to_frame
+from sinkscope.forward.runner import run_probes
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 
 T = 256  # the window length: every other dimension of the tiny models is below it
 VOCAB = 64

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import sinkscope
-from sinkscope import runner as runner_module
+from sinkscope.forward import runner as runner_module
 from sinkscope.capture.attention import implementation_for, register_interfaces
 from tiny_models import build, random_ids
 

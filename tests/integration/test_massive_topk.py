@@ -21,8 +21,8 @@ from sinkscope.capture import ModelSpec
 from sinkscope.capture.families import get_submodule
 from sinkscope.cli import app
 from sinkscope.probes import get_probe
-from sinkscope.results import rows_to_frame
-from sinkscope.runner import run_probes
+from sinkscope.store.results import rows_to_frame
+from sinkscope.forward.runner import run_probes
 from tiny_models import PATHS, build, random_ids
 
 runner = CliRunner()

@@ -105,7 +105,7 @@ def test_sigterm_takes_effect_between_layers():
 
     from sinkscope.capture.families import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
     from tiny_models import build, random_ids
 
     class Stop(Exception):

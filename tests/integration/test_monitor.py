@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.monitor import SinkMonitor
+from sinkscope.train.monitor import SinkMonitor
 from tiny_models import build
 from repo_paths import REPO
 
@@ -162,7 +162,7 @@ def words(tmp_path_factory):
 
 
 def _train_options(text, out, **kw):
-    from sinkscope.train.loop import TrainOptions
+    from sinkscope.train.config import TrainOptions
 
     base = dict(out=str(out), text_file=text, tokenizer="bpe300", steps=10, batch_size=8, warmup_steps=2,
                 eval_every=5, eval_windows=8, checkpoint_every=5, overrides=list(SMALL), progress=False,
@@ -188,7 +188,7 @@ def _last_step_equals_measure_on_the_checkpoint(ckpt, steps):
 
 @pytest.mark.slow  # trains
 def test_train_monitor_every_equals_measure_on_the_checkpoint_and_survives_resume(words, tmp_path):
-    from sinkscope.train.checkpoint import foreign_files
+    from sinkscope.models.checkpoint_folder import foreign_files
     from sinkscope.train.loop import train
 
     straight = train(_train_options(words, tmp_path / "straight"))

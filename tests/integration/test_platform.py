@@ -13,13 +13,12 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from sinkscope.capture import ModelSpec
-from sinkscope.capture import hooks as hp
+from sinkscope.capture import hooks as hp, ModelSpec
 from sinkscope.cli import app
 from sinkscope.commands.sinks import sinks_probes
-from sinkscope.probes import HeadMeans, Probe, get_probe, intervenes, observes, register_probe
-from sinkscope.results import MetricInfo, Row, rows_to_frame
-from sinkscope.runner import run_probes
+from sinkscope.probes import get_probe, HeadMeans, Probe, intervenes, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row, rows_to_frame
+from sinkscope.forward.runner import run_probes
 from repo_paths import REPO
 from tiny_models import build, random_ids
 
@@ -29,7 +28,7 @@ PLUGIN = '''
 """A probe in a single file: the decorator and hook-point names, nothing else."""
 from sinkscope.capture import hooks
 from sinkscope.probes import Probe, observes, register_probe
-from sinkscope.results import MetricInfo, Row
+from sinkscope.store.results import MetricInfo, Row
 
 
 @register_probe("plugin_loss", metrics={
@@ -194,8 +193,7 @@ def test_softcapped_fused_attention_is_causal():
     import sys
 
     from collect import Collect
-    from sinkscope.capture import attention as capture_attention
-    from sinkscope.capture import capture
+    from sinkscope.capture import attention as capture_attention, capture
 
     model = build("gemma3_text")
     module = model.model.layers[1].self_attn  # a full-attention layer
@@ -217,7 +215,8 @@ def test_models_load_in_the_requested_dtype(tiny_llama_dir, monkeypatch):
     """--dtype bfloat16 reads the weights as bfloat16: no float32 copy of the model first."""
     from transformers import AutoModelForCausalLM
 
-    from sinkscope.sources import load_model, resolve_source
+    from sinkscope.run.loaders import load_model
+    from sinkscope.models.resolve import resolve_source
 
     asked = []
     real = AutoModelForCausalLM.from_pretrained.__func__

@@ -15,8 +15,8 @@ import torch
 from sinkscope.capture import ModelSpec
 from sinkscope.capture.families import get_submodule
 from sinkscope.commands.sinks import sinks_probes
-from sinkscope.results import rows_to_frame
-from sinkscope.runner import run_probes
+from sinkscope.store.results import rows_to_frame
+from sinkscope.forward.runner import run_probes
 from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 
 EPS = 0.3

@@ -15,8 +15,8 @@ import numpy as np
 from typer.testing import CliRunner
 
 from sinkscope.cli import app
-from sinkscope.corpus import synthetic_windows
-from sinkscope.results import read_results
+from sinkscope.data.corpus import synthetic_windows
+from sinkscope.store.results import read_results
 
 
 def sinks(folder, out, *args):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from sinkscope.cli import app
-from sinkscope.toy import (VARIANTS, ToyData, ToyOptions, ToyStackData, _initial, _module, _stack, bag_readout,
+from sinkscope.lab.toy import (VARIANTS, ToyData, ToyOptions, ToyStackData, _initial, _module, _stack, bag_readout,
                            bce_grad, hash_seed, read_weights, sample_stack, summarise, torch_threads,
                            train_all, train_cell, train_group)
 

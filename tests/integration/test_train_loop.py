@@ -19,10 +19,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from sinkscope.errors import SinkscopeError
+from sinkscope.models import checkpoint_folder
 from sinkscope.train import checkpoint as ckpt
 from sinkscope.train import data as tdata
-from sinkscope.train.loop import LOG_COLUMNS, TrainOptions, log_columns, apply_overrides, lr_at, read_log, resolve_options, train
-from sinkscope.train.model import GPT, TIERS, GPTConfig
+from sinkscope.train.loop import LOG_COLUMNS, log_columns, lr_at, read_log, train
+from sinkscope.train.config import TrainOptions, apply_overrides, resolve_options
+from sinkscope.models.trainer_config import TIERS, GPTConfig
+from sinkscope.train.model import GPT
 
 SMALL = ["n_layer=2", "n_head=2", "n_embd=32", "block_size=32"]
 WORDS = ("the cat dog bird sat ran flew on under a mat house tree and with red blue small big quietly "
@@ -124,7 +127,7 @@ def test_schedule_warms_up_then_decays_to_min_lr():
 
 
 def test_validation_comes_first_and_is_disjoint(env):
-    from sinkscope.corpus import load_corpus
+    from sinkscope.data.corpus import load_corpus
 
     corpus = load_corpus(env["text"])
     tokenizer = tdata.load_tokenizer("bpe300", corpus)
@@ -235,7 +238,7 @@ def test_training_lowers_val_loss_and_logs(trained):
 @pytest.mark.slow  # trains (its fixture)
 def test_checkpoint_round_trip(trained, env):
     meta = json.loads((trained / "config.json").read_text())
-    assert meta["sinkscope_trainer"] == 1 and ckpt.is_checkpoint(trained)
+    assert meta["sinkscope_trainer"] == 1 and checkpoint_folder.is_checkpoint(trained)
     assert (meta["variant"], meta["tier"], meta["seed"], meta["step"]) == ("sinklogit", "tiny", 0, 30)
     assert meta["tokens_seen"] == 30 * 8 * 32
     assert meta["model"]["n_layer"] == 2 and meta["model"]["vocab_size"] == meta["data"]["vocab_size"]
@@ -267,7 +270,7 @@ def test_checkpoint_round_trip(trained, env):
 
 
 def _corpus(env):
-    from sinkscope.corpus import load_corpus
+    from sinkscope.data.corpus import load_corpus
 
     return load_corpus(env["text"])
 
@@ -290,7 +293,7 @@ def test_damaged_checkpoints_fail_in_one_sentence(trained, env, tmp_path):
     with pytest.raises(SinkscopeError, match="optimizer.pt .* damaged"):
         ckpt.load_checkpoint(bad, for_training=True)
     (bad / "config.json").write_text("{not json")
-    assert not ckpt.is_checkpoint(bad)
+    assert not checkpoint_folder.is_checkpoint(bad)
     with pytest.raises(SinkscopeError, match="config.json .* damaged"):
         ckpt.load_checkpoint(bad)
     with pytest.raises(SinkscopeError, match="no trainer checkpoint"):

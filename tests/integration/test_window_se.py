@@ -65,7 +65,7 @@ def test_p0_mass_se_per_head_and_per_layer_matches_the_eager_weights(measured):
 
 
 def test_se_survives_the_written_tables(measured, tmp_path):
-    from sinkscope.results import read_results
+    from sinkscope.store.results import read_results
 
     _, table = measured
     model = build("llama")
@@ -119,7 +119,7 @@ def test_an_older_state_without_window_statistics_gives_nan_not_a_wrong_se():
 
 def test_the_report_prints_layer_values_with_their_se_and_the_figure_draws_the_band(tmp_path, monkeypatch):
     from sinkscope.report import build_report, figures
-    from sinkscope.results import read_results
+    from sinkscope.store.results import read_results
     from report_pages import parse
 
     model = build("llama")

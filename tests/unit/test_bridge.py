@@ -1,11 +1,11 @@
-"""bridge.py on a stand-in bridge: unbridged puts the replaced modules back for the block and the bridge's
+"""models/bridge.py on a stand-in bridge: unbridged puts the replaced modules back for the block and the bridge's
 components after it, at any depth (the real TransformerLens bridge: tests/integration/test_api.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from sinkscope.bridge import is_bridge, unbridged
+from sinkscope.models.bridge import is_bridge, unbridged
 
 
 class Component(torch.nn.Module):

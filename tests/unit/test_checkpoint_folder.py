@@ -1,4 +1,4 @@
-"""checkpoint_folder.py: what a trainer checkpoint is on disk, read without torch (the folder's marker,
+"""models/checkpoint_folder.py: what a trainer checkpoint is on disk, read without torch (the folder's marker,
 a damaged config, the files sinkscope did not write). The save and recovery paths are tested end to end in
 tests/integration/test_checkpoint_recovery.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from sinkscope.checkpoint_folder import foreign_files, interrupted_save, interrupted_save_message, is_checkpoint
+from sinkscope.models.checkpoint_folder import foreign_files, interrupted_save, interrupted_save_message, is_checkpoint
 
 
 def test_the_marker_makes_a_checkpoint(tmp_path):
@@ -35,7 +35,7 @@ def test_the_module_imports_no_torch():
     import ast
     from pathlib import Path
 
-    tree = ast.parse(Path(sys.modules["sinkscope.checkpoint_folder"].__file__).read_text(encoding="utf-8"))
+    tree = ast.parse(Path(sys.modules["sinkscope.models.checkpoint_folder"].__file__).read_text(encoding="utf-8"))
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(name.split(".")[0] in ("torch", "transformers") for name in imported)

@@ -1,4 +1,4 @@
-"""Tests for sinkscope.corpus: windowing, BOS policy, corpus sources (no network)."""
+"""Tests for sinkscope.data.corpus: windowing, BOS policy, corpus sources (no network)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from sinkscope import corpus_fetch
-from sinkscope.corpus import (
+from sinkscope.data import fetch as corpus_fetch
+from sinkscope.data.corpus import (
     BOS_POLICIES,
     Corpus,
     bundled_corpus,
@@ -352,7 +352,7 @@ def test_bundled_corpus_missing_says_how_to_fetch(tmp_path, monkeypatch):
         bundled_corpus()
     message = str(info.value)
     assert_one_sentence(message)
-    assert "python -m sinkscope.corpus_fetch" in message
+    assert "python -m sinkscope.data.fetch" in message
     assert str(empty) in message
 
 
@@ -361,7 +361,7 @@ def test_bundled_corpus_incomplete_is_missing(tmp_path, monkeypatch):
     fake_austen(dest)
     (dest / "SOURCE.json").unlink()
     monkeypatch.setenv("SINKSCOPE_CORPUS_DIR", str(dest))
-    with pytest.raises(SinkscopeError, match="python -m sinkscope.corpus_fetch"):
+    with pytest.raises(SinkscopeError, match="python -m sinkscope.data.fetch"):
         bundled_corpus()
 
 
@@ -416,7 +416,7 @@ def test_dataset_corpus_without_the_datasets_package(monkeypatch):
 
 
 def test_random_inputs_are_uniform_over_the_ordinary_ids_with_the_seed():
-    from sinkscope.corpus import synthetic_windows
+    from sinkscope.data.corpus import synthetic_windows
 
     windows, record = synthetic_windows("random", 50, {0, 1, 2}, seq_len=400, n_seqs=30, seed=5, bos_id=1)
     tokens = windows.tokens
@@ -436,7 +436,7 @@ def test_random_inputs_are_uniform_over_the_ordinary_ids_with_the_seed():
 
 
 def test_repeated_inputs_repeat_one_id_per_window():
-    from sinkscope.corpus import synthetic_windows
+    from sinkscope.data.corpus import synthetic_windows
 
     windows, record = synthetic_windows("repeated", 50, {0}, seq_len=64, n_seqs=6, seed=2, bos_id=None)
     tokens = windows.tokens

@@ -1,4 +1,4 @@
-"""Tests for sinkscope.corpus_fetch (no network, no apt-get)."""
+"""Tests for sinkscope.data.fetch (no network, no apt-get)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sinkscope import corpus_fetch as cf
+from sinkscope.data import fetch as cf
 from sinkscope.errors import SinkscopeError
 
 # ---------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from conftest import SAMPLE_TEXT, make_tokenizer
-from sinkscope import corpus
-from sinkscope.corpus import (
+from sinkscope.data import corpus
+from sinkscope.data.corpus import (
     Corpus,
     FileText,
     SegmentedIds,
@@ -24,6 +24,7 @@ from sinkscope.corpus import (
     tokenize_documents,
 )
 from sinkscope.errors import SinkscopeError
+from sinkscope.runtime import memory
 
 #: paragraphs, line breaks and runs of spaces, so cuts meet every kind of whitespace.
 TEXT = ("\n\n".join(SAMPLE_TEXT for _ in range(3)) + "  \n") * 30
@@ -199,17 +200,17 @@ def test_a_memory_cgroup_limit_bounds_the_room(tmp_path, version):
     folder.mkdir(parents=True)
     for name, text in files.items():
         (folder / name).write_text(text)
-    assert corpus._cgroup_room(str(groups), str(tmp_path / "fs")) == 3_000_000_000
+    assert memory._cgroup_room(str(groups), str(tmp_path / "fs")) == 3_000_000_000
     (folder / ("memory.max" if version == 2 else "memory.limit_in_bytes")).write_text(
         "max" if version == 2 else str(2**63 - 4096))
-    assert corpus._cgroup_room(str(groups), str(tmp_path / "fs")) is None
+    assert memory._cgroup_room(str(groups), str(tmp_path / "fs")) is None
 
 
 def test_the_least_room_counts(monkeypatch):
-    monkeypatch.setattr(corpus, "_meminfo_available", lambda: 8_000_000_000)
-    monkeypatch.setattr(corpus, "_cgroup_room", lambda: 3_000_000_000)
-    monkeypatch.setattr(corpus, "_address_space_room", lambda: None)
-    assert corpus.ram_available() == 3_000_000_000
-    monkeypatch.setattr(corpus, "_cgroup_room", lambda: None)
-    monkeypatch.setattr(corpus, "_meminfo_available", lambda: None)
-    assert corpus.ram_available() is None
+    monkeypatch.setattr(memory, "_meminfo_available", lambda: 8_000_000_000)
+    monkeypatch.setattr(memory, "_cgroup_room", lambda: 3_000_000_000)
+    monkeypatch.setattr(memory, "_address_space_room", lambda: None)
+    assert memory.ram_available() == 3_000_000_000
+    monkeypatch.setattr(memory, "_cgroup_room", lambda: None)
+    monkeypatch.setattr(memory, "_meminfo_available", lambda: None)
+    assert memory.ram_available() is None

@@ -1,13 +1,13 @@
-"""devices.py: --device, --dtype and --device-map checked before anything loads (one sentence each)."""
+"""models/devices.py: --device, --dtype and --device-map checked before anything loads (one sentence each)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sinkscope.devices import check_device_map, resolve_device, resolve_dtype
+from sinkscope.models.devices import check_device_map, resolve_device, resolve_dtype
 from sinkscope.errors import SinkscopeError
-from sinkscope.resolve import Source
+from sinkscope.models.resolve import Source
 
 
 def test_auto_and_named_devices():

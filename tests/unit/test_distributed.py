@@ -1,4 +1,4 @@
-"""``sinkscope.distributed`` in one process: the launcher's environment, the window shares, the merge.
+"""``sinkscope.forward.distributed`` in one process: the launcher's environment, the window shares, the merge.
 
 Checked: ``world`` and ``is_distributed`` read RANK and WORLD_SIZE ((0, 1) when not launched);
 ``local_device`` picks ``cuda:LOCAL_RANK`` only for CUDA requests on a machine with CUDA; ``share``
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from sinkscope import distributed
+from sinkscope.forward import distributed
 from conftest import free_port
 
 
@@ -88,7 +88,7 @@ def llama():
 def run(model, tokens, names=("p0_mass", "sink_rate")):
     from sinkscope.capture import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
 
     spec = ModelSpec.from_model(model)
 

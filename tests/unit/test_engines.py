@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from sinkscope.comparison_record import read_comparison_record, write_comparison_record
-from sinkscope.engines.jobs import Job, Outcome, Progress, run_job
-from sinkscope.engines.local import run_local
-from sinkscope.engines.options import EngineOptions, check_engine, engine_options, gpus_per_run
-from sinkscope.engines.ray_engine import run_ray
-from sinkscope.engines.run import cluster_gpus, run_jobs
-from sinkscope.engines.slurm import executor_for, slurm_parameters
+from sinkscope.store.comparison_record import read_comparison_record, write_comparison_record
+from sinkscope.executors.jobs import Job, Outcome, Progress, run_job
+from sinkscope.executors.local import run_local
+from sinkscope.executors.options import EngineOptions, check_engine, engine_options, gpus_per_run
+from sinkscope.executors.ray_tasks import run_ray
+from sinkscope.executors.run import cluster_gpus, run_jobs
+from sinkscope.executors.slurm import executor_for, slurm_parameters
 from sinkscope.errors import SinkscopeError, phrase
 
 
@@ -75,7 +75,7 @@ def test_a_missing_engine_package_names_the_pip_command(monkeypatch):
 def test_slurm_off_a_cluster_says_where_to_run_it(monkeypatch):
     import importlib.util
 
-    import sinkscope.engines.options as engine_options
+    import sinkscope.executors.options as engine_options
 
     real = importlib.util.find_spec  # the fast tier runs without the engines: submitit is taken as installed
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "submitit" else real(name, *a))
@@ -245,7 +245,7 @@ def test_the_comparison_record_round_trips_and_refuses_a_planted_one(tmp_path):
 
 
 def test_ctrl_c_while_waiting_on_slurm_names_the_array_to_cancel(tmp_path, monkeypatch):
-    import sinkscope.engines.slurm as slurm
+    import sinkscope.executors.slurm as slurm
     from sinkscope.errors import Interrupted
 
     class Handle:
@@ -303,7 +303,7 @@ def test_the_ray_addresses_ray_takes_are_taken(address):
 
 
 def test_slurm_values_are_numbers_only_when_int_reads_them():
-    from sinkscope.engines.options import slurm_value
+    from sinkscope.executors.options import slurm_value
 
     assert slurm_value(" 12 ") == 12 and slurm_value("²") == "²" and slurm_value("64G") == "64G"
     params = slurm_parameters(EngineOptions(slurm_extra=("slurm_mem_gb=²", "slurm_nice=5")), 0)
@@ -318,7 +318,7 @@ def test_a_parameter_submitit_refuses_is_one_sentence(tmp_path):
 
 
 def test_a_submitit_folder_with_a_control_character_is_refused(tmp_path):
-    from sinkscope.engines.slurm import submission_folder
+    from sinkscope.executors.slurm import submission_folder
 
     with pytest.raises(SinkscopeError, match="holds the control character '\\\\n'"):
         submission_folder(tmp_path / "runs\n#SBATCH --x")
@@ -326,7 +326,7 @@ def test_a_submitit_folder_with_a_control_character_is_refused(tmp_path):
 
 
 def test_each_submission_gets_a_fresh_folder_of_its_own(tmp_path):
-    from sinkscope.engines.slurm import submission_folder
+    from sinkscope.executors.slurm import submission_folder
 
     first, second = submission_folder(tmp_path / "slurm"), submission_folder(tmp_path / "slurm")
     assert first != second and first.parent == second.parent == tmp_path / "slurm"
@@ -336,7 +336,7 @@ def test_each_submission_gets_a_fresh_folder_of_its_own(tmp_path):
 def test_an_outcome_comes_back_only_as_the_json_this_submission_asked_for(tmp_path):
     import json
 
-    from sinkscope.engines.slurm import outcome_path, read_outcome, slurm_task
+    from sinkscope.executors.slurm import outcome_path, read_outcome, slurm_task
 
     job = _jobs(tmp_path, [square])[0]
     path = outcome_path(tmp_path, 0, "n0nce")
@@ -361,7 +361,7 @@ def unjsonable(x: int) -> object:
 
 
 def test_a_value_json_cannot_carry_is_a_failed_outcome(tmp_path):
-    from sinkscope.engines.slurm import outcome_path, read_outcome, slurm_task
+    from sinkscope.executors.slurm import outcome_path, read_outcome, slurm_task
 
     job = _jobs(tmp_path, [unjsonable])[0]
     path = outcome_path(tmp_path, 0, "n")
@@ -371,7 +371,7 @@ def test_a_value_json_cannot_carry_is_a_failed_outcome(tmp_path):
 
 
 def test_a_task_done_without_its_outcome_is_lost_and_its_result_pickle_never_read(tmp_path):
-    import sinkscope.engines.slurm as slurm
+    import sinkscope.executors.slurm as slurm
 
     class Handle:
         job_id = "77_0"
@@ -439,7 +439,7 @@ def _closed_port() -> int:
 def test_an_address_where_nothing_answers_is_one_sentence_before_ray_starts(monkeypatch):
     import time
 
-    from sinkscope.engines.ray_engine import connect
+    from sinkscope.executors.ray_tasks import connect
 
     fake = _FakeRay()
     monkeypatch.setitem(sys.modules, "ray", fake)
@@ -452,7 +452,7 @@ def test_an_address_where_nothing_answers_is_one_sentence_before_ray_starts(monk
 
 
 def test_an_address_where_something_else_answers_is_one_sentence(monkeypatch):
-    from sinkscope.engines.ray_engine import connect
+    from sinkscope.executors.ray_tasks import connect
 
     fake = _FakeRay()
     monkeypatch.setitem(sys.modules, "ray", fake)
@@ -469,7 +469,7 @@ def test_an_address_where_something_else_answers_is_one_sentence(monkeypatch):
 def test_a_grpc_server_is_joined_and_the_commands_sigterm_handler_is_put_back(monkeypatch):
     import signal
 
-    from sinkscope.engines.ray_engine import connect
+    from sinkscope.executors.ray_tasks import connect
 
     class SignalTakingRay(_FakeRay):
         def init(self, **kwargs):  # as ray.init does: its own SIGTERM handler
@@ -494,7 +494,7 @@ def test_a_grpc_server_is_joined_and_the_commands_sigterm_handler_is_put_back(mo
 
 
 def test_ray_finding_no_cluster_is_said_as_such_not_as_a_disk_failure(monkeypatch):
-    from sinkscope.engines.ray_engine import connect
+    from sinkscope.executors.ray_tasks import connect
 
     class NoCluster(_FakeRay):
         def init(self, **kwargs):
@@ -509,7 +509,7 @@ def test_ray_finding_no_cluster_is_said_as_such_not_as_a_disk_failure(monkeypatc
 
 
 def test_a_malformed_ray_address_in_the_environment_is_named(monkeypatch):
-    from sinkscope.engines.ray_engine import connect
+    from sinkscope.executors.ray_tasks import connect
 
     fake = _FakeRay()
     monkeypatch.setitem(sys.modules, "ray", fake)
@@ -520,14 +520,14 @@ def test_a_malformed_ray_address_in_the_environment_is_named(monkeypatch):
 
 
 def test_a_ray_task_name_shows_control_characters_as_escapes():
-    from sinkscope.engines.ray_engine import _task_name
+    from sinkscope.executors.ray_tasks import _task_name
 
     assert _task_name(Job("a\nb", "x.log", square)) == "sinkscope:a\\nb"
     assert _task_name(Job("cmp/alpha", "x.log", square)) == "sinkscope:cmp/alpha"
 
 
 def test_how_a_process_ended_is_said():
-    from sinkscope.engines.local import _how_it_ended
+    from sinkscope.executors.local import _how_it_ended
 
     assert _how_it_ended(-9).startswith("killed by SIGKILL; the system's out-of-memory killer")
     assert _how_it_ended(-15) == "killed by SIGTERM" and _how_it_ended(3) == "exit code 3"

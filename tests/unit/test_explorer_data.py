@@ -1,4 +1,4 @@
-"""``explorer_data.py``: the explorer's file, the page's block layout, the budget and ``--explore-heads``.
+"""``store/explorer_format.py``: the explorer's file, the page's block layout, the budget and ``--explore-heads``.
 
 Checked: ``explorer.npz`` reads back equal (no pickle) and a damaged one is one sentence; a block
 inflates to exactly the little-endian layout ``explorer.js`` reads (int32 indptr, float32 value
@@ -18,7 +18,7 @@ import pytest
 
 from sinkscope.errors import SinkscopeError
 from explorer_fixtures import synthetic
-from sinkscope.explorer_data import SCALE, ExplorerData, check_heads_exist, fit, labels_bytes, parse_heads
+from sinkscope.store.explorer_format import SCALE, ExplorerData, check_heads_exist, fit, labels_bytes, parse_heads
 
 
 def test_the_file_reads_back_equal(tmp_path):
@@ -116,7 +116,7 @@ import math  # noqa: E402
 import tracemalloc  # noqa: E402
 import zipfile  # noqa: E402
 
-from sinkscope.explorer_data import MEMBERS, check_max_mb, read_npy  # noqa: E402
+from sinkscope.store.explorer_format import MEMBERS, check_max_mb, read_npy  # noqa: E402
 
 
 def _member(array: np.ndarray) -> bytes:

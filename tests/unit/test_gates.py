@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from sinkscope.gates import DATA_SINK_MIN_QUERIES, data_sink_keys
+from sinkscope.stats.gates import DATA_SINK_MIN_QUERIES, data_sink_keys
 
 
 def _window(T: int, late: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

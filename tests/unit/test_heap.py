@@ -1,4 +1,4 @@
-"""``sinkscope.heap``: glibc's mmap threshold, fixed per process at the lowest size asked for.
+"""``sinkscope.runtime.heap``: glibc's mmap threshold, fixed per process at the lowest size asked for.
 
 ``glibc_mallopt`` is looked up once (None off glibc, or where the C library cannot be loaded or
 has no ``mallopt``). ``fix_mmap_threshold(size)`` returns True where the threshold in force is
@@ -15,7 +15,7 @@ import platform
 
 import pytest
 
-from sinkscope import heap
+from sinkscope.runtime import heap
 
 ON_GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 #: a run's threshold where one is fixed (a size the environment may give; runs fix none by default)
@@ -128,7 +128,7 @@ def test_run_probes_fixes_the_run_threshold_or_what_the_environment_asks(calls, 
     import numpy as np
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1)).eval()

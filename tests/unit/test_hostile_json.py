@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sinkscope import fileio
+from sinkscope.store import files as fileio
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import INVENTORY, JSON_MAX_DEPTH, parse_json, read_inventory, read_json, try_parse_json
+from sinkscope.store.files import INVENTORY, JSON_MAX_DEPTH, parse_json, read_inventory, read_json, try_parse_json
 
 #: a file of 200,000 nested lists: valid JSON that crashes a recursive parser.
 DEEP = "[" * 200_000 + "]" * 200_000
@@ -108,9 +108,9 @@ def test_a_deep_inventory_is_one_sentence_and_no_inventory_is_none(tmp_path):
 
 
 def test_run_and_sweep_predicates_treat_a_deep_file_as_not_theirs(tmp_path):
-    from sinkscope.comparison import _kept_tokens
-    from sinkscope.results import is_run_folder
-    from sinkscope.sweep import _is_sweep_json
+    from sinkscope.run.comparison import _kept_tokens
+    from sinkscope.store.results import is_run_folder
+    from sinkscope.lab.sweep import _is_sweep_json
 
     _write(tmp_path / "run" / "manifest.json", DEEP)
     assert not is_run_folder(tmp_path / "run")
@@ -128,8 +128,8 @@ def test_a_deep_run_manifest_is_one_sentence_in_read_run(tmp_path):
 
 
 def test_a_deep_checkpoint_config(tmp_path):
-    from sinkscope.resolve import _checkpoint_step, one_training
-    from sinkscope.train.checkpoint import is_checkpoint, read_config
+    from sinkscope.models.resolve import _checkpoint_step, one_training
+    from sinkscope.models.checkpoint_folder import is_checkpoint, read_config
 
     path = _write(tmp_path / "step-7" / "config.json", DEEP)
     assert not is_checkpoint(path.parent)  # a predicate: resolving the model names the file
@@ -145,7 +145,7 @@ def test_a_deep_state_file_header_is_damaged(tmp_path):
     import torch
     from safetensors.torch import save
 
-    from sinkscope.statefile import load_state, read_header
+    from sinkscope.store.statefile import load_state, read_header
 
     path = tmp_path / ".run.progress.safetensors"
     path.write_bytes(save({"t0": torch.zeros(2)}, metadata={"sinkscope_state": "1", "header": DEEP, "skeleton": DEEP}))
@@ -157,7 +157,7 @@ def test_a_deep_state_file_header_is_damaged(tmp_path):
 
 
 def test_a_deep_monitor_manifest(tmp_path):
-    from sinkscope.monitor import MANIFEST, SinkMonitor
+    from sinkscope.train.monitor import MANIFEST, SinkMonitor
     from sinkscope.report.steps import MONITOR_TABLE, read_monitor
 
     path = _write(tmp_path / MANIFEST, DEEP)
@@ -169,7 +169,7 @@ def test_a_deep_monitor_manifest(tmp_path):
 
 
 def test_a_deep_corpus_record(tmp_path):
-    from sinkscope.corpus_fetch import SOURCE_FILE, corpus_chars
+    from sinkscope.data.fetch import SOURCE_FILE, corpus_chars
 
     path = _write(tmp_path / SOURCE_FILE, DEEP)
     with pytest.raises(SinkscopeError) as error:
@@ -191,7 +191,7 @@ def test_a_deep_conformance_file_counts_as_none(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "tokenizer.json", "generation_config.json",
                                   "special_tokens_map.json", "model.safetensors.index.json"])
 def test_check_model_files_names_a_deep_file(tmp_path, name):
-    from sinkscope.resolve import check_model_files, resolve_source
+    from sinkscope.models.resolve import check_model_files, resolve_source
 
     _write(tmp_path / "config.json", json.dumps({"model_type": "llama"}))
     check_model_files(tmp_path)  # sound
@@ -203,8 +203,9 @@ def test_check_model_files_names_a_deep_file(tmp_path, name):
 
 
 def test_the_loaders_check_before_transformers(tmp_path):
-    from sinkscope.resolve import Source
-    from sinkscope.sources import check_json_files, config_file_dict, load_model, load_tokenizer
+    from sinkscope.models.resolve import Source
+    from sinkscope.run.loaders import load_model, load_tokenizer
+    from sinkscope.models.config import check_json_files, config_file_dict
     from sinkscope.train.data import load_tokenizer_folder
 
     path = _write(tmp_path / "config.json", DEEP)
@@ -220,7 +221,8 @@ def test_the_loaders_check_before_transformers(tmp_path):
 
 
 def test_a_deep_gguf_cache_file_is_rebuilt_not_fatal(tmp_path, monkeypatch):
-    from sinkscope import sources
+    from sinkscope.models import config as sources
+    from sinkscope.run import loaders
 
     monkeypatch.setenv("SINKSCOPE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(sources, "_KEYS", {})
@@ -230,7 +232,7 @@ def test_a_deep_gguf_cache_file_is_rebuilt_not_fatal(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "cache" / "gguf-hashes.json").read_text())
     _write(cache / "config.json", DEEP)
     _write(cache / "SINKSCOPE_COMPLETE", "done")
-    assert not sources._gguf_cached(cache)  # rebuilt from the GGUF when the model loads
+    assert not loaders._gguf_cached(cache)  # rebuilt from the GGUF when the model loads
     assert sources.config_file_dict(sources.Source("gguf", str(gguf), str(gguf))) is None
 
 
@@ -239,7 +241,7 @@ def test_read_json_once_parses_each_version_of_a_file_once(tmp_path, monkeypatch
     each caller its own copy, and a damaged file is never remembered (every caller gets its sentence)."""
     import os
 
-    from sinkscope import fileio
+    from sinkscope.store import files as fileio
 
     path = tmp_path / "config.json"
     path.write_text('{"num_hidden_layers": 2}')

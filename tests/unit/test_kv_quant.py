@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.kv_quant import (KVQuant, complete_groups, error_bound, fake_quantize, quantize_keys,
+from sinkscope.kvcache.quant import (KVQuant, complete_groups, error_bound, fake_quantize, quantize_keys,
                                 quantize_values)
 
 

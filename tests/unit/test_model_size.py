@@ -1,4 +1,4 @@
-"""A model's size from its config, checked before anything is allocated (src/sinkscope/model_size.py).
+"""A model's size from its config, checked before anything is allocated (src/sinkscope/models/size.py).
 
 The reference is the parameter count of real (tiny) models built from the same config: the
 estimate's formula must match it where the formula's assumptions hold (a gated MLP, an untied
@@ -12,7 +12,8 @@ import math
 import pytest
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.model_size import available_memory, check_config_sizes, estimate
+from sinkscope.models.size import check_config_sizes, estimate
+from sinkscope.runtime.memory import available_memory
 
 LLAMA = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 128, "vocab_size": 300, "tie_word_embeddings": False}

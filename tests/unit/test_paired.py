@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.paired import fmt_pm, mean_se, paired_improvement, table1, table2
+from sinkscope.stats.paired import fmt_pm, mean_se, paired_improvement, table1, table2
 
 BASE = {0: 3.00, 1: 3.10, 2: 2.90}
 

@@ -1,4 +1,4 @@
-"""``sinkscope.paths.cache_root``: where caches go, from the environment.
+"""``sinkscope.runtime.paths.cache_root``: where caches go, from the environment.
 
 ``$SINKSCOPE_CACHE`` wins (``~`` expanded); else ``$XDG_CACHE_HOME/sinkscope``; else
 ``~/.cache/sinkscope``; an empty variable counts as unset. Nothing is created on disk.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sinkscope.paths import cache_root
+from sinkscope.runtime.paths import cache_root
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""plan.plan: every torch-free check once, each model resolved once, plain plans (src/sinkscope/plan.py).
+"""plan.plan: every torch-free check once, each model resolved once, plain plans (src/sinkscope/run/plan.py).
 
 The references are the models and folders built in the test: a tiny Llama folder (two copies), a
 folder of two trainer checkpoints of one training (a series) and of two trainings (two models).
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import sinkscope.plan as plan_mod
+import sinkscope.run.plan as plan_mod
 from checkpoints import trainer_checkpoint
 from sinkscope.errors import SinkscopeError
-from sinkscope.plan import Comparison, Plan, plan
+from sinkscope.run.plan import Comparison, Plan, plan
 
 
 def _resolves(monkeypatch) -> list:
@@ -105,11 +105,11 @@ def test_the_inputs_a_user_gets_wrong_are_refused_here(tiny_llama_dir, text_file
 
 
 def test_plan_imports_no_torch():
-    """The command line plans before torch loads: plan.py and what it imports stay torch-free."""
+    """The command line plans before torch loads: run/plan.py and what it imports stay torch-free."""
     import ast
 
     tree = ast.parse(Path(plan_mod.__file__).read_text(encoding="utf-8"))
     modules = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not any(m.split(".")[0] in ("torch", "transformers") for m in modules)
-    assert "sinkscope.pipeline" not in modules and "sinkscope.sources" not in modules
+    assert "sinkscope.run.pipeline" not in modules and "sinkscope.run.loaders" not in modules

@@ -1,4 +1,4 @@
-"""``sinkscope.progress``: which progress bar is drawn, and that it is tqdm's with the caller's arguments.
+"""``sinkscope.runtime.progress``: which progress bar is drawn, and that it is tqdm's with the caller's arguments.
 
 ``in_notebook`` says whether we run in a Jupyter kernel as tqdm.autonotebook tells it (JupyterLite;
 a kernel's ZMQ shell, but not qtconsole or Spyder, nor a missing or odd IPython); ``bar_class``
@@ -18,7 +18,7 @@ import warnings
 import pytest
 import tqdm
 
-from sinkscope import progress
+from sinkscope.runtime import progress
 
 
 @pytest.fixture

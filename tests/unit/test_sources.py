@@ -1,4 +1,4 @@
-"""Tests for sinkscope.sources: resolving and loading models (no network).
+"""Tests for sinkscope.run.loaders: resolving and loading models (no network).
 
 The SmolLM2 GGUF tests dequantise the real embedded model (about 20 s each); the whole file does
 that at most twice (once in the module fixture, once when rebuilding a damaged cache).
@@ -25,15 +25,11 @@ from transformers import (
 )
 
 from sinkscope.capture import ModelSpec
-from sinkscope.corpus import resolve_bos, tokenizer_adds_bos
+from sinkscope.data.corpus import resolve_bos, tokenizer_adds_bos
 from sinkscope.errors import SinkscopeError
-from sinkscope.sources import (
-    DEFAULT_GGUF_NAME,
-    default_gguf_path,
-    gguf_cache_dir,
-    load_model,
-    resolve_source,
-)
+from sinkscope.run.loaders import load_model
+from sinkscope.models.resolve import DEFAULT_GGUF_NAME, default_gguf_path, resolve_source
+from sinkscope.models.config import gguf_cache_dir
 
 SENTENCES = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune,",

@@ -1,12 +1,12 @@
-"""A quantised cache's slots after a chunk (stream/quantise.py), on a synthetic cache against the quantiser."""
+"""A quantised cache's slots after a chunk (kvcache/slots.py), on a synthetic cache against the quantiser."""
 
 from __future__ import annotations
 
 import torch
 
-from sinkscope.cache import Policy
-from sinkscope.kv_quant import KVQuant, quantize_keys, quantize_values
-from sinkscope.stream.quantise import guard_slots, quantise_slots
+from sinkscope.kvcache.policies import Policy
+from sinkscope.kvcache.quant import KVQuant, quantize_keys, quantize_values
+from sinkscope.kvcache.slots import guard_slots, quantise_slots
 
 
 def _cache(S: int = 20, D: int = 8):

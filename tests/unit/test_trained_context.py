@@ -1,4 +1,4 @@
-"""``sinkscope.trained_context``: the trained length, learned position tables, and runs past them.
+"""``sinkscope.models.trained_context``: the trained length, learned position tables, and runs past them.
 
 Past a computed-position model's trained context the run continues after one warning line and
 its manifest records the trained length; past a learned position table it stops in one
@@ -13,14 +13,15 @@ from transformers import OPTConfig, OPTForCausalLM
 
 from sinkscope import api
 from sinkscope.errors import SinkscopeError, phrase
-from sinkscope.trained_context import (
+from sinkscope.models.trained_context import (
     config_context,
     is_native_config,
     learned_positions,
     require_positions,
     warn_past_context,
 )
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 from tests.tiny_models import build, random_ids
 
 

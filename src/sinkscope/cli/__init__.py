@@ -3,7 +3,7 @@
 Every anticipated failure is a :class:`~sinkscope.errors.SinkscopeError` whose one sentence is
 printed as ``error: ...`` with exit code 1 (never a traceback); Ctrl-C exits 130 wherever it lands.
 
-The package: ``base.py`` (the app and its error policy), ``options.py`` (the options the commands
+The package: ``base.py`` (the app and its error policy), ``commands/spec.py`` (the options the commands
 share), ``measure.py`` (the measuring commands: ``execute(plan(...))``), ``lab.py`` (train, sweep,
 toy, run) and ``inspect.py`` (report, ls). Importing it registers every command on ``app``.
 """

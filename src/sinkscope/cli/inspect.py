@@ -37,8 +37,8 @@ def report(
     \b
         sinkscope report runs/zoo                        # a comparison's folder: its page again
     """
-    from sinkscope.comparison_record import read_comparison_record
-    from sinkscope.paths import user_path
+    from sinkscope.store.comparison_record import read_comparison_record
+    from sinkscope.runtime.paths import user_path
     from sinkscope.report import build_report
 
     record = read_comparison_record(user_path(run_dirs[0], "RUN_DIRS")) if len(run_dirs) == 1 else None
@@ -138,11 +138,11 @@ def _command_summaries() -> dict[str, str]:
 
 def _absent_hooks(model: str, trust_remote_code: bool) -> dict[str, str]:
     """The hook points a model lacks, with the reason (its parts found by ``capture.discover``)."""
-    from sinkscope.resolve import resolve_source
+    from sinkscope.models.resolve import resolve_source
 
     source = resolve_source(model)
     from sinkscope.capture.families import ModelSpec, family_of
-    from sinkscope.sources import load_model, remote_code_note
+    from sinkscope.run.loaders import load_model, remote_code_note
 
     note = remote_code_note(source) if trust_remote_code else None
     if note:

@@ -64,7 +64,8 @@ def train(
     \b
         torchrun --nproc-per-node 8 -m sinkscope train --variant sinklogit --tier 124M --out ckpt/124m
     """
-    from sinkscope.train.loop import TrainOptions, train as train_model
+    from sinkscope.train.loop import train as train_model
+    from sinkscope.train.config import TrainOptions
 
     options = TrainOptions(
         variant=variant, task=task, windows=windows, task_options=list(task_set or []), tier=tier, seed=seed, out=out, steps=steps, batch_size=batch_size, lr=lr,
@@ -129,8 +130,8 @@ def sweep(
     \b
         sinkscope sweep --tier small --seeds 0,1,2,3,4 --executor ray --ray-address auto --out sweeps/124m
     """
-    from sinkscope.engines.options import engine_options
-    from sinkscope.sweep import SweepOptions, parse_list, sweep as run_sweep
+    from sinkscope.executors.options import engine_options
+    from sinkscope.lab.sweep import SweepOptions, parse_list, sweep as run_sweep
 
     engine = engine_options({**engine, "jobs": jobs, "slurm_extra": tuple(slurm or ())}
                             | ({"executor": "slurm"} if launcher == "submitit" else {}))
@@ -177,9 +178,9 @@ def toy(
     \b
         sinkscope toy --loads 1,8 --seeds 0 --steps 500 --out reports/toy-quick
     """
-    from sinkscope.engines.options import engine_options
-    from sinkscope.sweep import parse_list
-    from sinkscope.toy import ToyOptions, run_toy
+    from sinkscope.executors.options import engine_options
+    from sinkscope.lab.sweep import parse_list
+    from sinkscope.lab.toy import ToyOptions, run_toy
 
     engine = engine_options(engine)  # --jobs stays the toy's own (its local processes)
 
@@ -224,8 +225,8 @@ def run_recipe_command(
     """
     import json
 
-    from sinkscope.engines.options import engine_options
-    from sinkscope.recipes import run_recipes
+    from sinkscope.executors.options import engine_options
+    from sinkscope.lab.recipes import run_recipes
 
     engine = engine_options(engine)
     overrides = list(set_ or []) + ([f"model={json.dumps(model)}"] if model is not None else [])

@@ -62,15 +62,15 @@ def _run(name: str, values: dict) -> None:
     """``execute(plan(...))``: the command's plan (every check before torch is imported, the models
     resolved once: ``plan.plan``), then the run (``executors.execute``); print the run folder, or
     the comparison page of several models or revisions (``MODEL [MODEL ...]``, ``--revision A,B``)."""
-    from sinkscope.engines.options import engine_options
-    from sinkscope.plan import plan
+    from sinkscope.executors.options import engine_options
+    from sinkscope.run.plan import plan
 
     engine = engine_options(values)
     models = values.get("model")
     given = list(models) if isinstance(models, list) else models  # a list (MODEL [MODEL ...]), one, or None
     plans = plan(name, {k: v for k, v in values.items() if k != "model"}, models=given,
                  revisions=values.get("revision"), group_by=values.get("group_by"))
-    from sinkscope.executors import execute, written_path
+    from sinkscope.run.dispatch import execute, written_path
 
     outcome = execute(plans, engine=engine)
     if outcome is not None:  # None on data-parallel processes other than 0
@@ -338,9 +338,9 @@ def explore(
         sinkscope explore EleutherAI/pythia-1b --text-file essay.txt --explore-heads all --out runs/essay
     """
     values = {**{k: v for k, v in locals().items() if k not in ("model", "open_page", "shared")}, **shared}
-    from sinkscope.engines.options import engine_options
-    from sinkscope.executors import execute, written_path
-    from sinkscope.plan import plan
+    from sinkscope.executors.options import engine_options
+    from sinkscope.run.dispatch import execute, written_path
+    from sinkscope.run.plan import plan
 
     engine = engine_options(values)
     plans = plan("explore", values, models=model, revisions=values.get("revision"))

@@ -1,9 +1,9 @@
 """The measuring commands: each module declares one command (its options, probes and checks).
 
-A command is a :class:`~sinkscope.options.Command` registered with :func:`register_command`;
+A command is a :class:`~sinkscope.commands.spec.Command` registered with :func:`register_command`;
 every module of this package is imported on first use, so a new command is one module here
-plus its declaration in the command line (``cli.py``). The plan (``plan.py``) checks it, the
-pipeline (``pipeline.py``) does the rest.
+plus its declaration in the command line (``cli.py``). The plan (``run/plan.py``) checks it, the
+pipeline (``run/pipeline.py``) does the rest.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 
 from sinkscope.errors import SinkscopeError, suggest
-from sinkscope.options import Command
+from sinkscope.commands.spec import Command
 
 COMMANDS: dict[str, Command] = {}
 _discovered = False

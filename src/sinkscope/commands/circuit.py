@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.options import seq_lens, Command, RunOptions
+from sinkscope.commands.spec import seq_lens, Command, RunOptions
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
@@ -83,7 +83,7 @@ class CircuitOptions(RunOptions):
 
 
 def _check(options: CircuitOptions) -> None:
-    from sinkscope.options import check_heads, check_repeats
+    from sinkscope.errors import check_heads, check_repeats
 
     if options.later_position < 1:
         raise SinkscopeError(f"{option('later_position')} must be at least 1 (got {options.later_position}).")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.options import Command, RunOptions
+from sinkscope.commands.spec import Command, RunOptions
 
 #: the probes ``explore`` runs (the heads grid's colourings), in table order.
 EXPLORE_PROBES: tuple[str, ...] = ("p0_mass", "phantom_mass", "value_norm_ratio")

@@ -1,7 +1,7 @@
 """``sinkscope heads``: implicit gates, head importance, load imbalance and dormant heads (seed 004).
 
 Probes: ``head_importance`` (SPEC.md "Implicit gate and head importance"; formulas shared with
-the trainer in ``sinkscope.gates``) and, with ``--ablate-dormant``, ``head_ablation``.
+the trainer in ``sinkscope.stats.gates``) and, with ``--ablate-dormant``, ``head_ablation``.
 
 How the dormant heads are chosen before they are ablated: the run has two stages over the same
 windows (the pipeline's ``followup``). Stage one measures the importance of every head on *all*
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.options import Command, RunOptions
+from sinkscope.commands.spec import Command, RunOptions
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
-    from sinkscope.sources import Source
+    from sinkscope.models.resolve import Source
 
 #: ``--sink-set`` values; ``auto`` is the model's own (its phantom if it has one, else key 0).
 SINK_SET_CHOICES = ("auto", "first", "phantom", "first+phantom", "data")  # = ("auto",) + gates.SINK_SETS
@@ -74,7 +74,7 @@ def _check(options: HeadsOptions) -> None:
 def _check_source(options: HeadsOptions, source: Source) -> None:
     """A phantom sink set on a model whose config shows no phantom fails before the weights load."""
     from sinkscope.probes.head_importance import check_sink_set
-    from sinkscope.sources import has_phantom_key
+    from sinkscope.models.config import has_phantom_key
 
     has_phantom = has_phantom_key(source)
     if has_phantom is not None:

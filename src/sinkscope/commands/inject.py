@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.junk_batches import batch_problem
-from sinkscope.options import Command, RunOptions, split_values
+from sinkscope.data.junk import batch_problem
+from sinkscope.commands.spec import Command, RunOptions, split_values
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
-    from sinkscope.sources import Source
+    from sinkscope.models.resolve import Source
 
 # the probe module imports torch: these are repeated here for the no-torch checks (tests keep them equal)
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
@@ -137,7 +137,7 @@ def _own_direction_error(what: str) -> SinkscopeError:
 
 
 def _variant(source: Source) -> str | None:
-    from sinkscope.sources import config_file_dict
+    from sinkscope.models.config import config_file_dict
 
     if source.kind != "checkpoint":
         return None
@@ -159,7 +159,7 @@ def _probes(options: InjectOptions, spec: ModelSpec) -> list[tuple[str, dict]]:
     params = {"junk": options.junk, "cutoffs": options.cutoffs, "doses": options.doses, "seed": options.seed,
               "eval_batch": options.eval_batch, "draws": options.draws, "junk_source": options.junk_source}
     if "own-direction" in options.junk:
-        from sinkscope.sources import resolve_source
+        from sinkscope.models.resolve import resolve_source
 
         source = resolve_source(options.model, options.revision) if options.model else None
         if source is None or source.kind != "checkpoint":

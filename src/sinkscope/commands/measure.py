@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.options import Command, RunOptions
+from sinkscope.commands.spec import Command, RunOptions
 
 
 @dataclass

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.options import Command, RunOptions
+from sinkscope.commands.spec import Command, RunOptions
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
-    from sinkscope.sources import Source
+    from sinkscope.models.resolve import Source
 
 #: what a value-gated model runs, in table order.
 VALUE_GATE_PROBES: tuple[str, ...] = ("gate_selectivity", "token_share", "read_gate", "value_norm_ratio",
@@ -67,7 +67,7 @@ class SelectivityOptions(RunOptions):
 def gate_kind(source: Source) -> str | None:
     """``"value"``, ``"output"`` or ``"none"`` from the model's config file; None when there is none to read yet."""
     from sinkscope.capture.discover import QUIRKS
-    from sinkscope.sources import config_file_dict
+    from sinkscope.models.config import config_file_dict
 
     config = config_file_dict(source)
     if config is None:
@@ -82,7 +82,7 @@ def gate_kind(source: Source) -> str | None:
 
 
 def _describe(source: Source) -> str:
-    from sinkscope.sources import config_file_dict
+    from sinkscope.models.config import config_file_dict
 
     config = config_file_dict(source) or {}
     what = f"variant {config.get('variant', 'baseline')}" if source.kind == "checkpoint" else \

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.options import Command, RunOptions, check_layer_start
+from sinkscope.commands.spec import Command, RunOptions, check_layer_start
 
 if TYPE_CHECKING:
     from sinkscope.capture.families import ModelSpec
-    from sinkscope.sources import Source
+    from sinkscope.models.resolve import Source
 
 #: the probes `sinks` runs, in table order.
 SINKS_PROBES: tuple[str, ...] = ("p0_mass", "sink_rate", "phantom_mass", "value_norm_ratio", "massive_activation")
@@ -118,7 +118,7 @@ def _check(options: SinksOptions) -> None:
         raise SinkscopeError(f"{option('massive_min_abs')} and {option('massive_min_ratio')} must be 0 or more.")
     if options.massive_intervention is not None and options.massive_intervention not in MASSIVE_INTERVENTIONS:
         raise SinkscopeError(f"unknown {option('massive_intervention')} {options.massive_intervention!r}; use zero or mean.")
-    from sinkscope.corpus import INPUTS
+    from sinkscope.data.corpus import INPUTS
 
     if options.inputs not in INPUTS:
         raise SinkscopeError(f"unknown {option('inputs')} {options.inputs!r}; use {', '.join(INPUTS)}.")
@@ -133,7 +133,7 @@ def _check(options: SinksOptions) -> None:
 
 
 def _check_source(options: SinksOptions, source: Source) -> None:
-    from sinkscope.sources import layer_count
+    from sinkscope.models.config import layer_count
 
     check_layer_start(options.sink_layer_start, layer_count(source))
 

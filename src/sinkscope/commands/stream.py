@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from sinkscope.commands import register_command
 from sinkscope.errors import SinkscopeError, option, whole_number
-from sinkscope.options import Command, RunOptions, split_values
+from sinkscope.commands.spec import Command, RunOptions, split_values
 
 POLICIES = ("full", "window", "sinks", "h2o")  # cache.POLICIES, without importing torch
 POSITIONS = ("cache", "original")
@@ -197,7 +197,7 @@ def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:
 
 
 def _read_windows(*args, **kwargs):
-    from sinkscope.stream.windows import read_windows
+    from sinkscope.forward.stream.windows import read_windows
 
     return read_windows(*args, **kwargs)
 

@@ -70,7 +70,7 @@ COMMANDS = ("sinks", "heads", "inject", "circuit")
 def read_verified() -> list[dict]:
     """The last matrix's rows (``verified.json``), or the first families when it has not run."""
     from sinkscope.errors import SinkscopeError
-    from sinkscope.fileio import read_json
+    from sinkscope.store.files import read_json
 
     try:  # a damaged file (not JSON, [[[[...]]]], not the matrix's rows) counts as none
         rows = read_json(VERIFIED, "the conformance matrix's verified.json", expect=dict)["rows"]
@@ -257,7 +257,7 @@ def check_hooks(model, ids) -> tuple[bool, str, list[str]]:
     """The hook-point invariants; returns (ok, detail, hook points the model lacks)."""
     import torch
 
-    from sinkscope.capture import capture
+    from sinkscope.capture.attention import capture
     from sinkscope.capture import hooks as hp
     from sinkscope.capture.discover import discover, find_submodule
     from sinkscope.capture.families import get_submodule
@@ -374,7 +374,7 @@ def check_type(model_type: str, commands: bool = True) -> dict:
     import torch
 
     from sinkscope.conformance import tiny
-    from sinkscope.runner import check_capture
+    from sinkscope.forward.runner import check_capture
 
     known_types([model_type])
     kind = tiny.classify(model_type)
@@ -487,7 +487,7 @@ def _is_page(path: Path) -> bool:
 def _is_rows(path: Path) -> bool:
     """Whether ``path`` is a rows file the matrix wrote (``{"rows": [...]}``)."""
     from sinkscope.errors import SinkscopeError
-    from sinkscope.fileio import read_json
+    from sinkscope.store.files import read_json
 
     try:  # not JSON, or nested too deeply: not the matrix's
         record = read_json(path, "the conformance matrix's rows")
@@ -529,7 +529,7 @@ def _check_out(out: Path, overwrite: bool) -> None:
     """Refuse an ``--out`` the matrix may not take: the current folder or one above it, a folder inside the
     installed package (or holding it), a file, a folder that exists (without ``--overwrite``) or holds
     anything sinkscope did not write (``fileio.check_replaceable``)."""
-    from sinkscope.fileio import check_inputs_outside, check_not_cwd, check_replaceable
+    from sinkscope.store.files import check_inputs_outside, check_not_cwd, check_replaceable
 
     check_not_cwd(out, "the matrix needs", "reports/matrix")
     check_inputs_outside(out, {"the installed sinkscope package": Path(__file__).resolve().parent.parent})
@@ -542,7 +542,7 @@ def write_run_folder(page: str, rows: list[dict], out: Path, overwrite: bool) ->
     import shutil
     import tempfile
 
-    from sinkscope.fileio import default_folder_mode, replace_folder, write_inventory
+    from sinkscope.store.files import default_folder_mode, replace_folder, write_inventory
 
     _check_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -561,7 +561,7 @@ def write_run_folder(page: str, rows: list[dict], out: Path, overwrite: bool) ->
 
 def update_checkout(checkout: str | os.PathLike, page: str, rows: list[dict]) -> tuple[Path, Path]:
     """Rewrite a checkout's ``docs/architectures.md`` and ``verified.json`` (atomically), checked again first."""
-    from sinkscope.fileio import atomic_write_text
+    from sinkscope.store.files import atomic_write_text
 
     page_path, rows_path = checkout_targets(checkout)
     atomic_write_text(page_path, page)
@@ -615,8 +615,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from sinkscope.conformance import tiny
     from sinkscope.errors import SinkscopeError
-    from sinkscope.fileio import lock_folder
-    from sinkscope.results import default_run_dir
+    from sinkscope.store.files import lock_folder
+    from sinkscope.store.results import default_run_dir
 
     named = known_types((args.types or "").split(","))
     if args.update_repo is not None and named:

@@ -37,25 +37,7 @@ from transformers import AutoModelForCausalLM
 
 from sinkscope.conformance.kinds import CLASS_REASONS, CLASSES, classify, model_types
 from sinkscope.conformance.overrides import OVERRIDES, tiny_config, tiny_overrides
-from sinkscope.conformance.shrink import (  # noqa: F401 (the target sizes stay importable from here)
-    EXPERTS,
-    FFN,
-    HEAD_DIM,
-    HEADS,
-    HIDDEN,
-    KV_HEADS,
-    LAYERS,
-    LORA_RANK,
-    MAX_LAYERS,
-    MOE_FFN,
-    POSITIONS,
-    ROPE_HEAD_DIM,
-    STATE,
-    TOP_K,
-    VOCAB,
-    WINDOW,
-    _is_int,
-)
+from sinkscope.conformance.shrink import _is_int
 
 __all__ = [
     "CLASSES",

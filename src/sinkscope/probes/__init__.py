@@ -19,8 +19,8 @@ from pathlib import Path
 
 from sinkscope.errors import suggest
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import (PROBES, Accumulator, HeadMeans, MetricInfo, Param, Probe, Row, intervenes, observes,
-                                   register_probe)
+from sinkscope.probes.base import PROBES, Accumulator, HeadMeans, Param, Probe, intervenes, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 _discovered = False
 

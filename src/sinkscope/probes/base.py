@@ -69,8 +69,7 @@ from torch import Tensor
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.families import ModelSpec
 from sinkscope.errors import SinkscopeError, suggest
-from sinkscope.options import check_heads  # noqa: F401 - a Param check probes take from here
-from sinkscope.results import MetricInfo, Row
+from sinkscope.store.results import MetricInfo, Row
 
 __all__ = ["Accumulator", "HeadMeans", "MetricInfo", "Param", "Probe", "Row", "intervenes", "observes",
            "register_probe"]
@@ -500,14 +499,14 @@ class Probe:
 
         A probe whose passes read different points narrows them here (``circuit``'s BOS experiment
         reads attention records only on its r = 1 passes), so that a pass computes no point, and
-        builds no attention record, that none of its probes reads (runner.py).
+        builds no attention record, that none of its probes reads (forward/runner.py).
         """
         return self.observers
 
     def pass_inputs(self, ids: Tensor) -> Tensor | None:
         """The token ids (B, T') for the current pass (``self.pass_label``), or None for the windows'.
 
-        Only passes other than the clean one (None) may rewrite their inputs (runner.py).
+        Only passes other than the clean one (None) may rewrite their inputs (forward/runner.py).
         """
         return None
 

@@ -32,8 +32,9 @@ from torch import Tensor
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import check_repeats
-from sinkscope.probes.base import HeadMeans, LazyTensors, MetricInfo, Param, Row, observes, register_probe
+from sinkscope.errors import check_repeats
+from sinkscope.probes.base import HeadMeans, LazyTensors, Param, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.sink_rate import key_importance
 
 

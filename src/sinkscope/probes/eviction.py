@@ -33,7 +33,8 @@ import torch
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 _SOURCE = "seed 002 (eviction in sliding windows); sinkscope.probes.eviction"
 #: the most float32 weights one query block of the fused path holds (bytes).

@@ -1,8 +1,8 @@
 """The explorer's patterns: a few heads' attention on a few windows, sparse (SPEC.md "The explorer").
 
 Not a metric: the pipeline runs this probe alone, in an extra forward pass over the first
-``--explore-windows`` windows, after the measurement (``explore_pass.py``), and writes what it
-keeps to ``explorer.npz`` (``explorer_data.py``) for the report's interactive view.
+``--explore-windows`` windows, after the measurement (``forward/explore.py``), and writes what it
+keeps to ``explorer.npz`` (``store/explorer_format.py``) for the report's interactive view.
 
 Per layer it reads the attention record and keeps, for each head of ``heads`` and each window,
 
@@ -34,7 +34,7 @@ import torch
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.explorer_data import SCALE, THRESHOLD, ExplorerData, block_size, label_array, parse_heads
+from sinkscope.store.explorer_format import SCALE, THRESHOLD, ExplorerData, block_size, label_array, parse_heads
 from sinkscope.probes.base import Param, Probe, observes, register_probe
 
 #: query blocks hold at most this many bytes of float32 logits (all heads of the batch).
@@ -104,7 +104,7 @@ class Explorer(Probe):
         self.window_bytes = dict(snapshot["window_bytes"])
 
     def merge(self, other: "Probe") -> None:
-        raise NotImplementedError("the explorer runs in one process (explore_pass.py); its patterns are not merged")
+        raise NotImplementedError("the explorer runs in one process (forward/explore.py); its patterns are not merged")
 
     def rows(self) -> list:
         return []

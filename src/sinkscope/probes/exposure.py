@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import QUIET_CUTOFFS, AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 _SOURCE = "SPEC.md 'Quiet mass (exposure)'; seed 000 Tables 3 and 11"
 _EVERY_QUERY = ("averaged over every query i >= 0 (row 0 included, as seed 000's tables; p0_mass and phantom_mass "

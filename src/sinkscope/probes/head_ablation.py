@@ -28,7 +28,9 @@ from torch import Tensor
 
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import MetricInfo, Param, Row, check_heads, intervenes, register_probe
+from sinkscope.errors import check_heads
+from sinkscope.probes.base import Param, intervenes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.loss_change import CLEAN_PARAMS, LossChange
 
 #: the label of the pass with the heads zeroed (None is the clean pass).

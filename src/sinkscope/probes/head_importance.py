@@ -1,5 +1,5 @@
 """Implicit gates, head importance, load imbalance and dormant heads (SPEC.md "Implicit gate and
-head importance"; seed 004 §3.1, §4.1, §6.2). The formulas live in ``sinkscope.gates``, shared
+head importance"; seed 004 §3.1, §4.1, §6.2). The formulas live in ``sinkscope.stats.gates``, shared
 with the trainer's load-balancing loss::
 
     G_i       = 1 - A_sink,i = sigmoid(LSE_rest,i - LSE_sink,i)      (the head's output gate, if it has one)
@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import torch
 
-from sinkscope import gates
+from sinkscope.stats import gates
 from sinkscope.capture import hooks
 from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, Param, Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CleanLossSum
 
 #: seed 004 leaves the dormancy threshold open; 0.1 (a head passing under a tenth of its input).
@@ -104,7 +105,7 @@ def _threshold(value: float) -> str | None:
         "load_imbalance": MetricInfo(
             "Head load imbalance", "CV",
             "CV_l = std_h Imp^{l,h} / mean_h Imp^{l,h} (population std over the layer's heads); model row: the "
-            "mean over layers (the trainer logs the same number, sinkscope.gates)",
+            "mean over layers (the trainer logs the same number, sinkscope.stats.gates)",
             "SPEC.md 'Implicit gate and head importance'; seed 004 §4.1 (Fig. 5)",
             "higher = importance concentrated on fewer heads (head collapse); 0 = balanced", per="layer"),
         "dormant": MetricInfo(

@@ -77,9 +77,10 @@ from torch import Tensor
 from sinkscope.capture import hooks
 from sinkscope.capture.record import QUIET_CUTOFFS, read_norm_quantiles
 from sinkscope.errors import SinkscopeError
-from sinkscope.junk_batches import batch_problem
-from sinkscope.paired import mean_se
-from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, observes, register_probe
+from sinkscope.data.junk import batch_problem
+from sinkscope.stats.paired import mean_se
+from sinkscope.probes.base import Param, Probe, intervenes, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 #: every junk type, in table order.
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
-from sinkscope.probes.base import MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.probes.base import Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.stats import median
 
 #: the accumulator names and dtypes on the CPU (the ``state_dict`` format, also of older runs).

@@ -41,7 +41,8 @@ from torch import Tensor
 
 from sinkscope.capture import hooks
 from sinkscope.errors import SinkscopeError
-from sinkscope.probes.base import MetricInfo, Param, Probe, Row, intervenes, non_negative, observes, register_probe
+from sinkscope.probes.base import Param, Probe, intervenes, non_negative, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CLEAN_PARAMS, CleanLossSum, LossChange
 from sinkscope.probes.stats import median
 

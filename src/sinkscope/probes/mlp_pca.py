@@ -34,9 +34,9 @@ import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
-from sinkscope.errors import SinkscopeError, option
-from sinkscope.probes.base import Accumulator, LazyTensors, MetricInfo, Param, Row, check_heads, grow, intervenes, \
-    observes, register_probe
+from sinkscope.errors import SinkscopeError, check_heads, option
+from sinkscope.probes.base import Accumulator, LazyTensors, Param, grow, intervenes, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 SUBTRACTED = "subtracted"
 #: leading components searched by pca_separation_best.

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 SOURCE = "SPEC.md 'Output-gate statistics'; seed 001"
 #: a gate value below this counts as closed (seed 001's sparsity).

@@ -32,7 +32,8 @@ import torch
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, Param, Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 
 def _share_threshold(value: float) -> str | None:

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from sinkscope.capture import hooks
-from sinkscope.probes.base import LazyTensors, MetricInfo, Param, Row, grow, observes, register_probe
+from sinkscope.probes.base import LazyTensors, Param, grow, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.stats import median
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 
 @register_probe(

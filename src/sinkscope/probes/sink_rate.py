@@ -30,7 +30,8 @@ import torch
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import HeadMeans, MetricInfo, Param, Probe, Row, observes, register_probe
+from sinkscope.probes.base import HeadMeans, Param, Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 
 def key_importance(record: AttentionRecord, k: int = 0, first_query: int | None = None) -> torch.Tensor:

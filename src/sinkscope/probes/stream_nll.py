@@ -24,9 +24,10 @@ import torch
 from torch import Tensor
 
 from sinkscope.errors import SinkscopeError, whole_number
-from sinkscope.probes.base import MetricInfo, Param, Probe, Row, register_probe
-from sinkscope.cache import POLICIES, POSITIONS, Policy, parse_protect
-from sinkscope.kv_quant import BITS, SCHEMES, transformers_serves
+from sinkscope.probes.base import Param, Probe, register_probe
+from sinkscope.store.results import MetricInfo, Row
+from sinkscope.kvcache.policies import POLICIES, POSITIONS, Policy, parse_protect
+from sinkscope.kvcache.quant import BITS, SCHEMES, transformers_serves
 
 SOURCE = "SPEC.md Streaming; Xiao et al. 2023 (StreamingLLM) Fig. 3; Zhang et al. 2023 (H2O)"
 

@@ -58,8 +58,8 @@ from torch import Tensor
 
 from sinkscope.capture import hooks
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.probes.base import Accumulator, MetricInfo, Param, Probe, Row, _accumulate_dtype, observes, \
-    register_probe
+from sinkscope.probes.base import Accumulator, Param, Probe, _accumulate_dtype, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 
 SOURCE = "SPEC.md 'Token-identity variance share'; seed 000 appendix 'Token identity and content'"
 #: the gate is accumulated as g - SHIFT: values in (-1/2, 1/2) keep the sums of squares well conditioned.

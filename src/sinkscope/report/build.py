@@ -43,8 +43,8 @@ from pathlib import Path
 
 from sinkscope.version import __version__
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import atomic_write_text, lock_folder, write_inventory
-from sinkscope.paths import user_path
+from sinkscope.store.files import atomic_write_text, lock_folder, write_inventory
+from sinkscope.runtime.paths import user_path
 from sinkscope.report import circuit, explorer, generic, inject, lengths, steps, stream, tokens
 from sinkscope.report.folder import (_beside, _check_report_folder, _fresh_folder, _install_report, _name,
                                      _remove_stale_temporaries, _same_folder, report_folder_legacy)

@@ -1,6 +1,6 @@
 """The report's interactive explorer: heads overview, a head's pattern, the text view (docs/explorer.md).
 
-Reads what a run folder holds (``explorer.npz``, ``explorer_data.py``; the table for the heads
+Reads what a run folder holds (``explorer.npz``, ``store/explorer_format.py``; the table for the heads
 grid's metrics) and writes one self-contained HTML fragment: the data as JSON in a
 ``<script type="application/json">``, the stylesheet and ``static/explorer.js`` (vanilla
 JavaScript and canvas, nothing fetched). The page API (``window.sinkscopeExplorer``) is the
@@ -19,7 +19,7 @@ from importlib import resources
 
 import pandas as pd
 
-from sinkscope.explorer_data import ExplorerData
+from sinkscope.store.explorer_format import ExplorerData
 
 #: what each ``chosen`` value means, for the page's note.
 CHOSEN = {"top": "of highest position-0 mass", "sample": "drawn at random (--seed)",
@@ -62,7 +62,7 @@ def head_metrics(table: pd.DataFrame, manifest: dict, data: ExplorerData) -> lis
 
 
 def payload(label: str, table: pd.DataFrame, manifest: dict, data: ExplorerData) -> dict:
-    """The JSON the page's script reads (static/explorer.js; the block layout in ``explorer_data.py``)."""
+    """The JSON the page's script reads (static/explorer.js; the block layout in ``store/explorer_format.py``)."""
     notes = [f"Weights below {data.threshold:g} are not stored (they read as 0); the others are held as multiples "
              f"of 1/65,535 (error at most {data.scale / 2:.1e}): every weight shown is within {data.threshold:g} of "
              "the model's.",

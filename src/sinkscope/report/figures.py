@@ -46,7 +46,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import atomic_write_bytes
+from sinkscope.store.files import atomic_write_bytes
 
 __all__ = [
     "MetricLabels",
@@ -600,7 +600,7 @@ def save_figure(fig: Figure, stem: Path) -> list[Path]:
     """Write a figure as ``<stem>.png`` (150 dpi) and ``<stem>.svg``, atomically.
 
     Each file is rendered in memory and written with
-    :func:`sinkscope.fileio.atomic_write_bytes` (temporary file in the
+    :func:`sinkscope.store.files.atomic_write_bytes` (temporary file in the
     destination directory, then :func:`os.replace`), so readers never see a
     half-written figure. The SVG carries no date and uses a fixed hash
     salt, so re-rendering the same figure gives byte-identical output (for a

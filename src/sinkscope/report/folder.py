@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.fileio import check_replaceable, describe_entries, foreign_entries, is_temporary_name, read_inventory
+from sinkscope.store.files import check_replaceable, describe_entries, foreign_entries, is_temporary_name, read_inventory
 
 #: writers whose folders may hold a report (a run's own, a comparison of several models, a report).
 REPORT_WRITERS = ("report", "comparison", "run")
@@ -53,7 +53,7 @@ def report_folder_legacy(folder: Path):
     and ``*.svg``, and the fixed names of the run folders in it (``<run>/results.csv``, ...).
     None for any other folder (a user's ``report.html`` is not recognised).
     """
-    from sinkscope.results import is_legacy_run_file, is_run_folder
+    from sinkscope.store.results import is_legacy_run_file, is_run_folder
 
     folder = Path(folder)
     try:
@@ -81,7 +81,7 @@ def _check_report_folder(out: Path, overwrite: bool, own_run: bool) -> tuple[str
     write; any other folder follows ``fileio.check_replaceable`` (with ``overwrite`` for one that
     already holds sinkscope's files), and must be a report's, a comparison's or a run's.
     """
-    from sinkscope.results import run_folder_legacy
+    from sinkscope.store.results import run_folder_legacy
 
     inventory = read_inventory(out) if out.is_dir() else None
     trees = inventory["trees"] if inventory else []
@@ -101,7 +101,7 @@ def _check_report_folder(out: Path, overwrite: bool, own_run: bool) -> tuple[str
                       hint="pass --overwrite to replace its report")
     if inventory is not None:
         return inventory["writer"], trees
-    from sinkscope.results import is_run_folder  # a comparison of several models written before inventories
+    from sinkscope.store.results import is_run_folder  # a comparison of several models written before inventories
 
     held = [child for child in out.iterdir() if child.is_dir() and not child.is_symlink()] if out.is_dir() else []
     return ("comparison" if any(is_run_folder(child) for child in held) else "report"), trees

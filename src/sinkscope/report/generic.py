@@ -24,7 +24,7 @@ from sinkscope.report import figures
 from sinkscope.report.page import COLLAPSE_ROWS, Page, _embed_png, fmt, fmt_se
 from sinkscope.report.runs import (RunData, _has_heads, _has_layers, _has_phantom, _model_value, _probe_options,
                                    _seq_len, uniform_p0)
-from sinkscope.results import NOT_CONDITIONS
+from sinkscope.store.results import NOT_CONDITIONS
 
 #: metrics that only mean something for a model with a learned phantom key (gpt-oss sinks, sinklogit).
 PHANTOM_METRICS = ("phantom_mass", "sink_logit", "exposure_phantom_mass")

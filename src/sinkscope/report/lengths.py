@@ -15,7 +15,7 @@ import pandas as pd
 from sinkscope.report import curves, figures
 from sinkscope.report.page import COLLAPSE_ROWS, _keeper, _metric_docs, fmt
 from sinkscope.report.runs import RunData, _has_layers, _has_phantom, run_lengths, uniform_p0
-from sinkscope.results import MetricInfo
+from sinkscope.store.results import MetricInfo
 
 #: metrics drawn against length (per layer) when a run has them.
 LENGTH_METRICS = ("p0_mass", "phantom_mass", "implicit_gate", "leak_gap", "leak_phantom_gap")

@@ -31,7 +31,7 @@ import pandas as pd
 
 from sinkscope.report import figures
 from sinkscope.report.runs import RunData
-from sinkscope.results import MetricInfo
+from sinkscope.store.results import MetricInfo
 
 #: Per-layer tables longer than this start collapsed.
 COLLAPSE_ROWS = 16

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from sinkscope.explorer_data import FILE as EXPLORER_FILE
-from sinkscope.explorer_data import ExplorerData
+from sinkscope.store.explorer_format import FILE as EXPLORER_FILE
+from sinkscope.store.explorer_format import ExplorerData
 from sinkscope.version import __version__
 from sinkscope.errors import SinkscopeError
-from sinkscope.fileio import read_json
-from sinkscope.results import NOT_CONDITIONS, RUN_FORMAT_VERSION, read_results
+from sinkscope.store.files import read_json
+from sinkscope.store.results import NOT_CONDITIONS, RUN_FORMAT_VERSION, read_results
 
 
 @dataclass
@@ -31,7 +31,7 @@ class TrainingLog:
 
 
 def is_training_folder(path: str | Path) -> bool:
-    from sinkscope.checkpoint_folder import is_checkpoint
+    from sinkscope.models.checkpoint_folder import is_checkpoint
 
     return is_checkpoint(Path(path)) and (Path(path) / "log.csv").is_file()
 

@@ -9,7 +9,7 @@ Two sources of the same curves:
   over layers of per-layer means over heads, SPEC.md "Averages"). A revision whose name gives no
   step puts the series on the revisions' order instead (x = 0, 1, 2, ... labelled by name);
 - a trainer checkpoint's **monitor** (``sinkscope train --monitor-every N``): ``monitor.csv``
-  holds the same rows at every N-th step on fixed windows (``monitor.py``); the formation curves
+  holds the same rows at every N-th step on fixed windows (``train/monitor.py``); the formation curves
   of p0 mass, phantom mass and value-norm ratio are drawn per layer for one checkpoint, and the
   model values of several checkpoints (a sweep's variants) overlaid, one line per checkpoint.
 
@@ -32,9 +32,9 @@ from sinkscope.report import curves as plots
 from sinkscope.report import figures
 from sinkscope.report.page import COLLAPSE_ROWS, _keeper, _metric_docs, fmt
 from sinkscope.report.runs import TrainingLog, _seq_len, uniform_p0
-from sinkscope.results import NOT_CONDITIONS, MetricInfo
+from sinkscope.store.results import NOT_CONDITIONS, MetricInfo
 
-#: the monitor's table and manifest in a checkpoint folder (``monitor.py``'s TABLE and MANIFEST).
+#: the monitor's table and manifest in a checkpoint folder (``train/monitor.py``'s TABLE and MANIFEST).
 MONITOR_TABLE, MONITOR_MANIFEST = "monitor.csv", "monitor.json"
 #: the monitor's metrics, in the order the report draws them.
 FORMATION_METRICS = ("p0_mass", "phantom_mass", "value_norm_ratio")
@@ -162,7 +162,7 @@ def series_section(runs: list, metrics: list[str], fig_dir: Path, keep,
 def read_monitor(folder: str | Path) -> tuple[pd.DataFrame, int | None] | None:
     """A checkpoint's ``monitor.csv`` and its windows' length (``monitor.json``), or None without one."""
     from sinkscope.errors import SinkscopeError
-    from sinkscope.fileio import read_json
+    from sinkscope.store.files import read_json
 
     folder = Path(folder)
     if not (folder / MONITOR_TABLE).is_file():

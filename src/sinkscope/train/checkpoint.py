@@ -42,123 +42,16 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from sinkscope.checkpoint_folder import (  # noqa: F401 - the folder's layout, torch-free; re-exported here
-    TRAINER_FORMAT, CARRIED_FILES, WRITER, LEGACY_FILES, is_checkpoint, is_legacy_checkpoint_file,
-    checkpoint_legacy, foreign_files, _leftovers, _own_inventory, is_complete_checkpoint, interrupted_save,
-    _step_of, interrupted_save_message, restore_interrupted_save, _alive, _remove_recorded, clean_leftovers)
+from sinkscope.models.checkpoint_folder import (CARRIED_FILES, TRAINER_FORMAT, WRITER, _is, _kind, clean_leftovers,
+                                                foreign_files, model_config, read_config)
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.fileio import replace_folder, write_inventory
+from sinkscope.store.files import replace_folder, write_inventory
 
 if TYPE_CHECKING:  # torch is imported by the functions that need it: is_checkpoint stays light
     import torch
     from torch import nn
 
-#: the model settings a checkpoint's config.json must hold (positive integers); the other GPTConfig
-#: fields have defaults that older checkpoints rely on.
-_SHAPE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
-_DATA_TEXT = ("fingerprint", "stream_sha256", "corpus_sha256", "corpus", "tokenizer_fingerprint")
 _TIED_KEY = "sinkscope_tied"
-
-
-#: config.json's own fields besides ``model``: (allowed JSON types, may be null).
-_META_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {
-    "step": ((int,), False), "variant": ((str,), False), "tier": ((str,), True), "task": ((str,), True),
-    "seed": ((int,), True), "tokens_seen": ((int,), True), "val_loss": ((int, float), True),
-    "val_loss_all": ((int, float), True), "val_loss_step": ((int,), True), "load_imbalance": ((int, float), True),
-    "train_options": ((dict,), False), "data": ((dict,), False), "rescheduled": ((list,), False),
-}
-
-#: the recorded training options a reader uses (``train --resume``, the checkpoint's validation windows).
-_OPTION_TYPES: dict[str, tuple[type, ...]] = {
-    **{name: (str,) for name in ("variant", "task", "tier", "text_file", "dataset", "tokenizer", "windows")},
-    **{name: (int,) for name in ("seed", "steps", "batch_size", "grad_accum", "warmup_steps", "eval_every",
-                                 "eval_windows", "checkpoint_every", "log_every", "val_tokens", "force_sink_k")},
-    **{name: (int, float) for name in ("lr", "min_lr", "weight_decay", "grad_clip", "lb_lambda")},
-    "tnlm": (bool,), "task_options": (list,), "overrides": (list,),
-}
-
-
-def _kind(value) -> str:
-    """``a list``, ``the string 'one'``, ... for a message about a value of the wrong type."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"the boolean {json.dumps(value)}"
-    if isinstance(value, str):
-        return f"the string {value[:40]!r}"
-    if isinstance(value, (int, float)):
-        return f"the number {value!r}"
-    return {dict: "a mapping", list: "a list"}.get(type(value), type(value).__name__)
-
-
-def _is(value, types: tuple[type, ...]) -> bool:
-    """isinstance without bool passing for int (JSON's true is not a step number)."""
-    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-
-
-def check_config(meta, folder: str | os.PathLike) -> dict:
-    """``meta`` (a checkpoint's config.json) if every field a reader uses has its type; else one sentence.
-
-    The model's shape fields must be positive integers, its settings a valid ``GPTConfig``
-    (:func:`model_config`), and the other fields of config.json, its recorded ``train_options`` and
-    ``data`` of the types the trainer writes, so that every reader (loading, probe runs,
-    ``--resume``, a sweep) fails here in one sentence rather than later.
-    """
-    def damaged(what: str) -> SinkscopeError:
-        return SinkscopeError(f"the checkpoint's config.json in {folder} is damaged ({what}); restore it from a "
-                              "copy, or train the model again.")
-
-    if not isinstance(meta, dict) or "sinkscope_trainer" not in meta:
-        raise SinkscopeError(f"{folder} is not a sinkscope trainer checkpoint (config.json lacks sinkscope_trainer).")
-    version = meta["sinkscope_trainer"]
-    if not _is(version, (int,)) or version < 1:
-        raise damaged(f"sinkscope_trainer is {_kind(version)}, not a format number")
-    if version > TRAINER_FORMAT:
-        raise SinkscopeError(
-            f"the checkpoint in {folder} has trainer format {version}, newer than this "
-            f"sinkscope reads ({TRAINER_FORMAT}); upgrade sinkscope."
-        )
-    model = meta.get("model")
-    if not isinstance(model, dict):
-        raise damaged("it has no model settings" if model is None else f"model is {_kind(model)}, not a mapping")
-    for name in _SHAPE_FIELDS:
-        if name not in model:
-            raise damaged(f"the model settings lack {name}")
-        if not _is(model[name], (int,)) or model[name] < 1:
-            raise damaged(f"the model's {name} is {_kind(model[name])}, not a positive integer")
-    if "variant" in model and not isinstance(model["variant"], str):
-        raise damaged(f"the model's variant is {_kind(model['variant'])}, not a name")
-    for name, (types, nullable) in _META_TYPES.items():
-        if name in meta and not (_is(meta[name], types) or (nullable and meta[name] is None)):
-            raise damaged(f"{name} is {_kind(meta[name])}")
-    if "step" not in meta:
-        raise damaged("it has no step")
-    if meta["step"] < 0:
-        raise damaged(f"step is {meta['step']}")
-    for name, value in meta.get("train_options", {}).items():
-        types = _OPTION_TYPES.get(name)
-        if types is not None and value is not None and not _is(value, types):
-            raise damaged(f"the recorded option {name} is {_kind(value)}")
-        if types == (list,) and value is not None and not all(isinstance(item, str) for item in value):
-            raise damaged(f"the recorded option {name} holds something other than strings")
-    for name in _DATA_TEXT:
-        value = meta.get("data", {}).get(name)
-        if value is not None and not isinstance(value, str):
-            raise damaged(f"the data's {name} is {_kind(value)}")
-    model_config(meta, folder)  # every model field of its type, and a model GPTConfig accepts
-    return meta
-
-
-def read_config(folder: str | os.PathLike) -> dict:
-    """A checkpoint's config.json, checked (:func:`check_config`), or a one-sentence error."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise SinkscopeError(f"there is no trainer checkpoint in {folder} (no config.json).")
-    from sinkscope.fileio import read_json_once
-
-    meta = read_json_once(path, "the checkpoint's config.json",  # check_config says what a non-object is
-                          hint="it is damaged: restore it from a copy, or train the model again")
-    return check_config(meta, folder)
 
 
 def _dedup_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -238,7 +131,7 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
     import torch
     from safetensors.torch import save_file
 
-    from sinkscope.results import versions
+    from sinkscope.store.results import versions
 
     folder = Path(folder)
     carry_from = folder if carry_from is None else Path(carry_from)
@@ -283,7 +176,7 @@ def save_checkpoint(folder: str | os.PathLike, model: nn.Module, optimizer: torc
             raise CheckpointWriteError(folder, step, reason) from error
         foreign = foreign_files(folder)
         if foreign:  # a user's file appeared in the folder while the model trained: never deleted
-            from sinkscope.fileio import describe_entries
+            from sinkscope.store.files import describe_entries
 
             raise SinkscopeError(f"could not write the checkpoint of step {step}: {folder} now holds files that are "
                                  f"not part of the checkpoint ({describe_entries(foreign)}), and replacing the folder "
@@ -340,7 +233,7 @@ def load_checkpoint(folder: str | os.PathLike, *, for_training: bool = False, ma
             tied = (handle.metadata() or {}).get(_TIED_KEY, "{}")
     except Exception as error:  # noqa: BLE001 - safetensors raises its own error types
         raise SinkscopeError(f"the checkpoint's model.safetensors in {folder} is damaged or incomplete ({error}).") from error
-    from sinkscope.fileio import parse_json
+    from sinkscope.store.files import parse_json
 
     aliases = parse_json(tied, f"the tied-weights record of the checkpoint's model.safetensors in {folder}",
                          expect=dict, hint="it is damaged: restore it from a copy, or train the model again")
@@ -420,7 +313,8 @@ def check_weights_fit_config(folder: str | os.PathLike, config) -> int:
     """
     import torch
 
-    from sinkscope.model_size import _human, available_memory
+    from sinkscope.models.size import _human
+    from sinkscope.runtime.memory import available_memory
     from sinkscope.train.model import GPT
 
     folder = Path(folder)
@@ -450,32 +344,6 @@ def check_weights_fit_config(folder: str | os.PathLike, config) -> int:
         raise SinkscopeError(f"the checkpoint in {folder} needs {_human(need)} to load, against {_human(memory)} of "
                              "memory available.")
     return need
-
-
-def model_config(meta: dict, folder: str | os.PathLike):
-    """The ``GPTConfig`` of config.json's ``model`` mapping, or one sentence.
-
-    Every recorded field must be one of GPTConfig's, of its type (a float field takes an integer).
-    Imports the model module (and torch) when first called.
-    """
-    import dataclasses
-
-    from sinkscope.train.model import GPTConfig
-
-    fields = {f.name: f for f in dataclasses.fields(GPTConfig)}
-    settings = meta["model"]
-    for name, value in settings.items():
-        if name not in fields:
-            raise SinkscopeError(f"the model settings in {folder}/config.json are not valid (unknown field {name!r}).")
-        expected = type(fields[name].default)
-        ok = _is(value, (expected,)) or (expected is float and _is(value, (int,)))
-        if not ok:
-            raise SinkscopeError(f"the model settings in {folder}/config.json are not valid ({name} is "
-                                 f"{_kind(value)}, not {'a number' if expected is float else 'an integer' if expected is int else 'a string'}).")
-    try:
-        return GPTConfig(**settings)
-    except (TypeError, ValueError) as error:
-        raise SinkscopeError(f"the model settings in {folder}/config.json are not valid ({error}).") from error
 
 
 def _optimizer_state_problem(state, meta: dict) -> str | None:

@@ -92,7 +92,7 @@ class TrainOptions:
 
     def __post_init__(self):
         from sinkscope.errors import check_field_values
-        from sinkscope.options import expand_paths
+        from sinkscope.store.files import expand_paths
 
         check_field_values(self)  # every number of its type and finite, whoever made the options
         expand_paths(self, out="--out", text_file="--text-file", tokenizer="--tokenizer")
@@ -114,7 +114,7 @@ NOT_RECORDED = ("out", "resume", "overwrite", "progress", "device", "stop_at", "
 def resolve_options(options: TrainOptions) -> TrainOptions:
     """A copy with every ``None`` filled from the tier's defaults, validated."""
     from sinkscope.train.data import DEFAULT_TOKENIZER, WINDOW_POLICIES
-    from sinkscope.train.model import TIERS, VARIANTS
+    from sinkscope.models.trainer_config import TIERS, VARIANTS
     from sinkscope.train.tasks import TASKS, parse_task_options
 
     task = "text" if options.task is None else options.task

@@ -67,10 +67,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sinkscope.corpus import Corpus
+from sinkscope.data.corpus import Corpus
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.fileio import atomic_write_bytes
-from sinkscope.paths import cache_root
+from sinkscope.store.files import atomic_write_bytes
+from sinkscope.runtime.paths import cache_root
 
 #: The end-of-text token of GPT-2, reused by the trained BPE (id 0 there).
 EOS_TOKEN = "<|endoftext|>"
@@ -119,7 +119,7 @@ def load_tokenizer_folder(folder: Path, what: str, *, trust_remote_code: bool = 
     """
     from transformers import AutoTokenizer
 
-    from sinkscope.resolve import check_model_files
+    from sinkscope.models.resolve import check_model_files
 
     check_model_files(folder, "the tokenizer's")  # a damaged JSON file: one sentence naming it, not transformers'
     try:

@@ -61,14 +61,12 @@ from typing import Callable, NamedTuple
 import torch
 
 from sinkscope.errors import SinkscopeError, option, whole_number
-from sinkscope.fileio import (atomic_write_text, check_inputs_outside, check_not_cwd, check_replaceable,
+from sinkscope.store.files import (atomic_write_text, check_inputs_outside, check_not_cwd, check_replaceable,
                               describe_entries, is_temporary_name, lock_folder, write_inventory)
-from sinkscope.train.checkpoint import (WRITER, CheckpointWriteError, checkpoint_legacy, clean_leftovers, foreign_files,
-                                        interrupted_save, is_checkpoint, load_checkpoint, read_config,
-                                        restore_interrupted_save, save_checkpoint)
-# TASK_TIERS, TIER_TRAINING, RESULT_FIELDS and RUN_FIELDS are not used here: callers import them from here too
-from sinkscope.train.config import (NOT_RECORDED, RESULT_FIELDS, RUN_FIELDS, TASK_TIERS, TIER_TRAINING,  # noqa: F401
-                                    TrainOptions, apply_overrides, merge_resume, resolve_options)
+from sinkscope.models.checkpoint_folder import (WRITER, checkpoint_legacy, clean_leftovers, foreign_files, interrupted_save,
+                                                is_checkpoint, read_config, restore_interrupted_save)
+from sinkscope.train.checkpoint import CheckpointWriteError, load_checkpoint, save_checkpoint
+from sinkscope.train.config import NOT_RECORDED, TrainOptions, apply_overrides, merge_resume, resolve_options
 from sinkscope.train.data import load_tokenizer
 
 #: Columns of log.csv (one row every ``log_every`` steps, at every evaluation and checkpoint).
@@ -126,7 +124,7 @@ class _Dist:
 
 def _resolve_device(name: str, local_rank: int) -> torch.device:
     """The device of this process: ``auto``/``cuda`` become ``cuda:LOCAL_RANK`` when GPUs exist."""
-    from sinkscope.devices import resolve_device
+    from sinkscope.models.devices import resolve_device
 
     if name in ("auto", "cuda") and torch.cuda.is_available():
         name = f"cuda:{local_rank}"
@@ -292,7 +290,7 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, chunk: int, 
 
     The losses are means over tokens, so windows of one length weigh equally; the model's own
     loss terms (load balancing) are not part of them. ``importance`` is Imp^{l,h} (seed 004;
-    ``sinkscope.gates``) from the same forward passes, the mean over the chunks weighted by their
+    ``sinkscope.stats.gates``) from the same forward passes, the mean over the chunks weighted by their
     windows (every window adds the same number of queries), so it is the mean over all windows.
     """
     import torch.nn.functional as F
@@ -317,7 +315,7 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, chunk: int, 
 
 def imbalance_columns(importance: torch.Tensor) -> dict[str, str]:
     """log.csv's imbalance cells from Imp (L, H): the mean over layers of CV, and each layer's CV."""
-    from sinkscope.gates import load_imbalance
+    from sinkscope.stats.gates import load_imbalance
 
     cv = load_imbalance(importance)  # (L,)
     cells = {IMBALANCE_COLUMN: _fmt(float(cv.mean()), ".6f")}
@@ -342,7 +340,8 @@ def _warn(message: str) -> None:
 
 
 def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: contextlib.ExitStack) -> Path:
-    from sinkscope.train.model import GPT, TIERS, GPTConfig
+    from sinkscope.models.trainer_config import TIERS, GPTConfig
+    from sinkscope.train.model import GPT
     from sinkscope.train.tasks import make_task
 
     out = Path(options.out).expanduser()
@@ -400,7 +399,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
 
     corpus = None
     if opts.task == "text":
-        from sinkscope.corpus import load_corpus
+        from sinkscope.data.corpus import load_corpus
 
         corpus = load_corpus(opts.text_file, opts.dataset)
     if not options.resume:
@@ -507,7 +506,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
             f"{f' x {env.world_size} processes' if env.enabled else ''} -> {out}")
     monitor = None
     if opts.monitor_every and env.is_main:  # sink formation: the same validation windows at every measured step
-        from sinkscope.monitor import SinkMonitor
+        from sinkscope.train.monitor import SinkMonitor
 
         monitor = SinkMonitor(every=opts.monitor_every, windows=val_x[:MONITOR_WINDOWS].cpu().numpy(), out=log_dir,
                               batch_size=max(1, micro))
@@ -580,7 +579,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
                           "val_loss_all": _fmt(val_loss_all, ".6f"), "lr": "",
                           "tokens_per_s": "", "elapsed_s": _fmt(elapsed(), ".2f"), **imbalance}, columns)
 
-    from sinkscope.progress import progress_bar as tqdm
+    from sinkscope.runtime.progress import progress_bar as tqdm
 
     stop = opts.stop_at or opts.steps
     bar = tqdm(total=opts.steps, initial=start, unit="step", file=sys.stderr, dynamic_ncols=True,

@@ -12,7 +12,7 @@ description recorded in the checkpoint's ``config.json`` (``"data"``).
 
 Probe runs on a checkpoint should measure the checkpoint's own validation data with its window
 policy: :func:`checkpoint_windows` rebuilds the task from ``config.json`` and returns the windows
-as :class:`sinkscope.corpus.Windows` (text: the validation split, never training text;
+as :class:`sinkscope.data.corpus.Windows` (text: the validation split, never training text;
 synthetic: a seeded validation draw of the task).
 """
 
@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from sinkscope.corpus import Windows
+from sinkscope.data.corpus import Windows
 from sinkscope.errors import SinkscopeError, option, suggest
 from sinkscope.train import data as tdata
 
@@ -375,7 +375,7 @@ def checkpoint_windows(checkpoint_dir: str | os.PathLike, *, seq_len: int | None
     window length (text: ``block_size``). Checkpoints from before tasks existed are text with
     ``random`` windows.
     """
-    from sinkscope.train.checkpoint import read_config
+    from sinkscope.models.checkpoint_folder import read_config
 
     meta = read_config(checkpoint_dir)
     options = meta.get("train_options", {})
@@ -383,7 +383,7 @@ def checkpoint_windows(checkpoint_dir: str | os.PathLike, *, seq_len: int | None
     block_size = int(meta["model"]["block_size"])
     task_name = options.get("task") or "text"
     if task_name == "text":
-        from sinkscope.corpus import load_corpus
+        from sinkscope.data.corpus import load_corpus
 
         corpus = load_corpus(options.get("text_file"), options.get("dataset"))
         if data.get("corpus_sha256") and corpus.sha256 != data["corpus_sha256"]:

@@ -19,8 +19,7 @@ from typer.testing import CliRunner
 
 import sinkscope
 from collect import Collect
-from sinkscope.capture import capture
-from sinkscope.capture import hooks as hp
+from sinkscope.capture import hooks as hp, capture
 from sinkscope.capture.families import ModelSpec, get_submodule
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
@@ -325,7 +324,8 @@ def test_without_a_bos_id_only_the_without_setting_runs():
 
 def test_the_trainer_model_runs_through_its_native_hook_points():
     """A trainer model (GELU MLP: mlp.hook_pre; force-sink on) gives the same norms as its layers' outputs."""
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=40, block_size=24, n_layer=2, n_head=2, n_embd=32, force_sink_k=4,
@@ -427,7 +427,7 @@ def test_shares_merge_and_checkpoints_restore_to_the_same_rows():
     one pass over all the windows: the custom accumulators (scatter sample, later position, BOS) included."""
     from sinkscope.commands.circuit import CIRCUIT, CircuitOptions
     from sinkscope.commands import make_probes
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
 
     model = build("llama")
     spec = ModelSpec.from_model(model)
@@ -484,7 +484,7 @@ def test_bos_passes_build_attention_records_only_where_they_are_read(monkeypatch
     bit-identical to a run where every pass builds records, and equal to the model's own forward."""
     from collections import Counter
 
-    from sinkscope import runner as runner_mod
+    from sinkscope.forward import runner as runner_mod
     from sinkscope.capture import attention as attention_mod
     from sinkscope.probes import get_probe
 

@@ -20,15 +20,15 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from conftest import free_port
-from sinkscope import gates
+from sinkscope.stats import gates
 from sinkscope.capture import ModelSpec
 from sinkscope.capture.families import get_submodule
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.cli import app
-from sinkscope.statefile import load_state, read_header
+from sinkscope.store.statefile import load_state, read_header
 from sinkscope.probes import get_probe
-from sinkscope.results import rows_to_frame
-from sinkscope.runner import run_probes
+from sinkscope.store.results import rows_to_frame
+from sinkscope.forward.runner import run_probes
 from tiny_models import PATHS, FAMILY_NAMES, build, random_ids
 from repo_paths import REPO
 
@@ -270,7 +270,8 @@ TRAINER_CASES = [("baseline", "elementwise"), ("sinklogit", "elementwise"), ("of
 def test_trainer_importance_and_loss_are_the_probes(variant, mode):
     """The trainer's Imp (both attention paths) equals the probe's head_importance on the same windows,
     its load-balancing loss is the mean of the probe's per-layer CV squared."""
-    from sinkscope.train.model import GPT, GPTConfig, load_balance_loss
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT, load_balance_loss
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=40, block_size=24, n_layer=2, n_head=4, n_embd=32, variant=variant,
@@ -301,7 +302,8 @@ def test_trainer_importance_and_loss_are_the_probes(variant, mode):
 @pytest.fixture(scope="module")
 def trigger_ckpt(tmp_path_factory):
     """A trigger-task checkpoint (one layer of 2 heads, 6 steps; evaluations at 0, 3 and 6)."""
-    from sinkscope.train.loop import TrainOptions, train
+    from sinkscope.train.loop import train
+    from sinkscope.train.config import TrainOptions
 
     out = tmp_path_factory.mktemp("heads-ckpt") / "trigger"
     train(TrainOptions(out=str(out), task="trigger", task_options=["vocab=16"], steps=6, batch_size=8, warmup_steps=1,
@@ -416,7 +418,7 @@ def test_a_run_killed_in_the_ablation_stage_resumes_there(tiny_llama_dir, text_f
     """Ctrl-C during stage two keeps a checkpoint of both stages; --resume ends with the uninterrupted table."""
     from sinkscope.commands import get_command
     from sinkscope.errors import Interrupted
-    from sinkscope.pipeline import execute
+    from sinkscope.run.pipeline import execute
     from sinkscope.probes.head_ablation import HeadAblation
 
     command = get_command("heads")

@@ -19,19 +19,18 @@ import torch
 from typer.testing import CliRunner
 
 import sinkscope
-from sinkscope.capture import ModelSpec
-from sinkscope.capture import hooks as hp
+from sinkscope.capture import hooks as hp, ModelSpec
 from sinkscope.capture.record import QUIET_CUTOFFS, quiet_reads
 from sinkscope.cli import app
 from sinkscope.commands import inject as inject_command
 from sinkscope.errors import phrase
-from sinkscope.junk_batches import batch_problem
-from sinkscope.probes import get_probe
-from sinkscope.probes import injection as injection_module
-from sinkscope.probes.base import MetricInfo, Probe, Row, observes, register_probe
+from sinkscope.data.junk import batch_problem
+from sinkscope.probes import get_probe, injection as injection_module
+from sinkscope.probes.base import Probe, observes, register_probe
+from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.injection import Injection, condition_label, other_positions
-from sinkscope.results import rows_to_frame
-from sinkscope.runner import run_probes
+from sinkscope.store.results import rows_to_frame
+from sinkscope.forward.runner import run_probes
 from tiny_models import FAMILY_NAMES, build
 from repo_paths import REPO
 
@@ -70,7 +69,8 @@ def ids_for(n: int = 4, T: int = 16, vocab: int = 512, seed: int = 3) -> np.ndar
 
 
 def trainer_model(variant: str, seed: int = 0):
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     torch.manual_seed(seed)
     model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=32, variant=variant)).eval()
@@ -321,7 +321,8 @@ def test_own_direction_is_the_projection_gates_direction(tmp_path, tokenizer):
 @pytest.fixture(scope="module")
 def trained_ckpt(tmp_path_factory):
     """A trigger-task checkpoint trained for 80 steps (two layers of 4 heads)."""
-    from sinkscope.train.loop import TrainOptions, train
+    from sinkscope.train.loop import train
+    from sinkscope.train.config import TrainOptions
 
     out = tmp_path_factory.mktemp("inject-ckpt") / "trigger"
     train(TrainOptions(out=str(out), task="trigger", task_options=["vocab=16"], steps=80, batch_size=16,
@@ -616,7 +617,7 @@ def test_batch_problem_lives_in_a_torch_free_module():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom sinkscope.junk_batches import batch_problem\n"
+    code = ("import sys\nfrom sinkscope.data.junk import batch_problem\n"
             "import sinkscope.commands.inject\n"
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)\n")
     src = str(REPO / "src")

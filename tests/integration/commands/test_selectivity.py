@@ -19,16 +19,16 @@ import torch
 from typer.testing import CliRunner
 
 from conftest import free_port
-from sinkscope.capture import ModelSpec
-from sinkscope.capture import hooks as hp
+from sinkscope.capture import hooks as hp, ModelSpec
 from sinkscope.cli import app
 from sinkscope.commands.selectivity import SELECTIVITY, SelectivityOptions
 from sinkscope.commands import make_probes
 from sinkscope.probes import Probe, intervenes, register_probe
 from sinkscope.probes.token_share import TokenSums
-from sinkscope.results import MetricInfo, Row, rows_to_frame
-from sinkscope.runner import run_probes
-from sinkscope.train.model import SINK_LOGIT_RANGE, GPT, GPTConfig
+from sinkscope.store.results import MetricInfo, Row, rows_to_frame
+from sinkscope.forward.runner import run_probes
+from sinkscope.models.trainer_config import SINK_LOGIT_RANGE, GPTConfig
+from sinkscope.train.model import GPT
 from checkpoints import trainer_checkpoint
 from repo_paths import REPO
 
@@ -519,7 +519,8 @@ def test_two_checkpoints_give_one_comparison_report(tmp_path, text_file, tokeniz
                    "overlay_gate_mean"):
         assert (out / "figures" / f"{figure}.png").is_file(), figure
     # grouping keeps the per-token rows apart (they differ in token_id, not in the run's conditions)
-    from sinkscope.report.build import group_runs, read_run
+    from sinkscope.report.build import read_run
+    from sinkscope.report.runs import group_runs
 
     n_tokens = (pd.read_csv(out / "normgate-s0" / "results.csv").metric == "token_gate").sum()
     grouped = group_runs([read_run(out / "normgate-s0")], "variant")[0]

@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
-from sinkscope.stream import rotary
-from sinkscope.cache import Policy, heavy_and_recent, keep_slots
-from sinkscope.stream.reader import (first_layer_keys, iter_chunks, layout_of, plain_nll, read_masked,
+from sinkscope.forward.stream import rotary
+from sinkscope.kvcache.policies import Policy, heavy_and_recent, keep_slots
+from sinkscope.forward.stream.reader import (first_layer_keys, iter_chunks, layout_of, plain_nll, read_masked,
                                      read_stream)
 from tiny_models import build, random_ids
 from repo_paths import REPO
@@ -89,7 +89,7 @@ def test_the_chunk_is_only_a_speed_setting_for_window_and_sinks(family):
 
 def test_each_query_of_a_chunk_sees_n_cached_keys_and_itself():
     """The mask of a chunk read after the cache filled: every query row shows exactly N + 1 keys."""
-    from sinkscope.stream.reader import _chunk_masks
+    from sinkscope.forward.stream.reader import _chunk_masks
 
     model, ids, layout = _setup("llama")
     for policy in (Policy("window", 6), Policy("sinks", 6, 2)):
@@ -300,7 +300,7 @@ def test_an_interrupted_stream_resumes_to_the_uninterrupted_table(tiny_llama_dir
     args = [str(tiny_llama_dir), "--text-file", str(text_file), *STREAM_ARGS, "--checkpoint-seconds", "0"]
     whole = tmp_path / "whole"
     assert _cli([*args, "--out", str(whole)]).exit_code == 0
-    import sinkscope.stream.windows as windows_mod
+    import sinkscope.forward.stream.windows as windows_mod
 
     calls = {"n": 0}
     real = windows_mod.read_stream

@@ -17,10 +17,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sinkscope.cache import Policy
+from sinkscope.kvcache.policies import Policy
 from sinkscope.cli import app
-from sinkscope.kv_quant import KVQuant, quantize_keys, quantize_values
-from sinkscope.stream.reader import iter_chunks, layout_of, plain_nll, read_stream
+from sinkscope.kvcache.quant import KVQuant, quantize_keys, quantize_values
+from sinkscope.forward.stream.reader import iter_chunks, layout_of, plain_nll, read_stream
 from tiny_models import build, random_ids
 
 L = 40
@@ -189,8 +189,8 @@ def test_top_p0_reads_through_sink_copies_and_h2o():
 
 def test_transformers_backend_serves_only_what_it_computes_as_ours_and_says_why():
     from sinkscope.errors import SinkscopeError
-    from sinkscope.kv_quant import transformers_serves, transformers_why_not
-    from sinkscope.stream import hf_quant
+    from sinkscope.kvcache.quant import transformers_serves, transformers_why_not
+    from sinkscope.forward.stream import hf_quant
 
     served = Policy("full", kv_bits=4, kv_group=8, kv_scheme="per-token")
     assert transformers_serves(served)
@@ -211,7 +211,7 @@ def test_transformers_quantised_cache_agrees_with_ours_where_both_serve(bits):
     """transformers' QuantizedCache (quanto, residual 1: each chunk flushed after its pass) against sinkscope's
     per-token quantiser on the full cache: the same grid, so the same NLL up to float32 re-quantisation."""
     pytest.importorskip("optimum.quanto")
-    from sinkscope.kv_quant import transformers_serves
+    from sinkscope.kvcache.quant import transformers_serves
 
     model, ids, layout = _setup()
     ours = Policy("full", kv_bits=bits, kv_group=8, kv_scheme="per-token")
@@ -247,7 +247,7 @@ def test_p0_mass_through_the_cache_is_the_eager_weight_on_position_0():
     """The position-0 share read through the cache: with every earlier key visible it is the model's own eager
     weight on key 0 averaged over layers, heads and queries 1 .. L - 1; a window counts only the queries that
     still see position 0 (1 .. C, which read as densely); the copies of --positions cache count for it too."""
-    from sinkscope.stream.reader import read_stream_p0
+    from sinkscope.forward.stream.reader import read_stream_p0
 
     model, ids, layout = _setup()
     eager = torch.stack(model(input_ids=ids, output_attentions=True).attentions)[:, 0, :, :, 0]  # (layers, H, L): a_i0
@@ -263,7 +263,7 @@ def test_p0_mass_through_the_cache_is_the_eager_weight_on_position_0():
 
 
 def test_a_kivi_cache_too_small_for_one_group_is_named():
-    from sinkscope.stream.windows import residual_only
+    from sinkscope.forward.stream.windows import residual_only
 
     small = Policy("sinks", 64, 4, "cache", kv_bits=2, kv_group=64)
     conditions = [small, Policy("sinks", 256, 4, "cache", kv_bits=2, kv_group=64),

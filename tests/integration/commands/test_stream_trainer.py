@@ -19,10 +19,11 @@ from typer.testing import CliRunner
 
 from checkpoints import trainer_checkpoint
 from conftest import make_tokenizer
-from sinkscope.cache import Policy, visible
+from sinkscope.kvcache.policies import Policy, visible
 from sinkscope.cli import app
-from sinkscope.stream.reader import read_native
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.forward.stream.reader import read_native
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 
 VARIANTS = ("baseline", "offbyone", "sinklogit", "sinktoken")
 L = 24

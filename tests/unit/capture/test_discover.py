@@ -59,7 +59,7 @@ def test_the_self_check_stops_a_capture_that_changes_the_logits(monkeypatch):
     import numpy as np
 
     from sinkscope.capture import attention
-    from sinkscope.runner import check_capture
+    from sinkscope.forward.runner import check_capture
 
     model = build("llama")
     ids = np.arange(1, 17).reshape(1, 16)

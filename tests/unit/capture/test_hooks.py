@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from collect import Collect
-from sinkscope.capture import capture
-from sinkscope.capture import hooks as hp
+from sinkscope.capture import hooks as hp, capture
 from sinkscope.capture.attention import head_results
 from sinkscope.capture.discover import find_submodule
 from sinkscope.capture.families import ModelSpec, get_submodule
@@ -234,7 +233,8 @@ TRAINER_VARIANTS = ["baseline", "sinklogit", "sinktoken", "normgate", "projgate"
 
 
 def _trainer_model(variant: str, **fields):
-    from sinkscope.train.model import GPT, GPTConfig
+    from sinkscope.models.trainer_config import GPTConfig
+    from sinkscope.train.model import GPT
 
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=64, block_size=32, n_layer=3, n_head=4, n_embd=32, variant=variant, **fields)

@@ -12,7 +12,7 @@ import torch
 from transformers.masking_utils import (causal_mask_function, chunked_causal_mask_function,
                                         sliding_window_causal_mask_function)
 
-from sinkscope.capture import capture, hooks as hp, kernels as K
+from sinkscope.capture import hooks as hp, kernels as K, capture
 from sinkscope.capture.window_masks import fused_eager_mask, fused_sdpa_mask, is_plain_window
 from tests.tiny_models import build, random_ids
 

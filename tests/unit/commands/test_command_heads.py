@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from sinkscope.commands import get_command
 from sinkscope.commands import heads as heads_cmd
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import RunOptions
-from sinkscope.resolve import Source
+from sinkscope.commands.spec import RunOptions
+from sinkscope.models.resolve import Source
 
 
 def assert_one_sentence(message: str, *words: str) -> None:
@@ -167,7 +167,7 @@ def _implicit_gate(model, ids) -> dict[tuple[int, int], float]:
 def _first_stage(model, ids, options):
     from sinkscope.capture import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
 
     spec = ModelSpec.from_model(model)
     probes = [get_probe(name)(spec, **params) for name, params in heads_cmd.HEADS.probes(options, spec)]

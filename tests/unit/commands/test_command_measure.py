@@ -18,12 +18,12 @@ import pytest
 from sinkscope.commands import get_command
 from sinkscope.commands import measure as measure_cmd
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import RunOptions
+from sinkscope.commands.spec import RunOptions
 
 PLUGIN = '''
 from sinkscope.capture import hooks
 from sinkscope.probes import Param, Probe, observes, register_probe
-from sinkscope.results import MetricInfo, Row
+from sinkscope.store.results import MetricInfo, Row
 
 
 @register_probe("unit_token_count", params=(Param("k", int, 1, "a factor"),),
@@ -60,7 +60,7 @@ def _registry():
 @pytest.fixture
 def plugin(tmp_path):
     """A plugin file registering ``unit_token_count``; the probe registry is restored afterwards."""
-    from sinkscope.probes import PROBES, discover
+    from sinkscope.probes import discover, PROBES
 
     discover()
     before, modules = dict(PROBES), set(sys.modules)
@@ -156,7 +156,7 @@ def test_the_probe_list_is_the_named_probes_in_order_with_their_params():
 def test_a_plugin_probe_is_checked_listed_typed_and_run(plugin):
     from sinkscope.capture import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
     from tiny_models import build, random_ids
 
     options = measure_cmd.MeasureOptions(probes=("p0_mass", "unit_token_count"), params=("unit_token_count.k=3",),

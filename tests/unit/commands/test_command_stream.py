@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from sinkscope.commands import get_command
 from sinkscope.commands import stream as stream_cmd
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import RunOptions
+from sinkscope.commands.spec import RunOptions
 
 
 def assert_one_sentence(message: str, *words: str) -> None:
@@ -160,7 +160,7 @@ def test_the_probe_list_is_the_stream_probe_and_the_sink_metrics_beside_it(has_p
 def test_the_reader_gives_the_dense_loss_for_full_and_p0_mass_on_the_first_cache_tokens():
     from sinkscope.capture import ModelSpec
     from sinkscope.probes import get_probe
-    from sinkscope.runner import run_probes
+    from sinkscope.forward.runner import run_probes
     from tiny_models import build, random_ids
 
     model = build("llama")
@@ -191,7 +191,7 @@ def test_the_reader_gives_the_dense_loss_for_full_and_p0_mass_on_the_first_cache
 
 def test_the_command_reader_hands_everything_to_the_stream_reader(monkeypatch):
     """``read_windows`` imports the torch-side reader only when called, and forwards its arguments as given."""
-    import sinkscope.stream.windows as windows_mod
+    import sinkscope.forward.stream.windows as windows_mod
 
     calls = []
     monkeypatch.setattr(windows_mod, "read_windows", lambda *args, **kwargs: calls.append((args, kwargs)) or 7)

@@ -6,7 +6,7 @@ so no field is treated as derived): every size tiny, special-token ids kept insi
 
 from __future__ import annotations
 
-from sinkscope.conformance import shrink, tiny
+from sinkscope.conformance import shrink
 from sinkscope.conformance.shrink import _layer_plan, _shrink, _TokenIds
 
 BIG = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 11008,
@@ -37,8 +37,3 @@ def test_the_layer_plan_keeps_the_shortest_prefix_holding_every_kind():
 def test_token_ids_outside_the_vocabulary_get_distinct_ids_at_its_top():
     ids = _TokenIds(128)
     assert [ids(5), ids(50000), ids(50001), ids(50000), ids(-1)] == [5, 127, 126, 127, -1]
-
-
-def test_tiny_keeps_the_target_sizes_importable():
-    assert (tiny.VOCAB, tiny.HIDDEN, tiny.HEAD_DIM, tiny.LAYERS) == (shrink.VOCAB, shrink.HIDDEN, shrink.HEAD_DIM,
-                                                                      shrink.LAYERS) == (128, 64, 16, 2)

@@ -18,7 +18,7 @@ from sinkscope.capture import hooks
 from sinkscope.capture.families import ModelSpec
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.errors import SinkscopeError
-from sinkscope.options import check_repeats
+from sinkscope.errors import check_repeats
 from sinkscope.probes.bos_experiment import BosExperiment
 
 def make_spec(n_layers: int = 3, n_heads: int = 4, hidden: int = 6) -> ModelSpec:

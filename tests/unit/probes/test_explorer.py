@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sinkscope.explorer_data import AUTO_SAMPLE, AUTO_TOP, SCALE, THRESHOLD, choose_heads
+from sinkscope.store.explorer_format import AUTO_SAMPLE, AUTO_TOP, SCALE, THRESHOLD, choose_heads
 from sinkscope.probes import explorer as explorer_mod
 from sinkscope.probes.explorer import Explorer
 from synthetic_attention import make_layer, spec

@@ -17,7 +17,7 @@ from sinkscope.capture import hooks
 from sinkscope.capture.families import ModelSpec
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes import mlp_pca
-from sinkscope.probes.base import check_heads
+from sinkscope.errors import check_heads
 from sinkscope.probes.mlp_pca import SUBTRACTED, MlpPca, MlpPcaUp
 
 def make_spec(n_layers: int = 3, n_heads: int = 4, hidden: int = 6) -> ModelSpec:
@@ -151,7 +151,7 @@ def test_mlp_pca_bad_parameters_are_one_sentence(params):
 
 
 def test_mlp_pca_heads_take_layer_head_pairs_checked_by_the_probe():
-    """The probe owns the check (probes/base.py ``check_heads``); ``sinkscope circuit --subtract-head`` reuses it."""
+    """The check is shared (errors.py ``check_heads``); ``sinkscope circuit --subtract-head`` reuses it."""
     assert check_heads(("0.3", "12.7")) is None
     assert check_heads(("0.3", "1-2")) == "takes LAYER.HEAD pairs such as 0.3, not '1-2'"
     assert check_heads(("x",), example="3.1") == "takes LAYER.HEAD pairs such as 3.1, not 'x'"

@@ -24,7 +24,7 @@ import torch
 
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes.stream_nll import StreamNLL, reading_conditions
-from sinkscope.cache import Policy
+from sinkscope.kvcache.policies import Policy
 from synthetic_attention import spec
 
 LENGTH, BUCKET, N_WINDOWS = 9, 3, 4

@@ -20,7 +20,7 @@ import pytest
 from sinkscope.report import circuit
 from sinkscope.report.page import Page
 from sinkscope.report.runs import RunData
-from sinkscope.results import Row, read_results, rows_to_frame
+from sinkscope.store.results import Row, read_results, rows_to_frame
 
 LAYERS, HEADS, T = 3, 2, 20
 CELL = 5e-4  # a table cell shows 4 significant digits

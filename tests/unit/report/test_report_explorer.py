@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from sinkscope.explorer_data import fit, labels_bytes
+from sinkscope.store.explorer_format import fit, labels_bytes
 from sinkscope.report.explorer import fragment, head_metrics, payload, standalone
 from explorer_fixtures import synthetic
 

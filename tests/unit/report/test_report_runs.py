@@ -17,7 +17,7 @@ from sinkscope.errors import SinkscopeError
 from sinkscope.report.runs import (RunData, _has_heads, _has_layers, _has_phantom, _model_value, _probe_options,
                                    _seq_len, group_runs, read_run, run_condition, run_lengths, split_lengths,
                                    uniform_p0)
-from sinkscope.results import Row, rows_to_frame
+from sinkscope.store.results import Row, rows_to_frame
 
 
 def per_layer_rows(metric: str, values: list[float], heads: int = 2, **conditions) -> list[Row]:

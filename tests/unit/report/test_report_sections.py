@@ -19,7 +19,7 @@ import pytest
 from sinkscope.report import build, generic, inject, lengths, stream, tokens
 from sinkscope.report.page import Page, fmt
 from sinkscope.report.runs import RunData
-from sinkscope.results import MetricInfo, Row, rows_to_frame
+from sinkscope.store.results import MetricInfo, Row, rows_to_frame
 
 DOCS = {"inject_loss_delta": {"label": "Loss increase", "unit": "nats / token", "formula": "", "source": "",
                               "direction": "higher = more harm", "per": "model"},

@@ -23,7 +23,7 @@ from sinkscope.errors import SinkscopeError
 from sinkscope.report import steps
 from sinkscope.report.curves import MODEL_LINE
 from sinkscope.report.runs import RunData
-from sinkscope.results import Row, rows_to_frame
+from sinkscope.store.results import Row, rows_to_frame
 
 LAYERS, HEADS, SEQ_LEN = 2, 2, 16
 CELL = 5e-6  # a table cell shows 6 significant digits

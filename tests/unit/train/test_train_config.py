@@ -15,19 +15,16 @@ from pathlib import Path
 import pytest
 
 from sinkscope.errors import SinkscopeError
-from sinkscope.train import config, loop
+from sinkscope.train import config
 from sinkscope.train.config import (NOT_RECORDED, RESULT_FIELDS, RUN_FIELDS, TASK_TIERS, TIER_TRAINING, TrainOptions,
                                     apply_overrides, merge_resume, resolve_options)
-from sinkscope.train.model import TIERS, GPTConfig
+from sinkscope.models.trainer_config import TIERS, GPTConfig
 from sinkscope.train.tasks import TriggerOptions, parse_fields, parse_task_options
 
 TRAIN = Path(config.__file__).parent
 
 
-def test_the_loop_still_exports_the_options_it_used_to_hold():
-    for name in ("TrainOptions", "resolve_options", "apply_overrides", "RESULT_FIELDS", "RUN_FIELDS", "TASK_TIERS",
-                 "TIER_TRAINING"):
-        assert getattr(loop, name) is getattr(config, name), name
+def test_the_options_live_in_config_and_the_package_exports_them():
     import sinkscope.train
 
     assert sinkscope.train.TrainOptions is TrainOptions

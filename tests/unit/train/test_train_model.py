@@ -14,8 +14,9 @@ from sinkscope.capture.families import ModelSpec
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.capture import hooks
 from sinkscope.commands.sinks import sinks_probes
-from sinkscope.runner import Dispatcher
-from sinkscope.train.model import GPT, TIERS, VARIANTS, GPTConfig, load_balance_loss
+from sinkscope.forward.runner import Dispatcher
+from sinkscope.models.trainer_config import TIERS, VARIANTS, GPTConfig
+from sinkscope.train.model import GPT, load_balance_loss
 
 VOCAB, T, B = 64, 16, 4
 L, H, C = 2, 4, 32

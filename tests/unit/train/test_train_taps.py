@@ -11,7 +11,8 @@ import torch
 
 from sinkscope.capture import hooks as hp
 from sinkscope.train import taps
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 
 
 class Sink:

@@ -18,11 +18,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sinkscope.corpus import Corpus, Windows
+from sinkscope.data.corpus import Corpus, Windows
 from sinkscope.errors import SinkscopeError
 from sinkscope.train import data as tdata
-from sinkscope.train.loop import TrainOptions, evaluate, read_log, resolve_options, train
-from sinkscope.train.model import GPT, GPTConfig
+from sinkscope.train.loop import evaluate, read_log, train
+from sinkscope.train.config import TrainOptions, resolve_options
+from sinkscope.models.trainer_config import GPTConfig
+from sinkscope.train.model import GPT
 from sinkscope.train.tasks import (
     TextTask,
     TriggerOptions,
@@ -194,7 +196,7 @@ def _para(tokenizer, ids) -> int | None:
 
 
 def _corpus(env):
-    from sinkscope.corpus import load_corpus
+    from sinkscope.data.corpus import load_corpus
 
     return load_corpus(env["text"])
 

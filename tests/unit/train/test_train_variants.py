@@ -19,7 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sinkscope.train.model import GPT, SINK_LOGIT_RANGE, VARIANTS, GPTConfig, Variant
+from sinkscope.models.trainer_config import SINK_LOGIT_RANGE, VARIANTS, GPTConfig, Variant
+from sinkscope.train.model import GPT
 
 VOCAB, T, B = 64, 16, 3
 L, H, C = 2, 4, 32

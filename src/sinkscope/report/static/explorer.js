@@ -4,7 +4,7 @@
  * the explorer sections. Every element with a data-sinkscope-explorer attribute holds its data as
  * JSON in a child <script type="application/json" class="sx-data">; this script builds the UI in
  * that element. The data contract and the block layout are described in
- * src/sinkscope/report/explorer.py and src/sinkscope/explorer_data.py.
+ * src/sinkscope/report/explorer.py and src/sinkscope/store/explorer_format.py.
  *
  * Page API: window.sinkscopeExplorer (the first explorer), window.sinkscopeExplorers (all), each
  * with ready, weight(), phantom(), open(), cellCenter(), headCenter(), setZoom(), resetZoom().
