@@ -46,17 +46,17 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     import ray
 
-    from sinkscope.executors.options import EngineOptions, check_engine
+    from sinkscope.executors.settings import ExecutorOptions, check_executor
     from sinkscope.run.dispatch import execute
     from sinkscope.run.plan import plan
     from sinkscope.models.resolve import default_gguf_path
 
     model = args.model or str(default_gguf_path())
-    engines = {"in process": EngineOptions(), "local --jobs 2": EngineOptions(jobs=2),
-               "ray (local cluster)": EngineOptions(executor="ray"),
-               "slurm (submitit local)": EngineOptions(executor="slurm", slurm_cluster="local")}
-    for engine in engines.values():
-        check_engine(engine)
+    engines = {"in process": ExecutorOptions(), "local --jobs 2": ExecutorOptions(jobs=2),
+               "ray (local cluster)": ExecutorOptions(executor="ray"),
+               "slurm (submitit local)": ExecutorOptions(executor="slurm", slurm_cluster="local")}
+    for executor_options in engines.values():
+        check_executor(executor_options)
     started = time.perf_counter()
     ray.init(num_cpus=args.plans, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     ray_start = time.perf_counter() - started
@@ -65,12 +65,12 @@ def main() -> None:
     quiet = lambda message: None  # noqa: E731
     try:
         for repeat in range(args.repeats):
-            for name, engine in engines.items():
+            for name, executor_options in engines.items():
                 out = root / f"{repeat}-{name.split()[0]}"
                 plans = plan("heads", {"seq_len": args.seq_len, "n_seqs": 1, "batch_size": 1, "progress": False,
                                        "figures": False, "out": str(out)}, models=[model] * args.plans)
                 started = time.perf_counter()
-                execute(plans, log=quiet, engine=engine)
+                execute(plans, log=quiet, executor_options=executor_options)
                 times[name].append(time.perf_counter() - started)
                 shutil.rmtree(out)
                 print(f"repeat {repeat}: {name:24s} {times[name][-1]:6.2f} s", flush=True)

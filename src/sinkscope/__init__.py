@@ -5,7 +5,7 @@ The data flow (see DESIGN.md)::
     source -> model+tokenizer -> windows -> forward loop (+hook points) -> probes
            -> accumulators -> results table + manifest + tokens -> figures -> report.html
 
-Where things live: ``run/pipeline.py`` runs every measuring command (``commands/``) once;
+Where things live: ``run/`` runs every measuring command (``commands/``) once;
 ``capture/`` names the hook points and attaches them to a model; ``probes/`` is what we
 measure; ``forward/runner.py`` is the only forward loop; ``store/results.py`` is the table format;
 ``report/`` turns tables into figures. ``sinkscope.measure(...)`` is the Python API.

@@ -58,7 +58,7 @@ def measure(
         **options: the command's options (``seq_len``, ``n_seqs``, ``seed``, ``bos``, ``device``,
             ``dtype``, ``attention``, ``out``, ...), and where the runs go (docs/scaling.md):
             ``executor="ray"`` or ``"slurm"``, ``jobs=N`` local processes, ``ray_address``,
-            ``slurm_partition``, ... (``engines.options.EngineOptions``; these write every run to
+            ``slurm_partition``, ... (``executors.settings.ExecutorOptions``; these write every run to
             ``out``, which they need, and the result is read back from it).
     """
     try:
@@ -73,7 +73,8 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
     import torch
 
     from sinkscope.commands import discover, get_command
-    from sinkscope.run.pipeline import Inputs, execute
+    from sinkscope.run.dispatch import measure_command
+    from sinkscope.run.prepare import Inputs
     from sinkscope.probes import get_probe
 
     commands = discover()
@@ -93,17 +94,17 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
         command = get_command("measure")
         settings = [f"{probe}.{key}={value}" for probe, values in (params or {}).items() for key, value in values.items()]
         options = {**options, "probes": tuple(names), "params": tuple(settings)}
-    from sinkscope.executors.options import ENGINE_FIELDS, engine_options
+    from sinkscope.executors.settings import EXECUTOR_FIELDS, choose_executor
 
-    engine = engine_options({key: options.pop(key) for key in list(options) if key in ENGINE_FIELDS})
+    executor_options = choose_executor({key: options.pop(key) for key in list(options) if key in EXECUTOR_FIELDS})
     known = {f.name for f in fields(command.options)} - {"model"}
     for key in options:
         if key not in known:
             raise SinkscopeError(f"{command.name} has no option {key!r}{suggest(key, known)}.")
     inputs = Inputs(texts=[texts] if isinstance(texts, str) else (list(texts) if texts is not None else None),
                     windows=windows)
-    if not engine.in_process:
-        return _on_engine(command, options, model, revisions, group_by, engine, texts, windows, tokenizer, log)
+    if not executor_options.in_process:
+        return _on_executor(command, options, model, revisions, group_by, executor_options, texts, windows, tokenizer, log)
     if isinstance(model, (list, tuple, set)) or revisions is not None:
         if tokenizer is not None or isinstance(model, set) or any(not isinstance(m, (str, os.PathLike))
                                                                   for m in (model if isinstance(model, (list, tuple)) else [])):
@@ -122,10 +123,10 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
         raise SinkscopeError("tokenizer= goes with a loaded model; a model named by path or id brings its own.")
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
     run_options = command.options(model=model, **{"progress": False, **_as_tuples(command.options, options)})
-    return execute(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))
+    return measure_command(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))
 
 
-def _on_engine(command, options, model, revisions, group_by, engine, texts, windows, tokenizer, log):
+def _on_executor(command, options, model, revisions, group_by, executor_options, texts, windows, tokenizer, log):
     """The runs as jobs on ``engine`` (``executors.execute_jobs``), each written to ``out``; the
     :class:`Result` (or :class:`ComparisonResult`) read back from the folders."""
     from pathlib import Path
@@ -135,7 +136,7 @@ def _on_engine(command, options, model, revisions, group_by, engine, texts, wind
     from sinkscope.run.result import ComparisonResult, Result
 
     if not options.get("out"):
-        raise SinkscopeError(f"executor={engine.executor!r} and jobs= run each model in a process of its own, which "
+        raise SinkscopeError(f"executor={executor_options.executor!r} and jobs= run each model in a process of its own, which "
                              "writes its run folder: give out=.")
     if texts is not None or windows is not None or tokenizer is not None or not (
             model is None or isinstance(model, (str, os.PathLike))
@@ -145,7 +146,7 @@ def _on_engine(command, options, model, revisions, group_by, engine, texts, wind
     several = list(model) if isinstance(model, (list, tuple)) else model
     run_options = command.options(**{"progress": False, **_as_tuples(command.options, options)})
     plans = plan(command, run_options, models=several, revisions=revisions, group_by=group_by)
-    execute_jobs(plans, engine, log=log or (lambda _m: None))
+    execute_jobs(plans, executor_options, log=log or (lambda _m: None))
     results = [Result.load(p.options.out) for p in plans]
     comparison = plans[0].comparison
     if comparison is None:
@@ -162,7 +163,7 @@ def _compare(command, options, models, revisions, group_by, inputs, log):
     its page in ``options.out`` when given, as the command line does)."""
     from pathlib import Path
 
-    from sinkscope.run.pipeline import run_plan
+    from sinkscope.run.stages import run_plan
     from sinkscope.run.plan import plan
     from sinkscope.run.result import ComparisonResult
 

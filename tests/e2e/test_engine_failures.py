@@ -31,7 +31,7 @@ from engine_jobs import kill_myself, square
 from repo_paths import REPO
 from sinkscope.cli import app
 from sinkscope.executors.jobs import Job
-from sinkscope.executors.options import EngineOptions
+from sinkscope.executors.settings import ExecutorOptions
 from sinkscope.executors.run import run_jobs
 from tiny_models import build
 
@@ -70,7 +70,7 @@ def test_a_killed_local_process_costs_only_its_own_job(tmp_path):
     jobs = [Job(f"run{k}", str(tmp_path / "logs" / f"run{k}.log"), f, (k,))
             for k, f in enumerate((square, kill_myself, square))]
     said = []
-    outcomes = run_jobs(jobs, EngineOptions(jobs=2), tmp_path, log=said.append, show_progress=False)
+    outcomes = run_jobs(jobs, ExecutorOptions(jobs=2), tmp_path, log=said.append, show_progress=False)
     assert [o.ok for o in outcomes] == [True, False, True] and [outcomes[0].value, outcomes[2].value] == [0, 4]
     assert outcomes[1].sentence.startswith("its process ended without a result (killed by SIGKILL")
     assert said == [outcomes[1].failure()]
@@ -169,7 +169,7 @@ def test_a_planted_result_pickle_is_never_loaded(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm, "executor_for", lambda *args: Planting(real(*args)))
     jobs = [Job("fine", str(tmp_path / "logs" / "fine.log"), abs, (-3,)),  # builtins: the task's process imports them
             Job("killed", str(tmp_path / "logs" / "killed.log"), signal.raise_signal, (signal.SIGKILL,))]
-    outcomes = run_jobs(jobs, EngineOptions(executor="slurm", slurm_cluster="local"), tmp_path, log=lambda m: None,
+    outcomes = run_jobs(jobs, ExecutorOptions(executor="slurm", slurm_cluster="local"), tmp_path, log=lambda m: None,
                         show_progress=False)
     assert outcomes[0].ok and outcomes[0].value == 3
     assert not outcomes[1].ok and "ended without an outcome" in outcomes[1].sentence
@@ -214,10 +214,10 @@ def test_a_ray_address_where_nothing_answers_is_one_sentence_within_30_seconds(t
     assert not (tmp_path / "run").exists()
 
 
-def _stopped(models, text_file: Path, out: Path, *engine: str) -> tuple[int, str]:
+def _stopped(models, text_file: Path, out: Path, *executor_options: str) -> tuple[int, str]:
     """``heads`` on ``models`` in a subprocess, SIGTERM once a run has started; (exit code, stderr)."""
     args = [sys.executable, "-m", "sinkscope", "heads", *map(str, models), "--text-file", str(text_file),
-            "--seq-len", "32", "--n-seqs", "64", "--batch-size", "1", "--no-progress", "--out", str(out), *engine]
+            "--seq-len", "32", "--n-seqs", "64", "--batch-size", "1", "--no-progress", "--out", str(out), *executor_options]
     env = {**os.environ, "PYTHONPATH": SRC, "SINKSCOPE_CACHE": str(out.parent / "cache")}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

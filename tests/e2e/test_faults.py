@@ -119,12 +119,12 @@ def test_remote_code_is_refused_without_the_flag(tmp_path, text_file):
 
 def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, monkeypatch):
     """A too-short text fails before any weights are read, at any --seq-len (one past the trained context only warns)."""
-    import sinkscope.run.pipeline
+    import sinkscope.run.load
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(sinkscope.run.pipeline, "load_model", no_loading)
+    monkeypatch.setattr(sinkscope.run.load, "load_model", no_loading)
     short = tmp_path / "short.txt"
     short.write_text("three words only", encoding="utf-8")
     line = _error_line(_sinks(str(tiny_llama_dir), "--text-file", str(short), "--out", str(tmp_path / "a")))
@@ -136,8 +136,6 @@ def test_inputs_are_checked_before_the_model_loads(tiny_llama_dir, tmp_path, mon
 
 def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_file, existing_run, monkeypatch):
     import errno
-
-    import sinkscope.run.pipeline
 
     def disk_full(stage, *args, **kwargs):
         (Path(stage) / "results.csv").write_text("half a tab")  # a partial write inside the stage ...
@@ -159,12 +157,12 @@ def test_a_full_disk_is_one_sentence_and_keeps_the_old_run(tiny_llama_dir, text_
 
 def _no_loading(monkeypatch):
     """Fail the test if the model is loaded (for checks that must come first)."""
-    import sinkscope.run.pipeline
+    import sinkscope.run.load
 
     def no_loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(sinkscope.run.pipeline, "load_model", no_loading)
+    monkeypatch.setattr(sinkscope.run.load, "load_model", no_loading)
 
 
 def test_overwrite_never_replaces_the_model_being_measured(tiny_llama_dir, text_file, tmp_path):
@@ -667,14 +665,14 @@ def test_progress_messages_count_documents_in_english():
 @pytest.mark.parametrize("after_a_checkpoint", [False, True])
 def test_ctrl_c_exits_130_before_and_after_the_first_checkpoint(after_a_checkpoint, tiny_llama_dir, text_file,
                                                                tmp_path, monkeypatch):
-    import sinkscope.run.pipeline
+    import sinkscope.run.measure
 
     def interrupted(model, tokens, probes, *, on_batch_done, **kwargs):
         if after_a_checkpoint:
             on_batch_done(1)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sinkscope.run.pipeline, "run_probes", interrupted)
+    monkeypatch.setattr(sinkscope.run.measure, "run_probes", interrupted)
     out = tmp_path / "o"
     result = _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out), "--checkpoint-seconds", "0")
     assert result.exit_code == 130

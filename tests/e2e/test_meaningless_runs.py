@@ -74,7 +74,7 @@ def test_an_overflowing_dose_is_refused_before_loading(tiny_llama_dir, text_file
 
 
 def test_non_finite_numbers_are_written_with_a_warning():
-    from sinkscope.run.pipeline import _warn_non_finite
+    from sinkscope.run.write import _warn_non_finite
 
     messages = []
     table = pd.DataFrame({"probe": ["injection"] * 2, "metric": ["inject_loss"] * 2, "layer": [None, None],

@@ -195,9 +195,9 @@ def _sweep_recipe(tmp_path: Path, options: str) -> Path:
     ('slurm = ["slurm_partition=gpu"]\n', "slurm = ['slurm_partition=gpu']"),
 ])
 def test_a_recipe_that_picks_an_executor_is_refused_before_anything_runs(tmp_path, options, named, monkeypatch):
-    import sinkscope.executors.options as engine_options
+    import sinkscope.executors.settings as choose_executor
 
-    monkeypatch.setattr(engine_options.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
+    monkeypatch.setattr(choose_executor.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
     sentence = _one_sentence(runner.invoke(app, ["run", str(_sweep_recipe(tmp_path, options))]))
     assert named in sentence and "chooses where its runs go" in sentence
     assert "--allow-recipe-executor" in sentence and "--executor" in sentence
@@ -245,10 +245,10 @@ def test_allow_recipe_executor_and_set_are_the_command_lines_own(tmp_path):
 
 def test_with_allow_recipe_executor_the_recipes_launcher_is_used(tmp_path, monkeypatch):
     """Opted in, the step's launcher picks SLURM: here, a machine without sbatch, its own sentence."""
-    import sinkscope.executors.options as engine_options
+    import sinkscope.executors.settings as choose_executor
 
     pytest.importorskip("submitit")
-    monkeypatch.setattr(engine_options.shutil, "which", lambda name: None)
+    monkeypatch.setattr(choose_executor.shutil, "which", lambda name: None)
     result = runner.invoke(app, ["run", str(_sweep_recipe(tmp_path, 'launcher = "submitit"\n')), "--allow-recipe-executor"])
     assert "submits with sbatch, which this machine does not have" in _one_sentence(result)
 

@@ -68,7 +68,7 @@ def test_a_model_on_the_meta_device_is_one_sentence():
 
 @pytest.mark.parametrize("models", [[3, 4], {"a"}, ["a", torch.nn.Linear(2, 2)]])
 def test_a_list_of_what_is_not_a_model_name_is_one_sentence(models):
-    """Several models are compared by name (tests/integration/test_executors.py); anything else in a list
+    """Several models are compared by name (tests/integration/test_run/dispatch.py); anything else in a list
     where models go is one sentence, not a TypeError."""
     with pytest.raises(SinkscopeError, match="several models are compared by name"):
         sinkscope.measure("sinks", models)
@@ -106,7 +106,7 @@ def test_sigterm_during_a_run_keeps_the_progress_and_says_how_to_resume(tiny_lla
         return original(*args, on_batch_done=done, **kwargs)
 
     monkeypatch.setattr(runner_mod, "run_probes", run_probes)
-    monkeypatch.setattr("sinkscope.run.pipeline.run_probes", run_probes, raising=False)
+    monkeypatch.setattr("sinkscope.run.measure.run_probes", run_probes)
     out = tmp_path / "run"
     result = runner.invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "16",
                                  "--n-seqs", "6", "--batch-size", "1", "--checkpoint-seconds", "0", "--out", str(out),

@@ -98,30 +98,30 @@ def _break(folder: Path) -> bytes:
     return data
 
 
-@pytest.mark.parametrize("engine", [(), ("--jobs", "2"), ("--executor", "ray"), ("--executor", "slurm", "--slurm-cluster", "local")],
+@pytest.mark.parametrize("executor_options", [(), ("--jobs", "2"), ("--executor", "ray"), ("--executor", "slurm", "--slurm-cluster", "local")],
                          ids=["in-process", "local-jobs", "ray", "slurm"])
-def test_a_plan_that_raises_fails_alone_and_resume_reruns_only_it(engine, three_models, text_file, tmp_path,
+def test_a_plan_that_raises_fails_alone_and_resume_reruns_only_it(executor_options, three_models, text_file, tmp_path,
                                                                  tokenizer, local_tables, request):
-    if "ray" in engine:
+    if "ray" in executor_options:
         request.getfixturevalue("ray_cluster")
-    if "slurm" in engine:
+    if "slurm" in executor_options:
         pytest.importorskip("submitit")
     models = [tmp_path / "models" / name for name in NAMES]
     for source, target in zip(three_models, models):
         shutil.copytree(source, target)
     weights = _break(models[1])
     out = tmp_path / "cmp"
-    result = _heads(models, out, text_file, *engine)
+    result = _heads(models, out, text_file, *executor_options)
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "1 of 3 runs failed: beta:" in result.output and "--resume" in result.output
-    if engine:  # a job has a log, named in the sentence
+    if executor_options:  # a job has a log, named in the sentence
         assert str(out / "engine" / "logs" / "beta.log") in result.output
     assert not (out / "beta").exists()  # nothing half-written
     kept = {name: (out / name / "results.csv").stat().st_mtime_ns for name in ("alpha", "gamma")}
     assert "sinkscope comparison of 2 runs" in (out / "report.html").read_text()  # the page of those that finished
 
     (models[1] / "model.safetensors").write_bytes(weights)
-    result = _heads(models, out, text_file, *engine, "--resume")
+    result = _heads(models, out, text_file, *executor_options, "--resume")
     assert result.exit_code == 0, result.output
     assert {name: (out / name / "results.csv").stat().st_mtime_ns for name in ("alpha", "gamma")} == kept
     assert _tables(out) == local_tables

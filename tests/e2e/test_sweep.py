@@ -133,10 +133,10 @@ def test_mistakes_fail_in_one_sentence_before_training(tmp_path):
     try:
         import submitit  # noqa: F401
     except ImportError:
-        from sinkscope.lab.sweep import sweep_engine
+        from sinkscope.lab.sweep import sweep_executor
 
         with pytest.raises(SinkscopeError, match=r"sinkscope\[slurm\]"):
-            sweep_engine(SweepOptions(out=out, launcher="submitit"))
+            sweep_executor(SweepOptions(out=out, launcher="submitit"))
     result = CliRunner().invoke(app, ["sweep", "--seeds", "0,x", "--out", out])
     assert result.exit_code == 1 and "--seeds takes" in result.output
     assert not (tmp_path / "x").exists()
@@ -147,20 +147,20 @@ def test_submitit_runs_one_array_job_per_run(swept, tmp_path, monkeypatch):
     """--executor slurm (submitit's local executor: the array's tasks as local processes; `--launcher
     submitit` is the same engine): one job per (variant, seed), each with its log, the tables after."""
     pytest.importorskip("submitit")
-    from sinkscope.executors.options import EngineOptions
-    from sinkscope.lab.sweep import sweep_engine
+    from sinkscope.executors.settings import ExecutorOptions
+    from sinkscope.lab.sweep import sweep_executor
 
     out = tmp_path / "sw"
     shutil.copytree(swept, out)
     options = SweepOptions(variants=("baseline", "sink+norm"), seeds=(0, 1), out=str(out), launcher="submitit",
                            slurm=["slurm_partition=gpu", "timeout_min=30"], **SMALL)
-    import sinkscope.executors.options as engine_options
+    import sinkscope.executors.settings as choose_executor
 
-    monkeypatch.setattr(engine_options.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
-    assert sweep_engine(options) == EngineOptions(executor="slurm", slurm_extra=("slurm_partition=gpu", "timeout_min=30"))
+    monkeypatch.setattr(choose_executor.shutil, "which", lambda name: f"/usr/bin/{name}")  # as on a login node
+    assert sweep_executor(options) == ExecutorOptions(executor="slurm", slurm_extra=("slurm_partition=gpu", "timeout_min=30"))
     monkeypatch.undo()
     messages = []
-    sweep(options, log=messages.append, engine=EngineOptions(executor="slurm", slurm_cluster="local"))
+    sweep(options, log=messages.append, executor_options=ExecutorOptions(executor="slurm", slurm_cluster="local"))
     assert "Submitted 4 runs as a job array" in messages[0]
     assert "sink+norm seed 1: kept, sinks kept, selectivity kept" in messages
     for name in ("baseline-s0", "baseline-s1", "sink+norm-s0", "sink+norm-s1"):

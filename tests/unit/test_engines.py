@@ -15,7 +15,7 @@ import pytest
 from sinkscope.store.comparison_record import read_comparison_record, write_comparison_record
 from sinkscope.executors.jobs import Job, Outcome, Progress, run_job
 from sinkscope.executors.local import run_local
-from sinkscope.executors.options import EngineOptions, check_engine, engine_options, gpus_per_run
+from sinkscope.executors.settings import ExecutorOptions, check_executor, choose_executor, gpus_per_run
 from sinkscope.executors.ray_tasks import run_ray
 from sinkscope.executors.run import cluster_gpus, run_jobs
 from sinkscope.executors.slurm import executor_for, slurm_parameters
@@ -42,9 +42,9 @@ def _jobs(tmp_path: Path, functions) -> list[Job]:
 # ---- options -------------------------------------------------------------------------------------
 
 def test_engine_options_take_their_names_and_leave_the_rest():
-    engine = engine_options({"executor": "local", "jobs": 3, "seq_len": 32, "slurm_time": None})
-    assert engine == EngineOptions(jobs=3) and not engine.in_process
-    assert EngineOptions().in_process and not EngineOptions(executor="slurm").in_process
+    executor_options = choose_executor({"executor": "local", "jobs": 3, "seq_len": 32, "slurm_time": None})
+    assert executor_options == ExecutorOptions(jobs=3) and not executor_options.in_process
+    assert ExecutorOptions().in_process and not ExecutorOptions(executor="slurm").in_process
 
 
 @pytest.mark.parametrize("given, words", [
@@ -58,7 +58,7 @@ def test_engine_options_take_their_names_and_leave_the_rest():
 ])
 def test_bad_engine_options_are_one_sentence(given, words):
     with pytest.raises(SinkscopeError) as caught:
-        check_engine(EngineOptions(**given))
+        check_executor(ExecutorOptions(**given))
     assert words in str(caught.value)
     assert "--" not in caught.value.phrased("api")  # the API names them as keywords
 
@@ -69,21 +69,21 @@ def test_a_missing_engine_package_names_the_pip_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "submitit" else real(name, *a))
     with pytest.raises(SinkscopeError, match=r"pip install 'sinkscope\[slurm\]'"):
-        check_engine(EngineOptions(executor="slurm"))
+        check_executor(ExecutorOptions(executor="slurm"))
 
 
 def test_slurm_off_a_cluster_says_where_to_run_it(monkeypatch):
     import importlib.util
 
-    import sinkscope.executors.options as engine_options
+    import sinkscope.executors.settings as choose_executor
 
     real = importlib.util.find_spec  # the fast tier runs without the engines: submitit is taken as installed
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "submitit" else real(name, *a))
-    monkeypatch.setattr(engine_options.shutil, "which", lambda name: None)
+    monkeypatch.setattr(choose_executor.shutil, "which", lambda name: None)
     with pytest.raises(SinkscopeError, match="does not have; run the command on the cluster's login node, or try the "
                                              "runs here with --slurm-cluster local"):
-        check_engine(EngineOptions(executor="slurm"))
-    assert check_engine(EngineOptions(executor="slurm", slurm_cluster="local")).slurm_cluster == "local"
+        check_executor(ExecutorOptions(executor="slurm"))
+    assert check_executor(ExecutorOptions(executor="slurm", slurm_cluster="local")).slurm_cluster == "local"
 
 
 @pytest.mark.parametrize("device, device_map, override, cluster, gpus", [
@@ -141,16 +141,16 @@ def test_progress_counts_done_running_and_failed(tmp_path):
 
 def test_the_local_engine_runs_every_job_whatever_fails(tmp_path):
     said = []
-    outcomes = run_jobs(_jobs(tmp_path, [square, refuse, square]), EngineOptions(), tmp_path, log=said.append,
+    outcomes = run_jobs(_jobs(tmp_path, [square, refuse, square]), ExecutorOptions(), tmp_path, log=said.append,
                         show_progress=False)
     assert [o.ok for o in outcomes] == [True, False, True] and [o.value for o in outcomes] == [0, None, 4]
     assert said == [outcomes[1].failure()]
-    assert cluster_gpus(EngineOptions()) == 0.0
+    assert cluster_gpus(ExecutorOptions()) == 0.0
 
 
 def test_run_local_keeps_the_jobs_order(tmp_path):
     jobs = _jobs(tmp_path, [square, square])
-    outcomes = run_local(jobs, EngineOptions(), Progress(jobs, "local", show=False), lambda m: None)
+    outcomes = run_local(jobs, ExecutorOptions(), Progress(jobs, "local", show=False), lambda m: None)
     assert [o.name for o in outcomes] == ["run0", "run1"]
 
 
@@ -201,32 +201,32 @@ def test_the_ray_engine_asks_each_jobs_gpus_and_shuts_down_only_what_it_started(
     fake = _FakeRay()
     monkeypatch.setitem(sys.modules, "ray", fake)
     jobs = [Job(j.name, j.log, j.function, j.args, gpus=g) for j, g in zip(_jobs(tmp_path, [square, refuse]), (1.0, 0.0))]
-    outcomes = run_jobs(jobs, EngineOptions(executor="ray", ray_address="auto"), tmp_path, log=lambda m: None,
+    outcomes = run_jobs(jobs, ExecutorOptions(executor="ray", ray_address="auto"), tmp_path, log=lambda m: None,
                         show_progress=False)
     assert [o.ok for o in outcomes] == [True, False]
     assert fake.inits == [{"address": "auto", "include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}]
     assert [(a["num_cpus"], a["num_gpus"]) for a in fake.asked] == [(1, 1.0), (1, 0.0)]
     assert not fake.initialized  # started here, shut down here
     fake.initialized = True  # a session the caller holds is used and left running
-    outcomes = run_ray(jobs[:1], EngineOptions(executor="ray"), Progress(jobs[:1], "ray", show=False), lambda m: None)
+    outcomes = run_ray(jobs[:1], ExecutorOptions(executor="ray"), Progress(jobs[:1], "ray", show=False), lambda m: None)
     assert outcomes[0].value == 0 and fake.initialized and len(fake.inits) == 1
-    assert cluster_gpus(EngineOptions(executor="ray")) == 1.0
+    assert cluster_gpus(ExecutorOptions(executor="ray")) == 1.0
 
 
 def test_slurm_parameters_for_an_array_of_runs():
-    engine = EngineOptions(executor="slurm", slurm_partition="gpu", slurm_time=120, slurm_array_parallelism=4)
-    assert slurm_parameters(engine, 1) == {"timeout_min": 120, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": 4,
+    executor_options = ExecutorOptions(executor="slurm", slurm_partition="gpu", slurm_time=120, slurm_array_parallelism=4)
+    assert slurm_parameters(executor_options, 1) == {"timeout_min": 120, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": 4,
                                            "gpus_per_node": 1, "name": "sinkscope", "slurm_array_parallelism": 4,
                                            "slurm_partition": "gpu"}
-    assert "slurm_partition" not in slurm_parameters(EngineOptions(executor="slurm"), 0)
+    assert "slurm_partition" not in slurm_parameters(ExecutorOptions(executor="slurm"), 0)
 
 
 def test_submitits_debug_executor_runs_the_array_in_this_process(tmp_path):
     pytest.importorskip("submitit")
-    engine = EngineOptions(executor="slurm", slurm_cluster="debug")
-    assert type(executor_for(engine, tmp_path / "slurm", 0)._executor).__name__ == "DebugExecutor"
+    executor_options = ExecutorOptions(executor="slurm", slurm_cluster="debug")
+    assert type(executor_for(executor_options, tmp_path / "slurm", 0)._executor).__name__ == "DebugExecutor"
     said = []
-    outcomes = run_jobs(_jobs(tmp_path, [square, crash]), engine, tmp_path, log=said.append, show_progress=False)
+    outcomes = run_jobs(_jobs(tmp_path, [square, crash]), executor_options, tmp_path, log=said.append, show_progress=False)
     assert [o.ok for o in outcomes] == [True, False] and outcomes[0].value == 0
     assert outcomes[1].sentence == "ValueError: bad 1" and len(said) == 2  # submitted, then the failure
 
@@ -259,11 +259,11 @@ def test_ctrl_c_while_waiting_on_slurm_names_the_array_to_cancel(tmp_path, monke
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(slurm, "executor_for", lambda engine, folder, gpus: Executor())
+    monkeypatch.setattr(slurm, "executor_for", lambda executor_options, folder, gpus: Executor())
     monkeypatch.setattr(slurm, "_wait", interrupted)
     jobs = _jobs(tmp_path, [square, square])
     with pytest.raises(Interrupted) as caught:
-        slurm.run_slurm(jobs, EngineOptions(executor="slurm", slurm_cluster="local"), tmp_path,
+        slurm.run_slurm(jobs, ExecutorOptions(executor="slurm", slurm_cluster="local"), tmp_path,
                         Progress(jobs, "slurm", show=False), lambda m: None)
     assert "the SLURM array 4242 keeps running" in str(caught.value) and "scancel 4242" in str(caught.value)
     assert caught.value.exit_code == 130
@@ -293,28 +293,28 @@ def test_ctrl_c_while_waiting_on_slurm_names_the_array_to_cancel(tmp_path, monke
 ])
 def test_what_would_reach_a_batch_script_or_a_cluster_is_checked(given, words):
     with pytest.raises(SinkscopeError) as caught:
-        check_engine(EngineOptions(**given))
+        check_executor(ExecutorOptions(**given))
     assert words in str(caught.value) and str(caught.value).count(". ") == 0
 
 
 @pytest.mark.parametrize("address", ["auto", "127.0.0.1:6379", "[::1]:6379", "ray://head.example:10001", "head-1:1"])
 def test_the_ray_addresses_ray_takes_are_taken(address):
-    assert check_engine(EngineOptions(ray_address=address)).ray_address == address
+    assert check_executor(ExecutorOptions(ray_address=address)).ray_address == address
 
 
 def test_slurm_values_are_numbers_only_when_int_reads_them():
-    from sinkscope.executors.options import slurm_value
+    from sinkscope.executors.settings import slurm_value
 
     assert slurm_value(" 12 ") == 12 and slurm_value("²") == "²" and slurm_value("64G") == "64G"
-    params = slurm_parameters(EngineOptions(slurm_extra=("slurm_mem_gb=²", "slurm_nice=5")), 0)
+    params = slurm_parameters(ExecutorOptions(slurm_extra=("slurm_mem_gb=²", "slurm_nice=5")), 0)
     assert params["slurm_mem_gb"] == "²" and params["slurm_nice"] == 5
 
 
 def test_a_parameter_submitit_refuses_is_one_sentence(tmp_path):
     pytest.importorskip("submitit")
-    engine = EngineOptions(executor="slurm", slurm_cluster="local", slurm_extra=("mem_gb=lots",))
+    executor_options = ExecutorOptions(executor="slurm", slurm_cluster="local", slurm_extra=("mem_gb=lots",))
     with pytest.raises(SinkscopeError, match=r"submitit refused the SLURM parameters .*check --slurm"):
-        executor_for(engine, tmp_path, 0)
+        executor_for(executor_options, tmp_path, 0)
 
 
 def test_a_submitit_folder_with_a_control_character_is_refused(tmp_path):
@@ -393,9 +393,9 @@ def test_a_task_done_without_its_outcome_is_lost_and_its_result_pickle_never_rea
 
 def test_the_debug_executors_runs_come_back_as_json_in_a_fresh_folder(tmp_path):
     pytest.importorskip("submitit")
-    engine = EngineOptions(executor="slurm", slurm_cluster="debug")
+    executor_options = ExecutorOptions(executor="slurm", slurm_cluster="debug")
     for _ in range(2):
-        outcomes = run_jobs(_jobs(tmp_path, [square, refuse]), engine, tmp_path, log=lambda m: None, show_progress=False)
+        outcomes = run_jobs(_jobs(tmp_path, [square, refuse]), executor_options, tmp_path, log=lambda m: None, show_progress=False)
         assert [o.ok for o in outcomes] == [True, False] and outcomes[0].value == 0
     folders = sorted((tmp_path / "slurm").iterdir())
     assert len(folders) == 2 and all(len(list(folder.glob("outcome-*.json"))) == 2 for folder in folders)
@@ -446,7 +446,7 @@ def test_an_address_where_nothing_answers_is_one_sentence_before_ray_starts(monk
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     started = time.monotonic()
     with pytest.raises(SinkscopeError) as caught:
-        connect(EngineOptions(executor="ray", ray_address=f"127.0.0.1:{_closed_port()}"))
+        connect(ExecutorOptions(executor="ray", ray_address=f"127.0.0.1:{_closed_port()}"))
     assert time.monotonic() - started < 30 and not fake.inits
     assert "no Ray cluster answers at 127.0.0.1:" in str(caught.value) and "--ray-address" in str(caught.value)
 
@@ -460,7 +460,7 @@ def test_an_address_where_something_else_answers_is_one_sentence(monkeypatch):
     port, stop = _listener(b"HTTP/1.1 400 Bad Request\r\n\r\n")
     try:
         with pytest.raises(SinkscopeError, match="is not a Ray cluster"):
-            connect(EngineOptions(executor="ray", ray_address=f"127.0.0.1:{port}"))
+            connect(ExecutorOptions(executor="ray", ray_address=f"127.0.0.1:{port}"))
     finally:
         stop()
     assert not fake.inits
@@ -486,7 +486,7 @@ def test_a_grpc_server_is_joined_and_the_commands_sigterm_handler_is_put_back(mo
 
     before = signal.signal(signal.SIGTERM, ours)
     try:
-        assert connect(EngineOptions(executor="ray", ray_address=f"127.0.0.1:{port}")) is True
+        assert connect(ExecutorOptions(executor="ray", ray_address=f"127.0.0.1:{port}")) is True
         assert signal.getsignal(signal.SIGTERM) is ours and fake.inits[0]["address"] == f"127.0.0.1:{port}"
     finally:
         signal.signal(signal.SIGTERM, before)
@@ -503,7 +503,7 @@ def test_ray_finding_no_cluster_is_said_as_such_not_as_a_disk_failure(monkeypatc
     monkeypatch.setitem(sys.modules, "ray", NoCluster())
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(SinkscopeError) as caught:
-        connect(EngineOptions(executor="ray", ray_address="auto"))
+        connect(ExecutorOptions(executor="ray", ray_address="auto"))
     assert str(caught.value).startswith("no Ray cluster is running on this machine")
     assert "`ray start --head`" in str(caught.value) and "could not write" not in str(caught.value)
 
@@ -515,7 +515,7 @@ def test_a_malformed_ray_address_in_the_environment_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", fake)
     monkeypatch.setenv("RAY_ADDRESS", "garbage")
     with pytest.raises(SinkscopeError, match="the RAY_ADDRESS environment variable 'garbage' is not a Ray address"):
-        connect(EngineOptions(executor="ray"))
+        connect(ExecutorOptions(executor="ray"))
     assert not fake.inits
 
 

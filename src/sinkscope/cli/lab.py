@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from sinkscope.cli.base import _friendly_errors, _interrupted, app
-from sinkscope.cli.options import (TextFileOpt, DatasetOpt, DeviceOpt, OverwriteOpt, ProgressOpt, engine_params)
+from sinkscope.cli.options import (TextFileOpt, DatasetOpt, DeviceOpt, OverwriteOpt, ProgressOpt, executor_params)
 
 
 @app.command()
@@ -87,7 +87,7 @@ def train(
 
 @app.command()
 @_friendly_errors
-@engine_params(skip=("jobs",))
+@executor_params(skip=("jobs",))
 def sweep(
     variants: Annotated[str, typer.Option("--variants", help="Comma-separated trainer variants.")] = "baseline,sinklogit,normgate,projgate,sink+norm,sink+proj",
     seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds (shared across variants: paired).")] = "0,1,2",
@@ -109,7 +109,7 @@ def sweep(
     launcher: Annotated[str, typer.Option("--launcher", help="local | submitit: the same as --executor slurm (kept for old scripts).")] = "local",
     slurm: Annotated[Optional[list[str]], typer.Option("--slurm", help="--executor slurm: any other submitit parameter key=value (repeatable), e.g. slurm_mem=64G.")] = None,
     device: DeviceOpt = "auto",
-    **engine,
+    **executor_options,
 ) -> None:
     """Train every variant for every seed, probe each checkpoint, write seed 000's Tables 1 and 2.
 
@@ -130,10 +130,10 @@ def sweep(
     \b
         sinkscope sweep --tier small --seeds 0,1,2,3,4 --executor ray --ray-address auto --out sweeps/124m
     """
-    from sinkscope.executors.options import engine_options
+    from sinkscope.executors.settings import choose_executor
     from sinkscope.lab.sweep import SweepOptions, parse_list, sweep as run_sweep
 
-    engine = engine_options({**engine, "jobs": jobs, "slurm_extra": tuple(slurm or ())}
+    executor_options = choose_executor({**executor_options, "jobs": jobs, "slurm_extra": tuple(slurm or ())}
                             | ({"executor": "slurm"} if launcher == "submitit" else {}))
 
     options = SweepOptions(
@@ -144,7 +144,7 @@ def sweep(
         slurm=list(slurm or []), device=device,
     )
     try:
-        page = run_sweep(options, log=lambda message: typer.echo(message, err=True), engine=engine)
+        page = run_sweep(options, log=lambda message: typer.echo(message, err=True), executor_options=executor_options)
     except KeyboardInterrupt:
         word, code = _interrupted()
         typer.echo(f"error: {word}; rerun the same command to continue the sweep in {out}.", err=True)
@@ -154,7 +154,7 @@ def sweep(
 
 @app.command()
 @_friendly_errors
-@engine_params(skip=("jobs",))
+@executor_params(skip=("jobs",))
 def toy(
     loads: Annotated[str, typer.Option("--loads", help="Comma-separated loads N/64 (features per dimension).")] = "1,2,4,8",
     conditions: Annotated[str, typer.Option("--conditions", help="blind (channel-blind keys) and/or visible (routing-visible keys).")] = "blind,visible",
@@ -166,7 +166,7 @@ def toy(
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", help="Training processes, one (condition, load) group each [default: one per CPU].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Output folder (toy.csv, toy_summary.csv, toy.md, toy.png).")] = "reports/toy",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the toy task's earlier output in --out (never a folder holding files sinkscope did not write).")] = False,
-    **engine,
+    **executor_options,
 ) -> None:
     """Seed 000's toy superposition task: error by load per variant and the share of headroom closed.
 
@@ -178,21 +178,21 @@ def toy(
     \b
         sinkscope toy --loads 1,8 --seeds 0 --steps 500 --out reports/toy-quick
     """
-    from sinkscope.executors.options import engine_options
+    from sinkscope.executors.settings import choose_executor
     from sinkscope.lab.sweep import parse_list
     from sinkscope.lab.toy import ToyOptions, run_toy
 
-    engine = engine_options(engine)  # --jobs stays the toy's own (its local processes)
+    executor_options = choose_executor(executor_options)  # --jobs stays the toy's own (its local processes)
 
     options = ToyOptions(loads=parse_list(loads, "loads", int), conditions=parse_list(conditions, "conditions"),
                          variants=parse_list(variants, "variants"), seeds=parse_list(seeds, "seeds", int),
                          steps=steps, batch_size=batch_size, threads=threads, jobs=jobs, out=out, overwrite=overwrite)
-    typer.echo(str(run_toy(options, log=lambda message: typer.echo(message, err=True), engine=engine)))
+    typer.echo(str(run_toy(options, log=lambda message: typer.echo(message, err=True), executor_options=executor_options)))
 
 
 @app.command("run")
 @_friendly_errors
-@engine_params()
+@executor_params()
 def run_recipe_command(
     recipe: Annotated[list[str], typer.Argument(help="One or more recipe TOML files, e.g. probes/sinks-smollm2.toml, run in order.")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable); applies to every recipe given.")] = None,
@@ -201,7 +201,7 @@ def run_recipe_command(
     plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A probe plugin file for the measure steps (repeatable); a recipe's plugins = [...] must be given here too.")] = None,
     allow_recipe_code: Annotated[bool, typer.Option("--allow-recipe-code", help="Run the code the recipes name (trust_remote_code, plugins) without repeating it here.")] = False,
     allow_recipe_executor: Annotated[bool, typer.Option("--allow-recipe-executor", help="Let the recipes' steps choose where their runs go (a sweep step's launcher = \"submitit\", slurm = [...], an executor or its SLURM or Ray options); without it such a step is refused, and --executor here decides.")] = False,
-    **engine,
+    **executor_options,
 ) -> None:
     """Run probe recipes (TOML files naming a command and its options, or steps).
 
@@ -225,14 +225,14 @@ def run_recipe_command(
     """
     import json
 
-    from sinkscope.executors.options import engine_options
+    from sinkscope.executors.settings import choose_executor
     from sinkscope.lab.recipes import run_recipes
 
-    engine = engine_options(engine)
+    executor_options = choose_executor(executor_options)
     overrides = list(set_ or []) + ([f"model={json.dumps(model)}"] if model is not None else [])
     for result in run_recipes(recipe, overrides, log=lambda message: typer.echo(message, err=True),
                               allow_code=allow_recipe_code, trust_remote_code=trust_remote_code,
-                              plugins=tuple(plugin or ()), engine=engine,
+                              plugins=tuple(plugin or ()), executor_options=executor_options,
                               allow_recipe_executor=allow_recipe_executor):
         typer.echo(str(result))
 

@@ -62,17 +62,17 @@ def _run(name: str, values: dict) -> None:
     """``execute(plan(...))``: the command's plan (every check before torch is imported, the models
     resolved once: ``plan.plan``), then the run (``executors.execute``); print the run folder, or
     the comparison page of several models or revisions (``MODEL [MODEL ...]``, ``--revision A,B``)."""
-    from sinkscope.executors.options import engine_options
+    from sinkscope.executors.settings import choose_executor
     from sinkscope.run.plan import plan
 
-    engine = engine_options(values)
+    executor_options = choose_executor(values)
     models = values.get("model")
     given = list(models) if isinstance(models, list) else models  # a list (MODEL [MODEL ...]), one, or None
     plans = plan(name, {k: v for k, v in values.items() if k != "model"}, models=given,
                  revisions=values.get("revision"), group_by=values.get("group_by"))
     from sinkscope.run.dispatch import execute, written_path
 
-    outcome = execute(plans, engine=engine)
+    outcome = execute(plans, executor_options=executor_options)
     if outcome is not None:  # None on data-parallel processes other than 0
         typer.echo(str(written_path(outcome)))
 
@@ -338,13 +338,13 @@ def explore(
         sinkscope explore EleutherAI/pythia-1b --text-file essay.txt --explore-heads all --out runs/essay
     """
     values = {**{k: v for k, v in locals().items() if k not in ("model", "open_page", "shared")}, **shared}
-    from sinkscope.executors.options import engine_options
+    from sinkscope.executors.settings import choose_executor
     from sinkscope.run.dispatch import execute, written_path
     from sinkscope.run.plan import plan
 
-    engine = engine_options(values)
+    executor_options = choose_executor(values)
     plans = plan("explore", values, models=model, revisions=values.get("revision"))
-    outcome = execute(plans, engine=engine)
+    outcome = execute(plans, executor_options=executor_options)
     if outcome is None:
         return
     page = written_path(outcome) / "report.html"

@@ -43,8 +43,8 @@ SlurmTimeOpt = Annotated[int, typer.Option("--slurm-time", help="--executor slur
 SlurmParallelOpt = Annotated[int, typer.Option("--slurm-array-parallelism", help="--executor slurm: runs at once.", rich_help_panel="Executor")]
 SlurmClusterOpt = Annotated[str, typer.Option("--slurm-cluster", help="--executor slurm: slurm (sbatch) | local (submitit's local processes) | debug (in this process).", rich_help_panel="Executor")]
 
-#: the engine's options (``engines.options.EngineOptions``), after TAIL on every command that runs several plans
-ENGINE = (("executor", ExecutorOpt, "local"), ("jobs", JobsOpt, 1), ("ray_address", RayAddressOpt, None),
+#: the engine's options (``executors.settings.ExecutorOptions``), after TAIL on every command that runs several plans
+EXECUTOR_OPTIONS = (("executor", ExecutorOpt, "local"), ("jobs", JobsOpt, 1), ("ray_address", RayAddressOpt, None),
           ("ray_gpus_per_run", RayGpusOpt, None), ("slurm_partition", SlurmPartitionOpt, None),
           ("slurm_gpus_per_run", SlurmGpusOpt, None), ("slurm_time", SlurmTimeOpt, 60),
           ("slurm_array_parallelism", SlurmParallelOpt, 64), ("slurm_cluster", SlurmClusterOpt, "slurm"))
@@ -79,13 +79,13 @@ def run_options(*, skip: tuple[str, ...] = (), **defaults):
                if p.kind is not inspect.Parameter.VAR_KEYWORD]
         first = [p for p in own if p.name in ("model", "out")]
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p.name not in ("model", "out")]
-        func.__signature__ = inspect.Signature(first + shared(HEAD) + rest + shared(TAIL) + shared(ENGINE))
+        func.__signature__ = inspect.Signature(first + shared(HEAD) + rest + shared(TAIL) + shared(EXECUTOR_OPTIONS))
         return func
 
     return decorate
 
 
-def engine_params(*, skip: tuple[str, ...] = ()):
+def executor_params(*, skip: tuple[str, ...] = ()):
     """Declare :data:`ENGINE` (less ``skip``: ``sweep`` and ``toy`` keep their own ``--jobs``) at the end of
     a lab command's signature; the function takes them as ``**engine``."""
     import inspect
@@ -94,7 +94,7 @@ def engine_params(*, skip: tuple[str, ...] = ()):
         own = [p for p in inspect.signature(func, eval_str=True).parameters.values()
                if p.kind is not inspect.Parameter.VAR_KEYWORD]
         added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
-                 for name, annotation, default in ENGINE if name not in skip]
+                 for name, annotation, default in EXECUTOR_OPTIONS if name not in skip]
         func.__signature__ = inspect.Signature(own + added)
         return func
 

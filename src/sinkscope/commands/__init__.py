@@ -3,7 +3,7 @@
 A command is a :class:`~sinkscope.commands.spec.Command` registered with :func:`register_command`;
 every module of this package is imported on first use, so a new command is one module here
 plus its declaration in the command line (``cli.py``). The plan (``run/plan.py``) checks it, the
-pipeline (``run/pipeline.py``) does the rest.
+run (``run/``: plan, prepare, load, measure, write) does the rest.
 """
 
 from __future__ import annotations

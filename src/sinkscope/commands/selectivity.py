@@ -10,7 +10,7 @@ the gated reads (``value_norm_ratio``, ``gated_value_norm_ratio``). A model with
 statistics (``output_gate``); within-row selectivity is not defined for it.
 
 Several models (``MODEL [MODEL ...]``) give one folder with a run per model and one comparison
-page (``pipeline.execute_several``): every model must have a gate, which is checked from the
+page (``run.comparison.execute_several``): every model must have a gate, which is checked from the
 config files before anything loads. Everything else (windows, loading, resume, torchrun, the
 run folder, the report) is the pipeline's.
 """

@@ -1,7 +1,7 @@
 """What every measuring command is made of: its options and its declaration (no heavy imports).
 
 The CLI checks a command's options with these before torch or transformers is imported, so a
-mistake costs a fraction of a second; ``run/pipeline.py`` runs the command.
+mistake costs a fraction of a second; ``run/`` runs the command (``run/stages.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class RunOptions:
         seq_len: tokens per window, BOS included; None = 512 (a SmolLM2 run near a minute on 2
             cores), or the model's context if shorter (trainer checkpoints: 128 for ``tiny``).
             Several lengths (a tuple, ``--seq-len 128,512,2048``) measure every metric at each
-            length in one run, on prefixes of the same windows (``run/pipeline.py``, "several
+            length in one run, on prefixes of the same windows (``run/measure.py``, "several
             lengths"); the table gains a ``seq_len`` column. One length is the plain run.
         n_seqs: number of windows.
         batch_size: windows per forward pass (does not change the numbers).
@@ -98,7 +98,7 @@ class Command:
         check_source: checks against the model's config file, before the weights load.
         check_model: checks needing the model's sizes, right after it loads.
         check_sources: checks across the models of one comparison (``MODEL [MODEL ...]``, see
-            ``pipeline.execute_several``), before any of them loads.
+            ``run.comparison.execute_several``), before any of them loads.
         read_windows: a function that replaces ``runner.run_probes`` (same signature) and reads
             each window its own way (``stream``: through a bounded cache); None: ``run_probes``.
         reads_past_context: the windows may be longer than the model's context (``stream``).
@@ -194,6 +194,12 @@ def seq_lens(seq_len) -> tuple[int, ...] | None:
     if isinstance(seq_len, bool) or not isinstance(seq_len, int):
         raise SinkscopeError(f"{option('seq_len')} must be an integer or a list of them (got {seq_len!r}).")
     return (seq_len,)
+
+
+def longest(seq_len: int | tuple[int, ...] | None) -> int | None:
+    """The longest of the run's lengths (the windows are drawn at it; shorter ones are their prefixes)."""
+    lengths = seq_lens(seq_len)
+    return None if lengths is None else max(lengths)
 
 
 def check_layer_start(start: int | None, n_layers: int | None, attention_layers=None,

@@ -543,3 +543,27 @@ def make_windows(doc_ids: list[np.ndarray | SegmentedIds], *, seq_len: int, n_se
             row = np.concatenate([np.asarray([bos_id], dtype=np.int64), row])
         rows.append(row)
     return Windows(np.stack(rows).astype(np.int64), bos_id, starts, total)
+
+
+def given_windows(tokens) -> Windows:
+    """Token ids a caller handed over as ``windows=``, checked: integers, (n_seqs >= 1, seq_len >= 2), ids >= 0.
+
+    A numpy array, a torch tensor (read through ``detach().cpu()``, no torch import here) or nested
+    lists; floats are refused rather than truncated.
+    """
+    if hasattr(tokens, "detach") and hasattr(tokens, "cpu"):  # a torch tensor
+        tokens = tokens.detach().cpu().numpy()
+    try:
+        array = np.asarray(tokens)
+    except (ValueError, TypeError) as error:  # ragged lists
+        raise SinkscopeError(f"windows must be a rectangular array of token ids (n_seqs, seq_len) ({error}).") from error
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        kind = "floats" if np.issubdtype(array.dtype, np.floating) else f"{array.dtype} values"
+        raise SinkscopeError(f"windows must be integer token ids, not {kind}; convert them with .astype(int) if "
+                             "they are ids.")
+    if array.ndim != 2 or array.shape[0] < 1 or array.shape[1] < 2:
+        raise SinkscopeError(f"windows must be token ids of shape (n_seqs >= 1, seq_len >= 2), not {array.shape}; "
+                             "one window is windows=[ids].")
+    array = np.ascontiguousarray(array.astype(np.int64))
+    check_token_range(array, None)  # negative ids
+    return Windows(array, None, [], int(array.size))

@@ -123,13 +123,13 @@ class Progress:
     :func:`run_job` writes; a log kept from an earlier attempt counts from its size now). ``on_outcome``
     is told each outcome as its job ends (the toy task prints a group's numbers as it finishes)."""
 
-    def __init__(self, jobs: list[Job], engine: str, show: bool = True,
+    def __init__(self, jobs: list[Job], executor: str, show: bool = True,
                  on_outcome: Callable[[Outcome], None] | None = None):
         from sinkscope.runtime.progress import progress_bar
 
         self.jobs, self.finished, self.failed, self.on_outcome = jobs, set(), 0, on_outcome
         self.sizes = {job.name: _size(job.log) for job in jobs}
-        self.bar = progress_bar(total=len(jobs), desc=f"runs ({engine})", unit="run", disable=not show,
+        self.bar = progress_bar(total=len(jobs), desc=f"runs ({executor})", unit="run", disable=not show,
                                 file=sys.stderr, dynamic_ncols=True)
         self.refresh()
 

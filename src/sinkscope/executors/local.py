@@ -18,24 +18,24 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from sinkscope.executors.jobs import Job, Outcome, Progress, lost, run_job
-from sinkscope.executors.options import EngineOptions
+from sinkscope.executors.settings import ExecutorOptions
 
 #: seconds the processes still running get to end after the command is interrupted, before SIGKILL
 STOP_SECONDS = 10.0
 
 
-def run_local(jobs: list[Job], engine: EngineOptions, progress: Progress, log: Callable[[str], None]) -> list[Outcome]:
+def run_local(jobs: list[Job], executor_options: ExecutorOptions, progress: Progress, log: Callable[[str], None]) -> list[Outcome]:
     """Each job's outcome, in the order of ``jobs``; ``engine.jobs`` processes at once, each with
     ``cpu_count // jobs`` torch threads unless a job sets its own."""
-    if engine.jobs == 1:
+    if executor_options.jobs == 1:
         outcomes = []
         for job in jobs:
             outcomes.append(run_job(job))
             progress.finish(outcomes[-1], log)
         return outcomes
-    threads = max(1, (os.cpu_count() or 1) // engine.jobs)
+    threads = max(1, (os.cpu_count() or 1) // executor_options.jobs)
     jobs_here = [replace(job, threads=job.threads or threads) for job in jobs]
-    outcomes = run_processes(jobs_here, engine.jobs, lambda outcome: progress.finish(outcome, log), progress.refresh)
+    outcomes = run_processes(jobs_here, executor_options.jobs, lambda outcome: progress.finish(outcome, log), progress.refresh)
     return [outcomes[job.name] for job in jobs]
 
 

@@ -3,7 +3,7 @@
 ``ray_address`` "auto" or ``HOST:PORT`` joins a running cluster; none starts a local one for this
 command (shut down after it). A Ray session this process already holds (``ray.init`` in a notebook
 or a test) is used as it is and left running. Each task asks for one CPU and the job's GPUs
-(``--ray-gpus-per-run``, else what its plan's device needs: ``engines.options.gpus_per_run``). Tasks
+(``--ray-gpus-per-run``, else what its plan's device needs: ``executors.settings.gpus_per_run``). Tasks
 are never retried: a failed run is rerun with ``--resume``. Only the small :class:`Outcome` travels
 through Ray's object store; the runs are written to the shared filesystem.
 
@@ -27,7 +27,7 @@ import threading
 from typing import Callable
 
 from sinkscope.executors.jobs import Job, Outcome, Progress, lost, run_job
-from sinkscope.executors.options import EngineOptions, control_character, ray_address_parts
+from sinkscope.executors.settings import ExecutorOptions, control_character, ray_address_parts
 from sinkscope.errors import SinkscopeError, option
 
 #: seconds the address has to accept a connection and answer as a gRPC server does
@@ -41,18 +41,18 @@ _HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0,
 _STARTED = {"here": False}
 
 
-def cluster_gpus(engine: EngineOptions) -> float:
+def cluster_gpus(executor_options: ExecutorOptions) -> float:
     """The GPUs of the cluster the jobs will run on (starts or joins it)."""
     import ray
 
-    connect(engine)
+    connect(executor_options)
     return float(ray.cluster_resources().get("GPU", 0))
 
 
-def _address(engine: EngineOptions) -> tuple[str | None, str]:
+def _address(executor_options: ExecutorOptions) -> tuple[str | None, str]:
     """The address Ray will join (None: it starts a local cluster) and how to name it in a sentence:
     ``--ray-address``, or ``RAY_ADDRESS`` (which Ray reads when the option is unset or ``auto``)."""
-    given = engine.ray_address
+    given = executor_options.ray_address
     from_env = os.environ.get("RAY_ADDRESS") or None
     if from_env is not None and given in (None, "auto"):
         what = "the RAY_ADDRESS environment variable"
@@ -125,7 +125,7 @@ def _first_bytes(connection: socket.socket, count: int) -> bytes:
     return data
 
 
-def connect(engine: EngineOptions) -> bool:
+def connect(executor_options: ExecutorOptions) -> bool:
     """Join or start the cluster unless this process holds one; whether this call started the session.
 
     The address is checked before Ray starts (:func:`check_answers`); Ray's failures are one sentence;
@@ -134,7 +134,7 @@ def connect(engine: EngineOptions) -> bool:
 
     if ray.is_initialized():
         return False
-    address, what = _address(engine)
+    address, what = _address(executor_options)
     target = _resolved(address)
     if target is not None:
         check_answers(target, what)
@@ -142,7 +142,7 @@ def connect(engine: EngineOptions) -> bool:
     handler = signal.getsignal(signal.SIGTERM) if main else None
     try:
         with _within(JOIN_SECONDS if target is not None else None):
-            ray.init(address=engine.ray_address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            ray.init(address=executor_options.ray_address, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     except _TookTooLong:
         _shutdown_quietly(ray)
         raise SinkscopeError(f"the Ray cluster at {target} did not let this process join within {JOIN_SECONDS:.0f} s "
@@ -207,11 +207,11 @@ def _task_name(job: Job) -> str:
     return f"sinkscope:{name}"
 
 
-def run_ray(jobs: list[Job], engine: EngineOptions, progress: Progress, log: Callable[[str], None]) -> list[Outcome]:
+def run_ray(jobs: list[Job], executor_options: ExecutorOptions, progress: Progress, log: Callable[[str], None]) -> list[Outcome]:
     """Each job's outcome, in the order of ``jobs``."""
     import ray
 
-    connect(engine)
+    connect(executor_options)
     try:
         task = ray.remote(max_retries=0)(run_job)
         refs = {task.options(num_cpus=1, num_gpus=job.gpus, name=_task_name(job)).remote(job): job

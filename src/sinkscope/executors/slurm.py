@@ -1,7 +1,7 @@
 """``--executor slurm``: the jobs as one SLURM job array through submitit (docs/scaling.md).
 
 Each array task runs one job (:func:`~sinkscope.executors.jobs.run_job`) with ``slurm_gpus_per_run``
-GPUs (default: what the plans need, ``engines.options.gpus_per_run``, on a cluster assumed to have
+GPUs (default: what the plans need, ``executors.settings.gpus_per_run``, on a cluster assumed to have
 them) and one task per node, at most ``slurm_array_parallelism`` at once, for ``slurm_time``
 minutes. ``slurm_cluster`` local runs the array as local processes and debug in this process
 (submitit's executors): how the tests run it.
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from sinkscope.executors.jobs import Job, Outcome, Progress, lost, run_job
-from sinkscope.executors.options import EngineOptions, check_text, slurm_value
+from sinkscope.executors.settings import ExecutorOptions, check_text, slurm_value
 from sinkscope.errors import Interrupted, SinkscopeError, option
 
 #: the largest outcome file read back (a sweep's line, a toy group's rows: a few kB)
@@ -36,26 +36,26 @@ MAX_OUTCOME_BYTES = 16 << 20
 OUTCOME_GRACE_SECONDS = {"slurm": 30.0}
 
 
-def slurm_parameters(engine: EngineOptions, gpus: int) -> dict:
+def slurm_parameters(executor_options: ExecutorOptions, gpus: int) -> dict:
     """submitit's ``update_parameters`` for one array: one task per run, ``gpus`` GPUs each."""
-    params = {"timeout_min": engine.slurm_time, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": max(1, 4 * gpus),
-              "gpus_per_node": gpus, "name": "sinkscope", "slurm_array_parallelism": engine.slurm_array_parallelism}
-    if engine.slurm_partition:
-        params["slurm_partition"] = engine.slurm_partition
-    for item in engine.slurm_extra:  # key=value, a whole number as a number
+    params = {"timeout_min": executor_options.slurm_time, "nodes": 1, "tasks_per_node": 1, "cpus_per_task": max(1, 4 * gpus),
+              "gpus_per_node": gpus, "name": "sinkscope", "slurm_array_parallelism": executor_options.slurm_array_parallelism}
+    if executor_options.slurm_partition:
+        params["slurm_partition"] = executor_options.slurm_partition
+    for item in executor_options.slurm_extra:  # key=value, a whole number as a number
         key, _, value = str(item).partition("=")
         params[key.strip()] = slurm_value(value)
     return params
 
 
-def executor_for(engine: EngineOptions, folder: Path, gpus: int):
+def executor_for(executor_options: ExecutorOptions, folder: Path, gpus: int):
     """A submitit executor for the array (its files under ``folder``); a parameter submitit refuses is
     one sentence."""
     import submitit
 
-    cluster = None if engine.slurm_cluster == "slurm" else engine.slurm_cluster
+    cluster = None if executor_options.slurm_cluster == "slurm" else executor_options.slurm_cluster
     executor = submitit.AutoExecutor(folder=str(folder), cluster=cluster or "slurm")
-    params = slurm_parameters(engine, gpus)
+    params = slurm_parameters(executor_options, gpus)
     if cluster is not None:  # submitit's local executors take the shared parameters only
         params = {k: v for k, v in params.items() if not k.startswith("slurm_") and k != "name"}
         params["gpus_per_node"] = 0 if cluster == "local" and not gpus else gpus
@@ -128,21 +128,21 @@ def read_outcome(job: Job, path: Path, nonce: str) -> Outcome | None:
                    float(record["seconds"]))
 
 
-def run_slurm(jobs: list[Job], engine: EngineOptions, folder: Path, progress: Progress,
+def run_slurm(jobs: list[Job], executor_options: ExecutorOptions, folder: Path, progress: Progress,
               log: Callable[[str], None]) -> list[Outcome]:
     """Each job's outcome, in the order of ``jobs`` (submitted as one array from a folder of its own
     under ``folder``, waited for)."""
     gpus = int(max((job.gpus for job in jobs), default=0))
     here = submission_folder(folder)
-    executor = executor_for(engine, here, gpus)
+    executor = executor_for(executor_options, here, gpus)
     nonce = secrets.token_hex(16)
     paths = [str(outcome_path(here, k, nonce)) for k in range(len(jobs))]
     submitted = executor.map_array(slurm_task, jobs, paths, [nonce] * len(jobs))
-    log(f"Submitted {len(submitted)} runs as a job array through submitit ({engine.slurm_cluster}); its files are in "
+    log(f"Submitted {len(submitted)} runs as a job array through submitit ({executor_options.slurm_cluster}); its files are in "
         f"{here}.")
     try:
         return _wait(jobs, submitted, [Path(p) for p in paths], nonce, progress, log,
-                     grace=OUTCOME_GRACE_SECONDS.get(engine.slurm_cluster, 0.0))
+                     grace=OUTCOME_GRACE_SECONDS.get(executor_options.slurm_cluster, 0.0))
     except KeyboardInterrupt:
         ids = sorted({str(handle.job_id).split("_")[0] for handle in submitted})
         raise Interrupted(f"interrupted; the SLURM array {', '.join(ids)} keeps running on the cluster (scancel "

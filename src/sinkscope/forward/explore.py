@@ -110,3 +110,16 @@ def explore(model, tokenizer, spec, tokens: np.ndarray, *, heads: str, windows: 
         log(f"note: the explorer keeps {record['patterns_kept']} of {stored} patterns to stay within "
             f"--explore-max-mb {max_mb:g}.")
     return data, record
+
+
+def p0_by_head(table, n_layers: int, n_heads: int):
+    """A run's per-head ``p0_mass`` rows as an (L, H) array (NaN where it has none), or None without such rows:
+    the ranking the explorer keeps its heads by, so no second pass is needed to rank them."""
+    import numpy as np
+
+    rows = table[(table.metric == "p0_mass") & table.layer.notna() & table["head"].notna()]
+    if rows.empty or rows.duplicated(["layer", "head"]).any():
+        return None
+    p0 = np.full((n_layers, n_heads), np.nan)  # (L, H)
+    p0[rows.layer.astype(int).to_numpy(), rows["head"].astype(int).to_numpy()] = rows["value"].to_numpy(dtype=float)
+    return p0

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import get_type_hints
 
 from sinkscope.commands import discover
-from sinkscope.executors.options import ENGINE_FIELDS
+from sinkscope.executors.settings import EXECUTOR_FIELDS
 from sinkscope.errors import SinkscopeError, option
 from sinkscope.runtime.paths import user_path
 
@@ -112,11 +112,11 @@ def _measure(name: str):
     """The runner of a measuring command: its plan (made when the step runs, so a model an earlier step
     trains exists by then), then the pipeline; returns the run folder. ``name_prefix``: a step without
     an ``out`` writes to ``reports/<time>-<recipe>-<model>-...``."""
-    def run(options, log=None, name_prefix=None, engine=None):
+    def run(options, log=None, name_prefix=None, executor_options=None):
         from sinkscope.run.dispatch import execute, written_path
         from sinkscope.run.plan import plan
 
-        return written_path(execute(plan(name, options, name_prefix=name_prefix), log=log, engine=engine))
+        return written_path(execute(plan(name, options, name_prefix=name_prefix), log=log, executor_options=executor_options))
     return run
 
 
@@ -126,11 +126,11 @@ def _sweep_options():
     return SweepOptions
 
 
-def _sweep(options, log=None, engine=None):
-    from sinkscope.lab.sweep import sweep, sweep_engine
+def _sweep(options, log=None, executor_options=None):
+    from sinkscope.lab.sweep import sweep, sweep_executor
 
-    in_process = engine is None or engine.in_process  # the command line's --executor, else the step's own launcher
-    return sweep(options, log=log, engine=sweep_engine(options) if in_process else engine)
+    in_process = executor_options is None or executor_options.in_process  # the command line's --executor, else the step's own launcher
+    return sweep(options, log=log, executor_options=sweep_executor(options) if in_process else executor_options)
 
 
 def _toy_options():
@@ -139,10 +139,10 @@ def _toy_options():
     return ToyOptions
 
 
-def _toy(options, log=None, engine=None):
+def _toy(options, log=None, executor_options=None):
     from sinkscope.lab.toy import run_toy
 
-    return run_toy(options, log=log, engine=engine)
+    return run_toy(options, log=log, executor_options=executor_options)
 
 
 def _commands() -> dict:
@@ -379,7 +379,7 @@ def check_recipe_code(path: str, steps: list[tuple[str, object]], overrides: lis
 
 #: the options of a step that choose where its runs go: an executor, a launcher other than local, SLURM's
 #: or Ray's parameters. A step's ``jobs`` (local processes on this machine) is not among them.
-EXECUTOR_OPTIONS = ("launcher", "slurm", *(name for name in ENGINE_FIELDS if name != "jobs"))
+EXECUTOR_OPTIONS = ("launcher", "slurm", *(name for name in EXECUTOR_FIELDS if name != "jobs"))
 
 
 def _field_default(options, name: str):
@@ -411,7 +411,7 @@ def check_recipe_executor(path: str, steps: list[tuple[str, object]], overrides:
     in: ``allow`` (``run --allow-recipe-executor``), or the option given with ``--set`` (the command line's
     own). Whatever is allowed, a text among those options that holds a control character is refused (it
     would reach a batch script)."""
-    from sinkscope.executors.options import check_text
+    from sinkscope.executors.settings import check_text
 
     from_cli = _set_on_command_line(list(overrides))
     for n, (command, options) in enumerate(steps, 1):
@@ -491,7 +491,7 @@ def run_recipe(path: str, overrides: list[str] = (), log=None, **code):
 
 
 def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_code: bool = False,
-                trust_remote_code: bool = False, plugins: tuple[str, ...] = (), engine=None,
+                trust_remote_code: bool = False, plugins: tuple[str, ...] = (), executor_options=None,
                 allow_recipe_executor: bool = False) -> list:
     """Several recipes, one after the other, every one checked (and ``--set`` applied to each) before
     the first step runs; returns what each recipe's last step returns.
@@ -501,7 +501,7 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
     ``plugins`` (``--plugin``, also loaded by every measuring step that takes plugins). Where the runs go
     is the command line's too (:func:`check_recipe_executor`): a step's own executor, launcher, SLURM or
     Ray options need ``allow_recipe_executor`` (``--allow-recipe-executor``). ``engine``
-    (``--executor``, ``engines.options.EngineOptions``) runs the runs of each measuring, ``sweep`` and
+    (``--executor``, ``executors.settings.ExecutorOptions``) runs the runs of each measuring, ``sweep`` and
     ``toy`` step. The steps run in order (a step may need an earlier one's output), except that on an
     engine other than in-process, consecutive measuring steps (which read models and write only
     their own folders) go as one batch: the Pythia suite's 8 series are one SLURM array.
@@ -530,7 +530,7 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
             if getattr(options, "out", None):
                 check_inputs_outside(options.out, {"the recipe": path}, flag=option("out"))
     measuring = set(discover())
-    batched = engine is not None and not engine.in_process
+    batched = executor_options is not None and not executor_options.in_process
     results = []
     for path, steps in zip(paths, loaded):
         result, batch = None, []
@@ -541,20 +541,20 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
                 batch.append(plan(command, options, name_prefix=Path(path).stem))
                 continue
             if batch:
-                result, batch = _run_batch(batch, engine, log), []
+                result, batch = _run_batch(batch, executor_options, log), []
             extra = {"name_prefix": Path(path).stem} if command in measuring else {}
-            if engine is not None and (command in measuring or command in ("sweep", "toy")):
-                extra["engine"] = engine
+            if executor_options is not None and (command in measuring or command in ("sweep", "toy")):
+                extra["executor_options"] = executor_options
             result = commands[command][1](options, log=log, **extra)
         if batch:
-            result = _run_batch(batch, engine, log)
+            result = _run_batch(batch, executor_options, log)
         results.append(result)
     return results
 
 
-def _run_batch(groups: list, engine, log):
+def _run_batch(groups: list, executor_options, log):
     """Consecutive measuring steps' plans as one batch on the engine (one Ray submission, one SLURM
     array: ``executors.execute_groups``); returns the last step's folder or page."""
     from sinkscope.run.dispatch import execute_groups
 
-    return execute_groups(groups, engine, log=log)[-1]
+    return execute_groups(groups, executor_options, log=log)[-1]

@@ -36,7 +36,7 @@ inventory (``.sinkscope-files``, at the start and after the tables; ``engine/`` 
 sweep's ``submitit/`` are the sweep's whole), a folder written before inventories is recognised by its ``sweep.json`` and the fixed
 names above, and ``.NAME.lock`` beside the folder keeps a second sweep out while one runs.
 
-Engines (``engines``, docs/scaling.md): one run after the other in this process (default);
+Engines (``executors``, docs/scaling.md): one run after the other in this process (default);
 ``jobs > 1`` runs them as that many local processes (each limited to its share of the CPU threads);
 ``--executor ray`` as Ray tasks and ``--executor slurm`` (or ``launcher="submitit"``) as one SLURM
 job array through submitit. Each run is one job with its log in ``engine/logs/``; a run that fails
@@ -200,8 +200,7 @@ def run_one(options: SweepOptions, variant: str, seed: int, threads: int | None 
 
 def _probe(options: SweepOptions, name: str, ckpt: Path, out: Path) -> str:
     from sinkscope.commands import get_command
-    from sinkscope.commands.spec import check_options
-    from sinkscope.run.pipeline import execute
+    from sinkscope.run.dispatch import measure_command
     from sinkscope.store.results import is_run_folder
 
     if is_run_folder(out):
@@ -209,9 +208,7 @@ def _probe(options: SweepOptions, name: str, ckpt: Path, out: Path) -> str:
     command = get_command(name)
     probe_options = command.options(model=str(ckpt), out=str(out), n_seqs=options.n_seqs, seed=0,
                                     device=options.device, progress=False, figures=False, overwrite=out.exists())
-    check_options(probe_options)
-    command.check(probe_options)
-    execute(command, probe_options, log=lambda _m: None)
+    measure_command(command, probe_options, log=lambda _m: None)  # plan (every check) then execute
     return f"{name} measured"
 
 
@@ -223,31 +220,31 @@ def _run_local(options: SweepOptions, pairs, log) -> None:
         _record(Path(options.out))  # nothing else writes now: the inventory follows each finished run
 
 
-def sweep_engine(options: SweepOptions):
+def sweep_executor(options: SweepOptions):
     """The engine the sweep's own options ask for: ``--launcher submitit`` (with its ``--slurm``
     parameters) is ``--executor slurm``; else ``--jobs`` local processes."""
-    from sinkscope.executors.options import EngineOptions, check_engine
+    from sinkscope.executors.settings import ExecutorOptions, check_executor
 
     if options.launcher == "submitit":
-        return check_engine(EngineOptions(executor="slurm", slurm_extra=tuple(options.slurm)))
-    return check_engine(EngineOptions(jobs=options.jobs))
+        return check_executor(ExecutorOptions(executor="slurm", slurm_extra=tuple(options.slurm)))
+    return check_executor(ExecutorOptions(jobs=options.jobs))
 
 
-def _run_jobs(options: SweepOptions, pairs, engine, log) -> None:
-    """Each (variant, seed) one job on ``engine`` (``engines``): its log in ``OUT/engine/logs/``; a run
+def _run_jobs(options: SweepOptions, pairs, executor_options, log) -> None:
+    """Each (variant, seed) one job on ``engine`` (``executors``): its log in ``OUT/engine/logs/``; a run
     that fails fails alone, and the sweep then stops before its tables in one sentence naming each."""
     from sinkscope.executors.jobs import Job
-    from sinkscope.executors.options import gpus_per_run
+    from sinkscope.executors.settings import gpus_per_run
     from sinkscope.executors.run import cluster_gpus, run_jobs
 
     out = Path(options.out)
-    folder = out / ENGINE_FOLDER
-    threads = max(1, (os.cpu_count() or 1) // engine.jobs) if engine.executor == "local" else None
-    override = {"ray": engine.ray_gpus_per_run, "slurm": engine.slurm_gpus_per_run}.get(engine.executor)
-    gpus = gpus_per_run(options.device, None, override, cluster_gpus(engine))
+    folder = out / JOBS_FOLDER
+    threads = max(1, (os.cpu_count() or 1) // executor_options.jobs) if executor_options.executor == "local" else None
+    override = {"ray": executor_options.ray_gpus_per_run, "slurm": executor_options.slurm_gpus_per_run}.get(executor_options.executor)
+    gpus = gpus_per_run(options.device, None, override, cluster_gpus(executor_options))
     jobs = [Job(f"{variant}-s{seed}", str(folder / "logs" / f"{variant}-s{seed}.log"), run_one, (options, variant, seed),
                 gpus=gpus, threads=threads) for variant, seed in pairs]
-    outcomes = run_jobs(jobs, engine, folder, log=log)
+    outcomes = run_jobs(jobs, executor_options, folder, log=log)
     for outcome in outcomes:
         if outcome.ok:
             log(str(outcome.value))  # run_one's line (JSON from a SLURM task: a string too)
@@ -258,14 +255,14 @@ def _run_jobs(options: SweepOptions, pairs, engine, log) -> None:
                              + f". The finished runs are kept in {out}: rerun the same command to run only the others.")
 
 
-def sweep(options: SweepOptions, log=None, engine=None) -> Path:
-    """Run the sweep (module docstring) on ``engine`` (``engines.options.EngineOptions``; default
+def sweep(options: SweepOptions, log=None, executor_options=None) -> Path:
+    """Run the sweep (module docstring) on ``engine`` (``executors.settings.ExecutorOptions``; default
     :func:`sweep_engine`); returns ``OUT/sweep.md``."""
     from sinkscope.store.files import atomic_write_text
 
     log = log or (lambda message: print(message, flush=True))
     check(options)
-    engine = engine or sweep_engine(options)
+    executor_options = executor_options or sweep_executor(options)
     out = Path(options.out)
     with lock_sweep_dir(out):
         check_sweep_dir(out)
@@ -273,10 +270,10 @@ def sweep(options: SweepOptions, log=None, engine=None) -> Path:
         pairs = [(variant, seed) for variant in options.variants for seed in options.seeds]
         atomic_write_text(out / "sweep.json", json.dumps(dataclasses.asdict(options), indent=2) + "\n")
         _record(out)
-        if engine.in_process:
+        if executor_options.in_process:
             _run_local(options, pairs, log)
         else:
-            _run_jobs(options, pairs, engine, log)
+            _run_jobs(options, pairs, executor_options, log)
         return write_tables(options, log)
 
 
@@ -292,7 +289,7 @@ SWEEP_WRITER = "sweep"
 #: folders whose whole content is the sweep's however it changes (submitit's logs and pickles).
 SWEEP_TREES = ("submitit", "engine")
 #: the engine's files: each run's log (``logs/``), submitit's (``slurm/``); older sweeps wrote ``submitit/``.
-ENGINE_FOLDER = "engine"
+JOBS_FOLDER = "engine"
 
 
 def _is_sweep_json(path: Path) -> bool:

@@ -599,13 +599,13 @@ def check_toy_dir(out: Path, overwrite: bool) -> None:
                       hint="pass --overwrite to replace it")
 
 
-def run_toy(options: ToyOptions, log=None, engine=None) -> Path:
+def run_toy(options: ToyOptions, log=None, executor_options=None) -> Path:
     """Every (condition, load, seed) cell; writes toy.csv, toy_summary.csv, toy.md and toy.png.
 
     The folder is written whole into a hidden sibling and swapped into place at the end
     (``fileio.replace_folder``): a crash leaves the old output or the new one. ``--out`` is
     checked first (:func:`check_toy_dir`) and locked for the whole run. ``engine``
-    (``engines.options.EngineOptions``): where the groups train (:func:`train_all`).
+    (``executors.settings.ExecutorOptions``): where the groups train (:func:`train_all`).
     """
     log = log or (lambda message: print(message, flush=True))
     for variant in options.variants:
@@ -623,7 +623,7 @@ def run_toy(options: ToyOptions, log=None, engine=None) -> Path:
 
     with lock_folder(out, kind="toy", writer="toy run"):
         check_toy_dir(out, options.overwrite)  # under the lock
-        _run_toy(options, out, log, engine)
+        _run_toy(options, out, log, executor_options)
     log(f"wrote {out / 'toy.md'}")
     return out / "toy.md"
 
@@ -654,7 +654,7 @@ def toy_jobs(options: ToyOptions) -> int:
     return max(1, min(cpus, groups))
 
 
-def train_all(options: ToyOptions, log=lambda message: None, engine=None) -> list[dict]:
+def train_all(options: ToyOptions, log=lambda message: None, executor_options=None) -> list[dict]:
     """Every (condition, load) group (:func:`train_group`, all seeds at once), each in one torch
     thread (``options.threads`` if given): in this process for one job, else one job each (the
     largest loads first) in :func:`toy_jobs` spawned processes or on ``engine`` (``--executor
@@ -669,21 +669,21 @@ def train_all(options: ToyOptions, log=lambda message: None, engine=None) -> lis
             log(f"{group[0]} load {group[1]} seed {seed}: "
                 + ", ".join(f"{r['variant']} {r['error']:.4f}" for r in rows if r["seed"] == seed))
 
-    if engine is None or engine.executor == "local":
+    if executor_options is None or executor_options.executor == "local":
         jobs = toy_jobs(options)
         if jobs == 1:
             for group in groups:
                 finished(group, _train_group_job(options, *group))
             return [row for group in groups for row in done[group]]
-        from sinkscope.executors.options import EngineOptions
+        from sinkscope.executors.settings import ExecutorOptions
 
-        engine = EngineOptions(jobs=jobs)  # each group a process of its own: a killed one fails alone
-    _train_on_engine(options, sorted(groups, key=lambda group: -group[1]), engine, log, finished)
+        executor_options = ExecutorOptions(jobs=jobs)  # each group a process of its own: a killed one fails alone
+    _train_on_executor(options, sorted(groups, key=lambda group: -group[1]), executor_options, log, finished)
     return [row for group in groups for row in done[group]]
 
 
-def _train_on_engine(options: ToyOptions, groups: list[tuple[str, int]], engine, log, finished) -> None:
-    """Each group one job on ``engine`` (``engines``: local processes, Ray or SLURM), its log under
+def _train_on_executor(options: ToyOptions, groups: list[tuple[str, int]], executor_options, log, finished) -> None:
+    """Each group one job on ``engine`` (``executors``: local processes, Ray or SLURM), its log under
     ``paths.cache_root()/engine/`` (the output folder is written whole at the end); ``finished(group,
     rows)`` as each group ends. A group that fails, fails alone: the others finish, then one sentence
     names each group that failed (nothing is written then)."""
@@ -702,7 +702,7 @@ def _train_on_engine(options: ToyOptions, groups: list[tuple[str, int]], engine,
         if outcome.ok:
             finished(by_name[outcome.name], _checked_rows(outcome.value, outcome.name))
 
-    outcomes = run_jobs(jobs, engine, folder, log=log, show_progress=engine.executor != "local", on_outcome=arrived)
+    outcomes = run_jobs(jobs, executor_options, folder, log=log, show_progress=executor_options.executor != "local", on_outcome=arrived)
     failed = [outcome for outcome in outcomes if not outcome.ok]
     if failed:
         raise SinkscopeError(f"{len(failed)} of {len(jobs)} toy groups failed: " + "; ".join(o.failure() for o in failed)
@@ -725,13 +725,13 @@ def _train_group_job(options: ToyOptions, condition: str, load: int) -> list[dic
             for row in train_group(options, condition, load, options.seeds)]
 
 
-def _run_toy(options: ToyOptions, out: Path, log, engine=None) -> None:
+def _run_toy(options: ToyOptions, out: Path, log, executor_options=None) -> None:
     import shutil
     import tempfile
 
     from sinkscope.store.files import default_folder_mode, replace_folder, write_inventory
 
-    frame = pd.DataFrame(train_all(options, log, engine))
+    frame = pd.DataFrame(train_all(options, log, executor_options))
     summary = summarise(frame)
     stage = Path(tempfile.mkdtemp(prefix=f".{Path(os.path.abspath(out)).name}.partial-",
                                   dir=Path(os.path.abspath(out)).parent))

@@ -4,7 +4,7 @@ Two sources of the same curves:
 
 - a **series of runs**, one per checkpoint of one model (``sinkscope sinks MODEL --revision
   step0,step1000,...``, or a folder of trainer checkpoints as the MODEL): every run carries the
-  conditions ``step`` and ``revision`` (``pipeline.execute_several``), and every metric with
+  conditions ``step`` and ``revision`` (``run.comparison.execute_several``), and every metric with
   per-layer rows is drawn against the step, one line per layer plus the model value (the mean
   over layers of per-layer means over heads, SPEC.md "Averages"). A revision whose name gives no
   step puts the series on the revisions' order instead (x = 0, 1, 2, ... labelled by name);

@@ -36,13 +36,14 @@ from typing import Callable
 from sinkscope.forward import distributed
 from sinkscope.errors import Interrupted, SinkscopeError, option
 from sinkscope.commands.spec import Command, RunOptions
-from sinkscope.run.pipeline import Prepared, carry_out, prepare, progress_path
+from sinkscope.run.prepare import Prepared, prepare, progress_path
+from sinkscope.run.stages import carry_out
 from sinkscope.run.plan import COMPARISON_WRITER, Plan
 from sinkscope.run.plan import plan as plan_runs
 
 #: the comparison's subfolder of the engines' files: each run's log (``logs/NAME.log``), submitit's
 #: files (``slurm/``); ``--executor local --jobs 1`` writes none.
-ENGINE_FOLDER = "engine"
+JOBS_FOLDER = "engine"
 #: the one table of a series: every run's rows, with their ``step`` and ``revision`` columns.
 SERIES_TABLE = "steps"
 
@@ -222,4 +223,4 @@ def _record_comparison(parent: Path, plans: list[Plan] | None = None) -> None:
         write_comparison_record(parent, [Path(p.options.out).name for p in plans],
                                 None if comparison.labels is None else list(comparison.labels),
                                 comparison.group_by, comparison.series)
-    write_inventory(parent, COMPARISON_WRITER, trees=(ENGINE_FOLDER,))
+    write_inventory(parent, COMPARISON_WRITER, trees=(JOBS_FOLDER,))

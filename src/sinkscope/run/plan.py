@@ -7,7 +7,7 @@ Every check that needs no torch runs here, once, before anything heavy is import
 checkpoints, the revisions of one model), each model resolved to a :class:`~sinkscope.models.resolve.Source`
 once, the text file, and the output folders (a run folder, or the folder of a comparison of several
 runs). The command line, ``sinkscope.measure``, recipes and sweeps call it exactly once; the pipeline
-(``pipeline.execute_plans``) loads, runs and writes each plan without resolving or re-checking
+(``run.dispatch.execute``, then ``run.stages.run_plan``) loads, measures and writes each plan without resolving or re-checking
 what is here.
 
 A :class:`Plan` is a plain record: picklable, and ``to_dict`` gives the JSON the run's manifest
@@ -157,9 +157,18 @@ def _check_text_file(options: RunOptions) -> None:
         raise SinkscopeError(f"no text file at {options.text_file}.")  # corpus.text_file_corpus's sentence
 
 
+def in_memory_source(model) -> Source:
+    """The :class:`Source` of a model handed over as an object (``sinkscope.measure(what, model)``): nothing to
+    resolve or reload; named after its config's ``name_or_path`` where it has one."""
+    config = getattr(model, "config", None)
+    name = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None) or type(model).__name__
+    return Source("object", f"<{type(model).__name__}>", None, label=Path(str(name)).name or type(model).__name__)
+
+
 def plan(command: Command | str, options: RunOptions | dict, *, models: str | Sequence[str | None] | None = None,
          revisions: str | Sequence[str | None] | None = None, group_by: str | None = None,
-         labels: Sequence[str] | None = None, write: bool = True, name_prefix: str | None = None) -> list[Plan]:
+         labels: Sequence[str] | None = None, write: bool = True, name_prefix: str | None = None,
+         model_object=None) -> list[Plan]:
     """Check and resolve everything a run can fail on without torch; one :class:`Plan` per run.
 
     Args:
@@ -174,6 +183,8 @@ def plan(command: Command | str, options: RunOptions | dict, *, models: str | Se
             in-memory result of one run.
         name_prefix: a run alone written without ``--out`` goes to ``reports/<time>-<prefix>-<model>-...``
             (a recipe's name); the default folder is named here, once, whatever the prefix.
+        model_object: a model handed over as an object (the Python API): the one model, its
+            :func:`in_memory_source` (``models`` and ``revisions`` must not be given).
 
     Returns:
         One plan for a run alone; for several models or revisions, one per run, sharing a
@@ -183,6 +194,10 @@ def plan(command: Command | str, options: RunOptions | dict, *, models: str | Se
 
     command = get_command(command) if isinstance(command, str) else command
     options = make_options(command, options)
+    if model_object is not None:
+        check_options(options)
+        command.check(options)
+        return [Plan(command.name, options, in_memory_source(model_object))]
     given, revisions, series = _models(options, models, revisions)
     several = series or len(given) > 1
     if group_by and not several:

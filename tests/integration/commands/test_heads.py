@@ -418,7 +418,7 @@ def test_a_run_killed_in_the_ablation_stage_resumes_there(tiny_llama_dir, text_f
     """Ctrl-C during stage two keeps a checkpoint of both stages; --resume ends with the uninterrupted table."""
     from sinkscope.commands import get_command
     from sinkscope.errors import Interrupted
-    from sinkscope.run.pipeline import execute
+    from sinkscope.run.dispatch import measure_command as execute
     from sinkscope.probes.head_ablation import HeadAblation
 
     command = get_command("heads")

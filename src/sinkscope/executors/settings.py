@@ -35,7 +35,7 @@ EXTRAS = {"ray": ("ray", "ray"), "slurm": ("submitit", "slurm")}
 
 
 @dataclass(frozen=True)
-class EngineOptions:
+class ExecutorOptions:
     """Where the jobs of one command run (module docstring); none of it changes a number."""
 
     executor: str = "local"
@@ -56,50 +56,50 @@ class EngineOptions:
 
 
 #: the option names, for the callers that take them among other keyword values (CLI, API, recipes)
-ENGINE_FIELDS = tuple(EngineOptions.__dataclass_fields__)
+EXECUTOR_FIELDS = tuple(ExecutorOptions.__dataclass_fields__)
 
 
-def engine_options(values: dict) -> EngineOptions:
-    """The :class:`EngineOptions` among ``values`` (other names ignored), checked."""
-    given = {name: values[name] for name in ENGINE_FIELDS if values.get(name) is not None}
-    return check_engine(EngineOptions(**given))
+def choose_executor(values: dict) -> ExecutorOptions:
+    """The :class:`ExecutorOptions` among ``values`` (other names ignored), checked."""
+    given = {name: values[name] for name in EXECUTOR_FIELDS if values.get(name) is not None}
+    return check_executor(ExecutorOptions(**given))
 
 
-def check_engine(engine: EngineOptions) -> EngineOptions:
+def check_executor(executor_options: ExecutorOptions) -> ExecutorOptions:
     """Refuse an unknown executor, a bad count, a text that would break a batch script or a cluster
     call (control characters), a malformed Ray address, or an engine whose package is missing (one
     sentence naming the pip command); returns ``engine``."""
-    if engine.executor not in EXECUTORS:
-        raise SinkscopeError(f"unknown {option('executor')} {engine.executor!r}; use {', '.join(EXECUTORS)}.")
+    if executor_options.executor not in EXECUTORS:
+        raise SinkscopeError(f"unknown {option('executor')} {executor_options.executor!r}; use {', '.join(EXECUTORS)}.")
     for name in ("jobs", "slurm_time", "slurm_array_parallelism"):
-        value = getattr(engine, name)
+        value = getattr(executor_options, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SinkscopeError(f"{option(name)} must be a positive integer (got {value!r}).")
     for name in ("ray_gpus_per_run", "slurm_gpus_per_run"):
-        value = getattr(engine, name)
+        value = getattr(executor_options, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value) or value < 0):
             raise SinkscopeError(f"{option(name)} must be a finite number, 0 or more (got {value!r}).")
-    if engine.slurm_cluster not in SLURM_CLUSTERS:
-        raise SinkscopeError(f"unknown {option('slurm_cluster')} {engine.slurm_cluster!r}; use {', '.join(SLURM_CLUSTERS)}.")
-    _check_texts(engine)
-    for item in engine.slurm_extra:
+    if executor_options.slurm_cluster not in SLURM_CLUSTERS:
+        raise SinkscopeError(f"unknown {option('slurm_cluster')} {executor_options.slurm_cluster!r}; use {', '.join(SLURM_CLUSTERS)}.")
+    _check_texts(executor_options)
+    for item in executor_options.slurm_extra:
         _check_slurm_item(item)
-    if engine.ray_address is not None:
-        ray_address_parts(engine.ray_address)
-    if engine.jobs > 1 and engine.executor != "local":
-        raise SinkscopeError(f"{option('jobs')} sets the local executor's processes; {engine.executor} runs as many "
+    if executor_options.ray_address is not None:
+        ray_address_parts(executor_options.ray_address)
+    if executor_options.jobs > 1 and executor_options.executor != "local":
+        raise SinkscopeError(f"{option('jobs')} sets the local executor's processes; {executor_options.executor} runs as many "
                              f"jobs at once as its resources allow.")
-    if engine.executor in EXTRAS:
-        module, extra = EXTRAS[engine.executor]
+    if executor_options.executor in EXTRAS:
+        module, extra = EXTRAS[executor_options.executor]
         if importlib.util.find_spec(module) is None:
-            raise SinkscopeError(f"{option('executor')} {engine.executor} needs the {module} package: "
+            raise SinkscopeError(f"{option('executor')} {executor_options.executor} needs the {module} package: "
                                  f"pip install 'sinkscope[{extra}]'.")
-    if engine.executor == "slurm" and engine.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
+    if executor_options.executor == "slurm" and executor_options.slurm_cluster == "slurm" and shutil.which("sbatch") is None:
         raise SinkscopeError(f"{option('executor')} slurm submits with sbatch, which this machine does not have; run "
                              f"the command on the cluster's login node, or try the runs here with "
                              f"{option('slurm_cluster')} local.")
-    return engine
+    return executor_options
 
 
 def control_character(text: str) -> str | None:
@@ -121,18 +121,18 @@ def check_text(text: str, what: str) -> None:
                              f"cluster's API as a line break or an escape; remove it.")
 
 
-def _check_texts(engine: EngineOptions) -> None:
+def _check_texts(executor_options: ExecutorOptions) -> None:
     """Every text option is a string without control characters (:func:`check_text`)."""
     for name in ("executor", "ray_address", "slurm_partition", "slurm_cluster"):
-        value = getattr(engine, name)
+        value = getattr(executor_options, name)
         if value is None:
             continue
         if not isinstance(value, str):
             raise SinkscopeError(f"{option(name)} takes a text, not {value!r}.")
         check_text(value, option(name))
-    if isinstance(engine.slurm_extra, (str, bytes)) or not isinstance(engine.slurm_extra, (tuple, list)):
-        raise SinkscopeError(f"{option('slurm')} takes a list of key=value texts, not {engine.slurm_extra!r}.")
-    for item in engine.slurm_extra:
+    if isinstance(executor_options.slurm_extra, (str, bytes)) or not isinstance(executor_options.slurm_extra, (tuple, list)):
+        raise SinkscopeError(f"{option('slurm')} takes a list of key=value texts, not {executor_options.slurm_extra!r}.")
+    for item in executor_options.slurm_extra:
         if not isinstance(item, str):
             raise SinkscopeError(f"{option('slurm')} takes key=value texts, not {item!r}.")
         check_text(item, f"{option('slurm')} {item.partition('=')[0].strip()!r}")
