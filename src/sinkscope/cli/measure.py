@@ -14,7 +14,7 @@ from sinkscope.cli.options import ModelArg, OutOpt, run_options
 
 @app.command()
 @_friendly_errors
-@run_options()
+@run_options("sinks")
 def sinks(
     model: ModelArg = None,
     out: OutOpt = None,
@@ -58,31 +58,33 @@ def sinks(
     _run("sinks", {**locals(), **shared})
 
 
-def _run(name: str, values: dict) -> None:
-    """``execute(plan(...))``: the command's plan (every check before torch is imported, the models
-    resolved once: ``plan.plan``), then the run (``executors.execute``); print the run folder, or
-    the comparison page of several models or revisions (``MODEL [MODEL ...]``, ``--revision A,B``)."""
+def _run(name: str, values: dict):
+    """``execute(plan(...))``: the command's options built from its parameters (``options_of``: each one a
+    field of the options dataclass, checked when this module was imported), its plans (every check before
+    torch is imported, the models resolved once: ``run.plan.plan``), then the runs
+    (``run.dispatch.execute``); prints the run folder, or the comparison page of several models or
+    revisions (``MODEL...``, ``--revision A,B``). Returns what execute returned."""
+    from sinkscope.cli.options import options_of
     from sinkscope.executors.settings import choose_executor
     from sinkscope.run.plan import plan
 
-    executor_options = choose_executor(values)
-    models = values.get("model")
-    given = list(models) if isinstance(models, list) else models  # a list (MODEL [MODEL ...]), one, or None
-    plans = plan(name, {k: v for k, v in values.items() if k != "model"}, models=given,
-                 revisions=values.get("revision"), group_by=values.get("group_by"))
+    fields, models, group_by, executor = options_of(name, values)
+    executor_options = choose_executor(executor)
+    plans = plan(name, fields, models=models, revisions=fields.get("revision"), group_by=group_by)
     from sinkscope.run.dispatch import execute, written_path
 
     outcome = execute(plans, executor_options=executor_options)
-    if outcome is not None:  # None on data-parallel processes other than 0
+    if outcome is not None and name != "explore":  # None on data-parallel processes other than 0
         typer.echo(str(written_path(outcome)))
+    return outcome
 
 
 @app.command()
 @_friendly_errors
-@run_options(n_seqs=256)
+@run_options("selectivity", n_seqs=256)
 def selectivity(
-    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more gated models: trainer checkpoints with a value or output gate, or Hugging Face models with an output gate (Qwen3-Next). Several give one comparison page.")] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", show_default=False, help="One or more gated models: trainer checkpoints with a value or output gate, or Hugging Face models with an output gate (Qwen3-Next). Several give one comparison page.")] = None,
+    out: OutOpt = None,
     min_count: Annotated[int, typer.Option("--min-count", help="token_share_frequent (its min_count column) and the token tables count tokens seen at least K times.")] = 50,
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
@@ -112,10 +114,10 @@ def selectivity(
 
 @app.command()
 @_friendly_errors
-@run_options()
+@run_options("heads")
 def heads(
-    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    model: ModelArg = None,
+    out: OutOpt = None,
     sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom | data (seed 004 §6.2: keys of high attention and low value norm, plus any phantom).")] = "auto",
     sink_attention: Annotated[float, typer.Option("--sink-attention", help="--sink-set data: a key's mean attention (Gu et al.'s alpha_j) must exceed this.")] = 0.3,
     sink_value_ratio: Annotated[float, typer.Option("--sink-value-ratio", help="--sink-set data: a key's value norm must be below this times the window's median.")] = 0.5,
@@ -149,10 +151,10 @@ def heads(
 
 @app.command()
 @_friendly_errors
-@run_options(skip=('batch_size', 'seed'))
+@run_options("inject", skip=("batch_size", "seed"), rename={"cutoff": "cutoffs"})
 def inject(
-    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    model: ModelArg = None,
+    out: OutOpt = None,
     eval_batch: Annotated[int, typer.Option("--eval-batch", help="Windows per evaluation batch: structured junk is drawn across it, so it is part of the measurement (recorded in the manifest, never halved); with structured junk --n-seqs must be a multiple of it (at least 2).")] = 8,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the window draw and of the junk (per batch and layer).")] = 0,
     junk: Annotated[list[str], typer.Option("--junk", help="Junk types, repeatable or comma-separated: structured, same-context, gaussian, random-direction, own-direction (projection-gate checkpoints).")] = ["structured", "same-context", "gaussian"],  # noqa: B006
@@ -188,17 +190,15 @@ def inject(
     \b
         sinkscope inject ckpt/baseline ckpt/sink+proj --out runs/inject-cmp
     """
-    values = {**locals(), **shared}
-    values["cutoffs"] = values.pop("cutoff")
-    _run("inject", values)
+    _run("inject", {**locals(), **shared})
 
 
 @app.command()
 @_friendly_errors
-@run_options()
+@run_options("circuit")
 def circuit(
-    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf, trainer checkpoint); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    model: ModelArg = None,
+    out: OutOpt = None,
     later_position: Annotated[int, typer.Option("--later-position", help="The later position whose cross-window cosine is shown beside position 0's (capped to seq-len - 1).")] = 64,
     norm_ratio: Annotated[float, typer.Option("--norm-ratio", help="Position 0 'separates' at the first layer where its norm exceeds this times the median of the others.")] = 2.0,
     subtract_head: Annotated[Optional[list[str]], typer.Option("--subtract-head", help="A layer-0 head 0.H whose output is subtracted before the MLP PCA (repeatable; subtracted together, exact through hook_result).")] = None,
@@ -238,10 +238,10 @@ def circuit(
 
 @app.command()
 @_friendly_errors
-@run_options(skip=('seq_len', 'n_seqs', 'batch_size'))
+@run_options("stream", skip=("seq_len", "n_seqs", "batch_size"))
 def stream(
-    model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", help="One or more models (hub id, folder, .gguf); several give one comparison; default: the bundled SmolLM2-135M.", show_default=False)] = None,
-    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one run per model and the comparison (default reports/<run-id>).")] = None,
+    model: ModelArg = None,
+    out: OutOpt = None,
     length: Annotated[int, typer.Option("--length", help="Tokens per document (window), BOS included; may exceed the model's context.")] = 2048,
     n_seqs: Annotated[int, typer.Option("--n-seqs", help="Documents (windows of --length tokens).")] = 1,
     cache: Annotated[str, typer.Option("--cache", help="Cache sizes, comma-separated: the keys a cache holds when a token arrives (its query sees them and itself; exact at any --chunk).")] = "256",
@@ -288,7 +288,7 @@ def stream(
 
 @app.command()
 @_friendly_errors
-@run_options()
+@run_options("measure", rename={"probe": "probes", "param": "params", "plugin": "plugins"})
 def measure(
     model: ModelArg = None,
     probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006
@@ -310,14 +310,14 @@ def measure(
     \b
         sinkscope measure model.gguf --plugin my_probes.py --probe my_probe
     """
-    _run("measure", {**locals(), **shared, "probes": probe, "params": param or [], "plugins": plugin or []})
+    _run("measure", {**locals(), **shared, "param": param or [], "plugin": plugin or []})
 
 
 
 
 @app.command()
 @_friendly_errors
-@run_options(n_seqs=1, explore_windows=1)
+@run_options("explore", cli_only=("open_page",), n_seqs=1, explore_windows=1)
 def explore(
     model: ModelArg = None,
     out: OutOpt = None,
@@ -337,16 +337,11 @@ def explore(
     \b
         sinkscope explore EleutherAI/pythia-1b --text-file essay.txt --explore-heads all --out runs/essay
     """
-    values = {**{k: v for k, v in locals().items() if k not in ("model", "open_page", "shared")}, **shared}
-    from sinkscope.executors.settings import choose_executor
-    from sinkscope.run.dispatch import execute, written_path
-    from sinkscope.run.plan import plan
-
-    executor_options = choose_executor(values)
-    plans = plan("explore", values, models=model, revisions=values.get("revision"))
-    outcome = execute(plans, executor_options=executor_options)
+    outcome = _run("explore", {**locals(), **shared})
     if outcome is None:
         return
+    from sinkscope.run.dispatch import written_path
+
     page = written_path(outcome) / "report.html"
     typer.echo(str(page) if page.is_file() else str(written_path(outcome)))
     if open_page and page.is_file():

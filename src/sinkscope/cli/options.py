@@ -7,10 +7,13 @@ from typing import Annotated, Optional
 import typer
 
 ModelArg = Annotated[
-    Optional[str],
-    typer.Argument(help="Hub id, local save_pretrained folder or .gguf file; default: the bundled SmolLM2-135M."),
+    Optional[list[str]],
+    typer.Argument(metavar="MODEL", show_default=False,
+                   help="One or more models: hub id, save_pretrained folder, .gguf file or trainer checkpoint; several "
+                        "give one run each and one comparison page; default: the bundled SmolLM2-135M."),
 ]
-OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder (default reports/<run-id>).")]
+OutOpt = Annotated[Optional[str], typer.Option("--out", "-o", help="Run folder; with several models the folder holding one "
+                                                                   "run per model and the comparison (default reports/<run-id>).")]
 TextFileOpt = Annotated[Optional[str], typer.Option("--text-file", help="UTF-8 text to use instead of the bundled corpus.")]
 DatasetOpt = Annotated[Optional[str], typer.Option("--dataset", help="A datasets corpus NAME[:CONFIG][:SPLIT].")]
 SeqLenOpt = Annotated[Optional[str], typer.Option("--seq-len", help="Tokens per window, BOS included [default: 512, or the model's context if shorter]; several comma-separated lengths (128,512,2048) measure each in one run, on prefixes of the same windows.")]
@@ -62,11 +65,22 @@ TAIL = (("overwrite", OverwriteOpt, False), ("figures", FiguresOpt, True), ("pro
         ("explore_windows", ExploreWindowsOpt, 2), ("explore_max_mb", ExploreMaxMbOpt, 3.5))
 
 
-def run_options(*, skip: tuple[str, ...] = (), **defaults):
-    """Declare the shared options on a measuring command once: the decorated function takes ``MODEL``,
-    ``--out`` and its own options, and ``**shared``; its signature (what typer reads) gains :data:`HEAD`
-    after ``--out`` and :data:`TAIL` and :data:`ENGINE` at the end, with ``defaults`` replacing a shared default
-    (``n_seqs=256``) and the names in ``skip`` left out (``stream`` reads ``--length``, not ``--seq-len``)."""
+#: per measuring command: (its CLI parameters renamed to option fields, CLI parameters that are no option)
+ROUTES: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {}
+
+
+def run_options(command: str, *, skip: tuple[str, ...] = (), rename: dict[str, str] | None = None,
+                cli_only: tuple[str, ...] = (), **defaults):
+    """Declare the shared options on the measuring command ``command`` once: the decorated function takes
+    ``MODEL...``, ``--out`` and its own options, and ``**shared``; its signature (what typer reads) gains
+    :data:`HEAD` after ``--out`` and :data:`TAIL` and :data:`EXECUTOR_OPTIONS` at the end, with ``defaults``
+    replacing a shared default (``n_seqs=256``) and the names in ``skip`` left out (``stream`` reads
+    ``--length``, not ``--seq-len``).
+
+    The typed route: every parameter of the final signature must be a field of the command's options
+    dataclass (``rename`` maps a CLI name to its field, ``--cutoff`` to ``cutoffs``; ``cli_only`` names
+    what only the command line reads, ``--open``) or an executor option; anything else is a TypeError
+    when the module is imported, never a value dropped at run time (:func:`options_of`)."""
     import inspect
 
     def shared(entries) -> list[inspect.Parameter]:
@@ -80,9 +94,37 @@ def run_options(*, skip: tuple[str, ...] = (), **defaults):
         first = [p for p in own if p.name in ("model", "out")]
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own if p.name not in ("model", "out")]
         func.__signature__ = inspect.Signature(first + shared(HEAD) + rest + shared(TAIL) + shared(EXECUTOR_OPTIONS))
+        _check_route(command, [p.name for p in func.__signature__.parameters.values()], rename or {}, cli_only)
+        ROUTES[command] = (dict(rename or {}), tuple(cli_only))
         return func
 
     return decorate
+
+
+def _check_route(command: str, parameters: list[str], rename: dict[str, str], cli_only: tuple[str, ...]) -> None:
+    """Every CLI parameter reaches a field of ``command``'s options (or the executor's), at import time."""
+    from dataclasses import fields
+
+    from sinkscope.commands import get_command
+    from sinkscope.executors.settings import EXECUTOR_FIELDS
+
+    known = {f.name for f in fields(get_command(command).options)} | set(EXECUTOR_FIELDS) | set(cli_only) | {"group_by"}
+    lost = [name for name in parameters if rename.get(name, name) not in known]
+    if lost:
+        raise TypeError(f"sinkscope {command}: the CLI parameters {lost} are no field of "
+                        f"{get_command(command).options.__name__} (rename them, or declare them cli_only)")
+
+
+def options_of(command: str, values: dict) -> tuple[dict, list[str] | None, str | None, dict]:
+    """Split a measuring command's CLI values: (the option fields, by their field names; the models given;
+    ``--group-by``; the executor's options). Renames and CLI-only names as :func:`run_options` declared them."""
+    from sinkscope.executors.settings import EXECUTOR_FIELDS
+
+    rename, cli_only = ROUTES[command]
+    values = {rename.get(k, k): v for k, v in values.items() if k not in cli_only and k != "shared"}
+    executor = {k: values.pop(k) for k in list(values) if k in EXECUTOR_FIELDS}
+    models, group_by = values.pop("model", None), values.pop("group_by", None)
+    return values, (list(models) if isinstance(models, (list, tuple)) else models), group_by, executor
 
 
 def executor_params(*, skip: tuple[str, ...] = ()):

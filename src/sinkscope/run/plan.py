@@ -80,12 +80,18 @@ class Plan:
 
 
 def make_options(command: Command, values: dict | RunOptions) -> RunOptions:
-    """The command's options from keyword values (lists become tuples; ``seq_len`` "128,512" is parsed);
-    names the command does not take are left out (the CLI hands every parameter of its function)."""
+    """The command's options from keyword values (lists become tuples; ``seq_len`` "128,512" is parsed); a
+    name the command does not take is one sentence, never left out (the CLI's parameters are checked
+    against the fields when it is imported: ``cli.options.run_options``)."""
     if isinstance(values, RunOptions):
         return values
     names = {f.name for f in fields(command.options)}
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items() if k in names}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        from sinkscope.errors import suggest
+
+        raise SinkscopeError(f"{command.name} has no option {unknown[0]!r}{suggest(unknown[0], names)}.")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
     if "seq_len" in values:
         values["seq_len"] = parse_seq_len(values["seq_len"])
     return command.options(**values)
