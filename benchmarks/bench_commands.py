@@ -149,7 +149,7 @@ def worker(length: int, commands: list[str], repeats: int, probes_too: bool, pro
             name, model, tok, windows=ids, progress=False, **options)
     probe_specs: dict[str, dict] = {}
     if probes_too:
-        from sinkscope.run.measure import available_probes
+        from sinkscope.run.measuring import available_probes
 
         for name in commands:
             command = get_command(name)

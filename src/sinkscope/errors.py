@@ -161,3 +161,9 @@ def check_repeats(repeats: tuple) -> str | None:
     if not values or min(values) < 1 or 1 not in values:
         return "takes positive integers including 1 (the reference), such as 1,2,4,8"
     return None
+
+
+def check_seed(seed, flag: str = option("seed")) -> None:
+    """A seed must be a non-negative integer (numpy's generators refuse negative ones)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise SinkscopeError(f"{flag} must be a non-negative integer (got {seed}).")

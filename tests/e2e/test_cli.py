@@ -143,7 +143,7 @@ def test_bundled_recipes_parse():
     from sinkscope.lab.recipes import load_steps
 
     known = {"train", "report", "sweep", "toy", *discover()}  # the trainer, the page, sweeps, the toy task, every measuring command
-    for path in sorted((REPO / "probes").glob("*.toml")):
+    for path in sorted((REPO / "recipes").glob("*.toml")):
         steps = load_steps(str(path))
         if path.name.startswith("sinks-"):
             assert [(command, options.seq_len) for command, options in steps] == [("sinks", 512)]

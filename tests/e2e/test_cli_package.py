@@ -7,7 +7,7 @@ from __future__ import annotations
 import typing
 
 import sinkscope
-from sinkscope.cli import base, inspect, lab, measure, options
+from sinkscope.cli import application as base, inspect, lab, measuring_commands as measure, options
 from sinkscope.version import __version__
 
 

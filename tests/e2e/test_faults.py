@@ -665,14 +665,14 @@ def test_progress_messages_count_documents_in_english():
 @pytest.mark.parametrize("after_a_checkpoint", [False, True])
 def test_ctrl_c_exits_130_before_and_after_the_first_checkpoint(after_a_checkpoint, tiny_llama_dir, text_file,
                                                                tmp_path, monkeypatch):
-    import sinkscope.run.measure
+    import sinkscope.run.measuring
 
     def interrupted(model, tokens, probes, *, on_batch_done, **kwargs):
         if after_a_checkpoint:
             on_batch_done(1)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sinkscope.run.measure, "run_probes", interrupted)
+    monkeypatch.setattr(sinkscope.run.measuring, "run_probes", interrupted)
     out = tmp_path / "o"
     result = _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--out", str(out), "--checkpoint-seconds", "0")
     assert result.exit_code == 130

@@ -278,3 +278,13 @@ def test_a_recipe_says_which_paths_outside_its_folders_it_reads(tmp_path, monkey
     inside = work / "r2.toml"
     inside.write_text('command = "sinks"\n[options]\nmodel = "HuggingFaceTB/SmolLM2-135M"\ntext_file = "local.txt"\n')
     assert recipe_read_notes(str(inside), load_steps(str(inside))) == []  # a hub id, a file in the working folder
+
+
+def test_the_old_recipes_folder_name_works_for_one_release_with_a_notice(tmp_path, monkeypatch):
+    from repo_paths import REPO
+
+    monkeypatch.chdir(REPO)
+    result = runner.invoke(app, ["run", "probes/sinks-smollm2.toml", "--set", "n_seqs=0"])
+    assert "note: probes/sinks-smollm2.toml has moved to recipes/sinks-smollm2.toml" in result.output
+    assert "--n-seqs must be at least 1" in result.output  # the recipe itself was read, then its options checked
+    assert runner.invoke(app, ["run", "probes/no-such.toml"]).output.strip().endswith("no recipe file at probes/no-such.toml.")

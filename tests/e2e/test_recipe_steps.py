@@ -14,7 +14,7 @@ from sinkscope.errors import SinkscopeError
 from sinkscope.lab.recipes import load_recipe, load_steps
 from repo_paths import REPO
 
-BUNDLED = REPO / "probes" / "trigger-baseline-vs-sinklogit.toml"
+BUNDLED = REPO / "recipes" / "trigger-baseline-vs-sinklogit.toml"
 #: A tiny version of the bundled recipe: 1 layer x 2 heads x 16, vocabulary 16, 4 steps.
 SMALL = ["vars.root={root}", "train.steps=4", "train.batch_size=8", "train.progress=false",
          "train.overrides=['n_layer=1', 'n_head=2', 'n_embd=16', 'block_size=12']",

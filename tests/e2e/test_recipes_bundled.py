@@ -1,4 +1,4 @@
-"""Every recipe in probes/ runs on a tiny model (the trigger recipe: tests/e2e/test_recipe_steps.py);
+"""Every recipe in recipes/ runs on a tiny model (the trigger recipe: tests/e2e/test_recipe_steps.py);
 `sinkscope run` takes several recipes and names each run folder after its recipe."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sinkscope.cli import app
 from sinkscope.store.results import is_run_folder
 from repo_paths import REPO
 
-PROBES = REPO / "probes"
+PROBES = REPO / "recipes"
 #: the small setting for the pretrained-model recipes
 SMALL = ["seq_len=16", "n_seqs=2", "figures=false", "progress=false"]
 #: every recipe, and the test that runs it

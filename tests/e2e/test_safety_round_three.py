@@ -215,7 +215,7 @@ def test_a_connection_error_is_not_called_a_disk_failure(monkeypatch, tiny_llama
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr(executors, "execute", refuse)
-    monkeypatch.setattr("sinkscope.cli.measure.execute", refuse, raising=False)
+    monkeypatch.setattr("sinkscope.cli.measuring_commands.execute", refuse, raising=False)
     sentence = _one_sentence(_sinks(tiny_llama_dir, text_file, tmp_path / "run"))
     assert "could not write or read" not in sentence and "ConnectionRefusedError" in sentence and "--debug" in sentence
 

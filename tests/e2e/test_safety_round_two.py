@@ -106,7 +106,7 @@ def test_sigterm_during_a_run_keeps_the_progress_and_says_how_to_resume(tiny_lla
         return original(*args, on_batch_done=done, **kwargs)
 
     monkeypatch.setattr(runner_mod, "run_probes", run_probes)
-    monkeypatch.setattr("sinkscope.run.measure.run_probes", run_probes)
+    monkeypatch.setattr("sinkscope.run.measuring.run_probes", run_probes)
     out = tmp_path / "run"
     result = runner.invoke(app, ["sinks", str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "16",
                                  "--n-seqs", "6", "--batch-size", "1", "--checkpoint-seconds", "0", "--out", str(out),

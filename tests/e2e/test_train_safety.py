@@ -515,7 +515,7 @@ FORMS = ["no-model", "empty-model", "trainer-string", "trainer-bool", "model-lis
 @pytest.mark.parametrize("form", FORMS)
 def test_a_damaged_config_is_one_sentence_everywhere(base, tmp_path, form):
     from sinkscope.run.loaders import load_model
-    from sinkscope.models.config import context_length, has_phantom_key, layer_count
+    from sinkscope.models.model_config import context_length, has_phantom_key, layer_count
     from sinkscope.models.resolve import resolve_source
     from sinkscope.train.tasks import checkpoint_windows
 

@@ -1,4 +1,4 @@
-"""``forward/explore.py``: the explorer's own pass on a tiny Llama, and the token labels.
+"""``forward/explorer_pass.py``: the explorer's own pass on a tiny Llama, and the token labels.
 
 Checked: nothing runs for ``none`` or 0 windows; the pass keeps the first windows of the tokens
 in one batch and records what it kept in the manifest's words; labels are the tokenizer's text of
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from sinkscope.capture.families import ModelSpec
-from sinkscope.forward.explore import explore, token_labels
+from sinkscope.forward.explorer_pass import explore, token_labels
 from tiny_models import build, random_ids
 
 

@@ -205,7 +205,7 @@ def test_check_model_files_names_a_deep_file(tmp_path, name):
 def test_the_loaders_check_before_transformers(tmp_path):
     from sinkscope.models.resolve import Source
     from sinkscope.run.loaders import load_model, load_tokenizer
-    from sinkscope.models.config import check_json_files, config_file_dict
+    from sinkscope.models.model_config import check_json_files, config_file_dict
     from sinkscope.train.data import load_tokenizer_folder
 
     path = _write(tmp_path / "config.json", DEEP)
@@ -221,7 +221,7 @@ def test_the_loaders_check_before_transformers(tmp_path):
 
 
 def test_a_deep_gguf_cache_file_is_rebuilt_not_fatal(tmp_path, monkeypatch):
-    from sinkscope.models import config as sources
+    from sinkscope.models import model_config as sources
     from sinkscope.run import loaders
 
     monkeypatch.setenv("SINKSCOPE_CACHE", str(tmp_path / "cache"))

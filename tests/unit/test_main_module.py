@@ -57,5 +57,5 @@ def test_importing_the_module_runs_nothing(monkeypatch, capsys):
         module = importlib.import_module("sinkscope.__main__")
     finally:  # left imported, a later runpy.run_module would warn that it was found in sys.modules
         sys.modules.pop("sinkscope.__main__", None)
-    assert module.app is sinkscope.cli.app
+    assert module.app is sinkscope.cli.application.app
     assert capsys.readouterr().out == ""

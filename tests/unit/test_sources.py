@@ -29,7 +29,7 @@ from sinkscope.data.corpus import resolve_bos, tokenizer_adds_bos
 from sinkscope.errors import SinkscopeError
 from sinkscope.run.loaders import load_model
 from sinkscope.models.resolve import DEFAULT_GGUF_NAME, default_gguf_path, resolve_source
-from sinkscope.models.config import gguf_cache_dir
+from sinkscope.models.model_config import gguf_cache_dir
 
 SENTENCES = [
     "It is a truth universally acknowledged, that a single man in possession of a good fortune,",

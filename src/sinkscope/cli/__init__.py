@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
-from sinkscope.cli import measure  # noqa: I001,F401 - registration order is the listing order: measuring commands first
+from sinkscope.cli import measuring_commands  # noqa: I001,F401 - registration order is the listing order: measuring commands first
 from sinkscope.cli import inspect, lab  # noqa: F401 - report and ls, then the lab commands
-from sinkscope.cli.base import app
+from sinkscope.cli.application import app
 
 __all__ = ["app", "main"]
 

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sinkscope.cli.base import _friendly_errors, _interrupted, app
+from sinkscope.cli.application import _friendly_errors, _interrupted, app
 from sinkscope.cli.options import (TextFileOpt, DatasetOpt, DeviceOpt, OverwriteOpt, ProgressOpt, executor_params)
 
 
@@ -194,7 +194,7 @@ def toy(
 @_friendly_errors
 @executor_params()
 def run_recipe_command(
-    recipe: Annotated[list[str], typer.Argument(help="One or more recipe TOML files, e.g. probes/sinks-smollm2.toml, run in order.")],
+    recipe: Annotated[list[str], typer.Argument(help="One or more recipe TOML files, e.g. recipes/sinks-smollm2.toml, run in order.")],
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override an option: key=value (repeatable); applies to every recipe given.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", help="The MODEL of the recipes' measuring steps (the same as --set model=...).")] = None,
     trust_remote_code: Annotated[bool, typer.Option("--trust-remote-code", help="Let the steps' models (and a train step's --tokenizer folder) run their own Python code; a recipe's trust_remote_code = true needs this.")] = False,
@@ -215,13 +215,13 @@ def run_recipe_command(
     Examples:
 
     \b
-        sinkscope run probes/sinks-smollm2.toml
+        sinkscope run recipes/sinks-smollm2.toml
 
     \b
-        sinkscope run probes/sinks-smollm2.toml probes/sinks-smollm2-bos.toml --model EleutherAI/pythia-160m
+        sinkscope run recipes/sinks-smollm2.toml recipes/sinks-smollm2-bos.toml --model EleutherAI/pythia-160m
 
     \b
-        sinkscope run probes/sinks-smollm2.toml --set n_seqs=4 --set out=runs/quick
+        sinkscope run recipes/sinks-smollm2.toml --set n_seqs=4 --set out=runs/quick
     """
     import json
 

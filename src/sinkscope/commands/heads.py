@@ -74,7 +74,7 @@ def _check(options: HeadsOptions) -> None:
 def _check_source(options: HeadsOptions, source: Source) -> None:
     """A phantom sink set on a model whose config shows no phantom fails before the weights load."""
     from sinkscope.probes.head_importance import check_sink_set
-    from sinkscope.models.config import has_phantom_key
+    from sinkscope.models.model_config import has_phantom_key
 
     has_phantom = has_phantom_key(source)
     if has_phantom is not None:

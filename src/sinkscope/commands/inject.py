@@ -137,7 +137,7 @@ def _own_direction_error(what: str) -> SinkscopeError:
 
 
 def _variant(source: Source) -> str | None:
-    from sinkscope.models.config import config_file_dict
+    from sinkscope.models.model_config import config_file_dict
 
     if source.kind != "checkpoint":
         return None

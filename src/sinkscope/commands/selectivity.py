@@ -67,7 +67,7 @@ class SelectivityOptions(RunOptions):
 def gate_kind(source: Source) -> str | None:
     """``"value"``, ``"output"`` or ``"none"`` from the model's config file; None when there is none to read yet."""
     from sinkscope.capture.discover import QUIRKS
-    from sinkscope.models.config import config_file_dict
+    from sinkscope.models.model_config import config_file_dict
 
     config = config_file_dict(source)
     if config is None:
@@ -82,7 +82,7 @@ def gate_kind(source: Source) -> str | None:
 
 
 def _describe(source: Source) -> str:
-    from sinkscope.models.config import config_file_dict
+    from sinkscope.models.model_config import config_file_dict
 
     config = config_file_dict(source) or {}
     what = f"variant {config.get('variant', 'baseline')}" if source.kind == "checkpoint" else \

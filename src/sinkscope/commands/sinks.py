@@ -133,7 +133,7 @@ def _check(options: SinksOptions) -> None:
 
 
 def _check_source(options: SinksOptions, source: Source) -> None:
-    from sinkscope.models.config import layer_count
+    from sinkscope.models.model_config import layer_count
 
     check_layer_start(options.sink_layer_start, layer_count(source))
 

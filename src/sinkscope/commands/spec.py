@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from sinkscope.data.corpus import BOS_POLICIES, check_seed
-from sinkscope.errors import SinkscopeError, check_field_values, option
+from sinkscope.data.bos import BOS_POLICIES
+from sinkscope.errors import SinkscopeError, check_field_values, check_seed, option
 from sinkscope.store.files import expand_paths
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class RunOptions:
         seq_len: tokens per window, BOS included; None = 512 (a SmolLM2 run near a minute on 2
             cores), or the model's context if shorter (trainer checkpoints: 128 for ``tiny``).
             Several lengths (a tuple, ``--seq-len 128,512,2048``) measure every metric at each
-            length in one run, on prefixes of the same windows (``run/measure.py``, "several
+            length in one run, on prefixes of the same windows (``run/measuring.py``, "several
             lengths"); the table gains a ``seq_len`` column. One length is the plain run.
         n_seqs: number of windows.
         batch_size: windows per forward pass (does not change the numbers).

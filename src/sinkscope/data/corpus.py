@@ -35,7 +35,8 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from sinkscope.data.fetch import AUSTEN_NAMES, austen_filename, default_corpus_dir, is_complete_corpus
-from sinkscope.errors import SinkscopeError, option
+from sinkscope.data.bos import BOS_POLICIES
+from sinkscope.errors import SinkscopeError, check_seed, option
 from sinkscope.runtime.memory import ram_available
 
 
@@ -53,15 +54,6 @@ CONTEXT_CHARS = 64
 READ_CHARS = 1 << 20
 _BREAK = re.compile(r"(?<=\S)\s", re.ASCII)
 
-
-
-BOS_POLICIES = ("auto", "add", "none")
-
-
-def check_seed(seed, flag: str = option("seed")) -> None:
-    """A seed must be a non-negative integer (numpy's generators refuse negative ones)."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise SinkscopeError(f"{flag} must be a non-negative integer (got {seed}).")
 
 
 class FileText(Sequence):

@@ -2,7 +2,7 @@
 
 One command:
 
-    # probes/sinks-smollm2.toml
+    # recipes/sinks-smollm2.toml
     command = "sinks"
     description = "..."
     [options]
@@ -245,13 +245,30 @@ def _check_step_shape(step, what: str, commands: dict) -> None:
                              f"{' and '.join(STEP_KEYS)}.")
 
 
+#: the bundled recipes' folder before it was named recipes/ (read for one release, with a notice).
+OLD_RECIPES_FOLDER = "probes"
+
+
+def moved_recipe(file: Path, say=None) -> Path:
+    """``probes/NAME.toml`` that no longer exists beside a ``recipes/NAME.toml`` that does: the recipe, with a
+    one-line notice (the bundled recipes moved to recipes/; the old name keeps working for one release)."""
+    if file.is_file() or file.parent.name != OLD_RECIPES_FOLDER:
+        return file
+    moved = file.parent.parent / "recipes" / file.name
+    if not moved.is_file():
+        return file
+    (say or (lambda message: print(message, file=sys.stderr)))(
+        f"note: {file} has moved to {moved}; running that (the old folder name works for one release).")
+    return moved
+
+
 def load_steps(path: str, overrides: list[str] = ()) -> list[tuple[str, object]]:
     """Read a recipe (one command or ``[[steps]]``) and apply ``key=value`` overrides.
 
     Returns the steps as ``(command, options dataclass)`` in order; every step is checked
     before the first runs.
     """
-    file = Path(path)
+    file = moved_recipe(Path(path))
     if not file.is_file():
         raise SinkscopeError(f"no recipe file at {path}.")
     try:
@@ -508,6 +525,7 @@ def run_recipes(paths: list[str], overrides: list[str] = (), log=None, *, allow_
     """
     if not paths:
         raise SinkscopeError("give at least one recipe file.")
+    paths = [str(moved_recipe(Path(path), log)) for path in paths]  # probes/NAME.toml: recipes/NAME.toml
     plugins = tuple(plugins)
     commands = _commands()
     loaded = []

@@ -1,7 +1,7 @@
 """The explorer's patterns: a few heads' attention on a few windows, sparse (SPEC.md "The explorer").
 
 Not a metric: the pipeline runs this probe alone, in an extra forward pass over the first
-``--explore-windows`` windows, after the measurement (``forward/explore.py``), and writes what it
+``--explore-windows`` windows, after the measurement (``forward/explorer_pass.py``), and writes what it
 keeps to ``explorer.npz`` (``store/explorer_format.py``) for the report's interactive view.
 
 Per layer it reads the attention record and keeps, for each head of ``heads`` and each window,
@@ -104,7 +104,7 @@ class Explorer(Probe):
         self.window_bytes = dict(snapshot["window_bytes"])
 
     def merge(self, other: "Probe") -> None:
-        raise NotImplementedError("the explorer runs in one process (forward/explore.py); its patterns are not merged")
+        raise NotImplementedError("the explorer runs in one process (forward/explorer_pass.py); its patterns are not merged")
 
     def rows(self) -> list:
         return []

@@ -45,7 +45,7 @@ from sinkscope.version import __version__
 from sinkscope.errors import SinkscopeError
 from sinkscope.store.files import atomic_write_text, lock_folder, write_inventory
 from sinkscope.runtime.paths import user_path
-from sinkscope.report import circuit, explorer, generic, inject, lengths, steps, stream, tokens
+from sinkscope.report import circuit, explorer_page, generic, inject, lengths, steps, stream, tokens
 from sinkscope.report.folder import (_beside, _check_report_folder, _fresh_folder, _install_report, _name,
                                      _remove_stale_temporaries, _same_folder, report_folder_legacy)
 from sinkscope.report.page import Page, Section, _differences, _run_info
@@ -203,7 +203,7 @@ def _render_page(runs: list[RunData], trainings: list[TrainingLog], several_leng
 
     explorer_html, explorer_note = None, None
     if len(runs) == 1 and not several_lengths and runs[0].explorer is not None:
-        explorer_html = explorer.fragment(runs[0].label, runs[0].table, runs[0].manifest, runs[0].explorer)
+        explorer_html = explorer_page.fragment(runs[0].label, runs[0].table, runs[0].manifest, runs[0].explorer)
     elif len(runs) > 1 and any(r.explorer is not None for r in runs):
         explorer_note = "Each run's own report.html holds its attention explorer (a comparison page does not)."
     notes = []

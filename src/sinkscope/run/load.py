@@ -15,7 +15,7 @@ from sinkscope.data.corpus import given_windows as _given_windows
 from sinkscope.errors import SinkscopeError
 from sinkscope.forward.runner import check_capture
 from sinkscope.models.bridge import is_bridge, unbridged
-from sinkscope.models.config import vocab_size
+from sinkscope.models.model_config import vocab_size
 from sinkscope.models.resolve import Source
 from sinkscope.models.trained_context import learned_positions, require_positions, warn_past_context
 from sinkscope.probes import get_probe

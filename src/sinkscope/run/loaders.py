@@ -33,7 +33,7 @@ from safetensors import SafetensorError
 
 from sinkscope.models.devices import check_device_map, resolve_device, resolve_dtype
 from sinkscope.errors import SinkscopeError, option
-from sinkscope.models.config import check_json_files, check_model_size, gguf_cache_dir
+from sinkscope.models.model_config import check_json_files, check_model_size, gguf_cache_dir
 from sinkscope.models.resolve import Source
 
 

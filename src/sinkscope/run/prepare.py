@@ -21,7 +21,7 @@ from sinkscope.data import corpus as corpus_mod
 from sinkscope.data.corpus import given_windows as _given_windows
 from sinkscope.errors import option, SinkscopeError
 from sinkscope.forward import distributed
-from sinkscope.models.config import check_model_size, config_file_dict, context_length
+from sinkscope.models.model_config import check_model_size, config_file_dict, context_length
 from sinkscope.models.devices import check_device_map, resolve_device, resolve_dtype
 from sinkscope.models.resolve import Source
 from sinkscope.models.trained_context import config_context, is_native_config, require_positions

@@ -129,7 +129,7 @@ class Result:
         """
         import html as html_mod
 
-        from sinkscope.report.explorer import standalone
+        from sinkscope.report.explorer_page import standalone
 
         if self.explorer is None:
             raise SinkscopeError("this result holds no attention patterns to show; measure with explore_windows >= 1 "

@@ -2,7 +2,7 @@
 
     prepare   run/prepare.py   the lock, the corpus, the device, the model's config, the lengths
     load      run/load.py      tokenizer, windows, model, spec, the capture's logits check
-    measure   run/measure.py   the probes over the windows (resume, torchrun, OOM back-off)
+    measure   run/measuring.py   the probes over the windows (resume, torchrun, OOM back-off)
     write     run/write.py     table + manifest -> ``Result``; ``Result.save`` writes the run folder
 
 A command (``commands/``) only declares its options, its probes and its checks; the CLI, the
@@ -19,7 +19,7 @@ from typing import Callable
 from sinkscope.commands.spec import seq_lens
 from sinkscope.forward import distributed
 from sinkscope.run.load import load
-from sinkscope.run.measure import _add_explorer, measure, measure_lengths
+from sinkscope.run.measuring import _add_explorer, measure, measure_lengths
 from sinkscope.run.plan import Plan
 from sinkscope.run.prepare import Inputs, prepare, Prepared
 from sinkscope.run.result import Result

@@ -27,7 +27,7 @@ windows (queries q >= 1, SPEC.md "Position-0 mass"), which chose the heads.
     p0           float32 (L, H)      position-0 mass over the stored windows (NaN: a layer without attention)
     meta         float64 (4,)        threshold, scale, has_phantom, has_value_norms
 
-The page (``report/explorer.py``) carries each kept (window, head) pattern as one block: the
+The page (``report/explorer_page.py``) carries each kept (window, head) pattern as one block: the
 zlib-compressed little-endian bytes ``int32 indptr[T + 1] | float32 value_norm[T] | float32
 phantom[T] | uint32 keys[n] | uint16 codes[n]``, base64-encoded, which ``explorer.js`` inflates with
 the browser's ``DecompressionStream``. :func:`fit` keeps blocks, window 0's heads first, while the

@@ -1,6 +1,6 @@
 """Nested tensor state in one safetensors file with a JSON header: nothing in it can run code.
 
-A long run keeps its probes' accumulators for ``--resume`` in such a file (``run/measure.py``).
+A long run keeps its probes' accumulators for ``--resume`` in such a file (``run/measuring.py``).
 The format is safetensors (a JSON header of names, dtypes, shapes and offsets, then the raw
 bytes), never pickle, so a planted or damaged file can at worst be refused:
 

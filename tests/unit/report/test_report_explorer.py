@@ -1,4 +1,4 @@
-"""``report/explorer.py``: the JSON the page's script reads, and the fragment around it.
+"""``report/explorer_page.py``: the JSON the page's script reads, and the fragment around it.
 
 Checked: the heads grid's metrics are the table's per-head metrics with one value per head
 (``p0_mass`` first, NaN as null, metrics with several rows per head left out) plus the explorer's
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sinkscope.store.explorer_format import fit, labels_bytes
-from sinkscope.report.explorer import fragment, head_metrics, payload, standalone
+from sinkscope.report.explorer_page import fragment, head_metrics, payload, standalone
 from explorer_fixtures import synthetic
 
 MANIFEST = {"probes": {"p0_mass": {"metrics": {"p0_mass": {"title": "Position-0 mass"}}}}}

@@ -12,7 +12,7 @@ import numpy as np
 from sinkscope.commands import get_command
 from sinkscope.run.dispatch import measure_command
 from sinkscope.run.load import load
-from sinkscope.run.measure import measure
+from sinkscope.run.measuring import measure
 from sinkscope.run.plan import in_memory_source, plan
 from sinkscope.run.prepare import Inputs, first_inputs, prepare, progress_path
 from sinkscope.run.stages import run_plan

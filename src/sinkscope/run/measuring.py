@@ -213,8 +213,8 @@ def measure_lengths(prepared: Prepared, loaded: Loaded, lengths: tuple[int, ...]
 
 
 def _add_explorer(prepared: Prepared, loaded: Loaded, result: Result, log) -> None:
-    """The explorer's patterns (``forward/explore.py``) into the result and its manifest (``explorer``)."""
-    from sinkscope.forward.explore import explore, p0_by_head
+    """The explorer's patterns (``forward/explorer_pass.py``) into the result and its manifest (``explorer``)."""
+    from sinkscope.forward.explorer_pass import explore, p0_by_head
 
     options = prepared.options
     if prepared.command.read_windows is not None:  # stream: its windows are read through a bounded cache

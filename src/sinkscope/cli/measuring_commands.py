@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sinkscope.cli.base import _friendly_errors, app
+from sinkscope.cli.application import _friendly_errors, app
 from sinkscope.cli.options import ModelArg, OutOpt, run_options
 
 
