@@ -1,14 +1,15 @@
 """sinkscope: measure attention sinks in causal language models.
 
-The data flow (see DESIGN.md)::
+The data flow (DESIGN.md)::
 
-    source -> model+tokenizer -> windows -> forward loop (+hook points) -> probes
-           -> accumulators -> results table + manifest + tokens -> figures -> report.html
+    MODEL -> Source -> model + tokenizer -> windows -> forward loop (+ capture) -> records -> probes
+          -> accumulators -> results table + manifest + tokens -> figures -> report.html
 
-Where things live: ``run/`` runs every measuring command (``commands/``) once;
-``capture/`` names the hook points and attaches them to a model; ``probes/`` is what we
-measure; ``forward/runner.py`` is the only forward loop; ``store/results.py`` is the table format;
-``report/`` turns tables into figures. ``sinkscope.measure(...)`` is the Python API.
+Lives here: ``api.py`` (``sinkscope.measure``), ``errors.py`` (the one error users see, and the value
+checks at the boundary), ``version.py``; every other module lives in a package that answers one
+question (docs/layout.md, generated from each package's card).
+May import: the root's modules import their packages lazily; internals never import the root.
+Add here: nothing; a new module goes into the package whose question it answers.
 """
 
 from sinkscope.errors import SinkscopeError

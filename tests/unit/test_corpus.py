@@ -444,3 +444,14 @@ def test_repeated_inputs_repeat_one_id_per_window():
     assert (tokens == tokens[:, :1]).all()  # every position is the window's one id
     assert record["token_ids"] == tokens[:, 0].tolist() and 0 not in record["token_ids"]
     assert not record["bos_first"]
+
+
+def test_the_bos_policies_live_in_a_module_that_imports_nothing():
+    """The command line checks --bos before numpy or torch load: data/bos.py imports nothing."""
+    import ast
+
+    import sinkscope.data.bos as bos
+
+    assert bos.BOS_POLICIES == ("auto", "add", "none")
+    tree = ast.parse(Path(bos.__file__).read_text())
+    assert not [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]

@@ -1,8 +1,12 @@
-"""How a model hands over its internals: named hook points, attention records, interventions.
+"""How a model hands over its internals: named hook points, attention records, kernels, interventions.
 
-``capture(model, sink)`` attaches the hook points a sink asks for (``hooks.py`` names them);
-``AttentionRecord`` is what attention probes see. Imports are lazy so that the hook-point table
+Lives here: ``hooks.py`` (the hook points' names), ``discover.py`` and ``families.py`` (a family's
+parts, found not listed; the rare quirk), ``attention.py`` (the registered attention functions and
+the capture), ``record.py`` (``AttentionRecord``), ``kernels.py`` (fused attention with its
+log-sum-exp), ``masks.py`` and ``window_masks.py``. Imports are lazy so that the hook-point table
 (``sinkscope ls hooks``) is read without loading torch or transformers.
+May import: data, models, store, runtime, errors; never probes (a capture knows no metric).
+Add here: a model family that is not found on its own (a quirk in ``families.py``, with its reason).
 """
 
 from __future__ import annotations

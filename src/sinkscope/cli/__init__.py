@@ -1,11 +1,12 @@
 """The ``sinkscope`` command line: typer declarations over the library (``app`` is the entry point).
 
-Every anticipated failure is a :class:`~sinkscope.errors.SinkscopeError` whose one sentence is
-printed as ``error: ...`` with exit code 1 (never a traceback); Ctrl-C exits 130 wherever it lands.
-
-The package: ``base.py`` (the app and its error policy), ``commands/spec.py`` (the options the commands
-share), ``measure.py`` (the measuring commands: ``execute(plan(...))``), ``lab.py`` (train, sweep,
-toy, run) and ``inspect.py`` (report, ls). Importing it registers every command on ``app``.
+Lives here: ``application.py`` (the app and its error policy: one sentence, exit 1; Ctrl-C 130,
+SIGTERM 143), ``options.py`` (the options every command shares and the typed route: each CLI
+parameter is a field of its command's options, checked at import), ``measuring_commands.py`` (the
+measuring commands: ``execute(plan(...))``), ``lab.py`` (train, sweep, toy, run), ``inspect.py``
+(report, ls). Importing the package registers every command on ``app``.
+May import: everything; nothing imports it (``__main__`` aside).
+Add here: a command's declaration, beside its options dataclass in ``commands/`` or the lab.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """The measuring commands: each module declares one command (its options, probes and checks).
 
-A command is a :class:`~sinkscope.commands.spec.Command` registered with :func:`register_command`;
-every module of this package is imported on first use, so a new command is one module here
-plus its declaration in the command line (``cli.py``). The plan (``run/plan.py``) checks it, the
-run (``run/``: plan, prepare, load, measure, write) does the rest.
+Lives here: ``spec.py`` (``RunOptions``, ``Command`` and the checks every command shares, torch-free)
+and one module per command (``sinks``, ``selectivity``, ``heads``, ``inject``, ``circuit``,
+``stream``, ``measure``, ``explore``), each registered with :func:`register_command`; every module
+is imported on first use.
+May import: train, forward, probes, capture, kvcache, stats, report, data, models, store, runtime;
+never run (which runs them) or anything above.
+Add here: a new command (one module; its CLI declaration in ``cli/measuring_commands.py``; its
+report section in ``report/<command>.py``).
 """
 
 from __future__ import annotations

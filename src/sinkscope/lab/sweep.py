@@ -541,10 +541,15 @@ def write_tables(options: SweepOptions, log=None) -> Path:
     page = out / "sweep.md"
     atomic_write_text(page, "\n".join(lines) + "\n")
     if options.report:
-        _figure(t1, out / "table1.png")
-        _curve_figure(over_base, out / "table1_by_step.png")
-        _sinks_figure(sinks, out / "sinks.png")
-        _formation_figures(formation, out)
+        from sinkscope.report import lab_figures as figures  # every figure is drawn in report/
+
+        drawn = {"table1.png": figures.paired_improvement_bars(t1),
+                 "table1_by_step.png": figures.improvement_by_step(over_base),
+                 "sinks.png": figures.sink_columns_by_variant(sinks),
+                 **{f"formation_{metric}.png": fig for metric, fig in figures.formation_by_variant(formation).items()}}
+        for name, fig in drawn.items():
+            if fig is not None:
+                _save(fig, out / name)
         _compare(options, out / "compare", log)
     _record(out)
     log(f"wrote {page}")
@@ -558,103 +563,6 @@ def _save(fig, path: Path) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=120, format="png")
     atomic_write_bytes(path, buffer.getvalue())
-
-
-def _figure(t1: pd.DataFrame, path: Path) -> None:
-    """Table 1 as bars with standard-error whiskers (positive = better)."""
-    if not len(t1):
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r.variant}\nvs {r.reference}" for r in t1.itertuples()]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(labels)), 3.2))
-    ax.bar(range(len(labels)), t1["improvement"], yerr=t1["se"].fillna(0.0), capsize=3,
-           color=["#4c72b0" if b == "over baseline" else "#dd8452" for b in t1["block"]])
-    ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(labels)), labels, fontsize=7)
-    ax.set_ylabel("paired improvement (nats)")
-    ax.set_title("paired validation-loss improvement, mean ± se over seeds", fontsize=9)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def _curve_figure(over_base: pd.DataFrame, path: Path) -> None:
-    """Paired improvement over the baseline against the training step, one line per variant with
-    a band of one standard error (positive = better)."""
-    if over_base["step"].nunique() < 2:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.0, 3.2))
-    for variant, group in over_base.groupby("variant", sort=False):
-        group = group.sort_values("step")
-        line, = ax.plot(group["step"], group["improvement"], marker="o", markersize=3, linewidth=1.2, label=variant)
-        se = group["se"].fillna(0.0)
-        ax.fill_between(group["step"], group["improvement"] - se, group["improvement"] + se,
-                        color=line.get_color(), alpha=0.15, linewidth=0)
-    ax.axhline(0.0, color="black", linewidth=0.8)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("improvement over baseline (nats)")
-    ax.set_title("paired improvement during training, mean ± se", fontsize=9)
-    ax.legend(fontsize=7, frameon=False)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def _sinks_figure(sinks: pd.DataFrame, path: Path) -> None:
-    """Table 15's columns per variant: bars of the seed means with standard-error whiskers."""
-    from sinkscope.stats.paired import mean_se
-
-    panels = [(c, label) for c, label in (("p0_pct", "position-0 mass (%)"), ("phantom_pct", "phantom mass (%)"),
-                                          ("value_norm_ratio", "position-0 value-norm ratio"),
-                                          ("gate_selectivity", "gate selectivity"))
-              if c in sinks and sinks[c].notna().any()]
-    if not panels:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    variants = list(dict.fromkeys(sinks["variant"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.0), squeeze=False)
-    for ax, (column, label) in zip(axes[0], panels):
-        stats = [mean_se(sinks.loc[sinks.variant == v, column].dropna()) for v in variants]
-        ax.bar(range(len(variants)), [m for m, _ in stats], yerr=[0.0 if math.isnan(e) else e for _, e in stats],
-               capsize=3, color="#4c72b0")
-        ax.set_xticks(range(len(variants)), variants, rotation=45, ha="right", fontsize=7)
-        ax.set_title(label, fontsize=9)
-    fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def _formation_figures(formation: pd.DataFrame, out: Path) -> None:
-    """``formation_<metric>.png``: the monitor's model value against the step, one line per variant (mean over
-    seeds at the steps every seed measured); a metric that is 0 for a variant (phantom mass without a phantom
-    key) is not drawn for it."""
-    from sinkscope.report.curves import metric_vs_step
-
-    for metric, rows in formation.groupby("metric", sort=False):
-        lines = {}
-        for variant, part in rows.groupby("variant", sort=False):
-            seeds = part["seed"].nunique()
-            mean = part.groupby("step").agg(value=("value", "mean"), k=("seed", "nunique")).reset_index()
-            mean = mean[mean["k"] == seeds][["step", "value"]]
-            if (mean["value"].fillna(0) != 0).any():
-                lines[variant] = mean
-        if lines:
-            what = "mean over seeds" if formation["seed"].nunique() > 1 else "model value"
-            _save(metric_vs_step(lines, metric, title=f"{metric} through training, one line per variant ({what})"),
-                  out / f"formation_{metric}.png")
 
 
 def _compare(options: SweepOptions, out: Path, log) -> None:

@@ -45,7 +45,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from sinkscope.errors import SinkscopeError, option
@@ -765,34 +764,6 @@ def _write_outputs(options: ToyOptions, frame: pd.DataFrame, summary: pd.DataFra
             lines.append(f"| {r.load} | {r.variant} | {r.error:.4f}{se} | {r.label_error:.4f} | {closed} |")
         lines.append("")
     atomic_write_text(out / "toy.md", "\n".join(lines))
-    _figure(summary, out / "toy.png")
+    from sinkscope.report.lab_figures import toy_error_by_load  # every figure is drawn in report/
 
-
-def _figure(summary: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    conditions = list(dict.fromkeys(summary["condition"]))
-    fig, axes = plt.subplots(2, len(conditions), figsize=(4.2 * len(conditions), 6.0), squeeze=False)
-    for col, condition in enumerate(conditions):
-        part = summary[summary.condition == condition]
-        for variant, group in part.groupby("variant", sort=False):
-            x = np.log2(group["load"].to_numpy(dtype=float))  # loads 1, 2, 4, 8 evenly spaced
-            axes[0, col].errorbar(x, group["error"], yerr=group["se"].fillna(0.0), marker="o",
-                                  capsize=3, label=variant)
-            if variant not in ("baseline", "oracle"):
-                axes[1, col].plot(x, 100 * group["headroom_closed"], marker="o", label=variant)
-        axes[0, col].set_title(CONDITION_LABELS[condition], fontsize=9)
-        axes[0, col].set_ylabel("held-out BCE per label (nats)")
-        axes[1, col].set_ylabel("headroom closed (%)")
-        axes[1, col].axhline(0.0, color="black", linewidth=0.8)
-        loads = sorted(set(part["load"]))
-        for ax in axes[:, col]:
-            ax.set_xticks(np.log2(np.array(loads, dtype=float)), [str(load) for load in loads])
-            ax.set_xlabel("load N / d")
-        axes[0, col].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    toy_error_by_load(summary, CONDITION_LABELS).savefig(out / "toy.png", dpi=120)

@@ -1,9 +1,13 @@
 """What we measure: one module per probe, each a streaming reduction registered by decorator.
 
-Every module of this package is imported on first use, and each registers its probes with
-``@register_probe`` (``base.py``), so adding a probe is adding a file: no list to keep in
-sync. Probes defined outside the package (a notebook, a research script) register the same way
-when their module is imported, or from a file with :func:`load_plugin` (the CLI's ``--plugin``).
+Lives here: ``base.py`` (``Probe``, ``Param``, ``@register_probe``, ``@observes``, accumulators) and
+one module per probe; every module is imported on first use, so adding a probe is adding a file.
+Probes defined outside the package (a notebook, a research script) register the same way when
+their module is imported, or from a file with :func:`load_plugin` (the CLI's ``--plugin``). The
+names a probe writer needs are exported here (``from sinkscope.probes import Probe, MetricInfo, ...``).
+May import: capture, kvcache, stats, data, models, store, runtime; never forward (a probe never
+drives the loop) or the report.
+Add here: a metric (docs/writing-a-probe.md), with a unit test against its formula.
 """
 
 from __future__ import annotations

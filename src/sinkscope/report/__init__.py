@@ -1,8 +1,13 @@
-"""Tables -> figures -> one self-contained report.html. Never loads a model.
+"""Tables -> figures -> one self-contained report.html. Never loads a model; every figure is drawn here.
 
-``build_report`` (``build.py``) and ``read_run`` (``runs.py``) are imported on first use, so that a
-light module of this package (``folder.py``, which the torch-free plan asks whether a folder is a
-report's) does not pay for matplotlib.
+Lives here: ``build.py`` (the page from sections), one section module per command (``circuit``,
+``inject``, ``stream``, ...) and per kind of run (``generic``, ``lengths``, ``steps``, ``tokens``),
+``figures.py`` and ``curves.py`` (the shared drawing), ``lab_figures.py`` (the sweep's and the toy task's
+figures), ``explorer_page.py`` and ``static/`` (the attention explorer), ``runs.py``, ``page.py``,
+``folder.py``. ``build_report`` and ``read_run`` are imported on first use, so that a light module
+(``folder.py``) does not pay for matplotlib.
+May import: stats, data, models, store, runtime; never forward, probes or capture (a contract).
+Add here: a figure (in the section of the command that measures it).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""The bundled trainer: a separate mini project that makes models to measure.
+"""The bundled trainer: a separate mini project that makes models to measure (and watches them form sinks).
 
-``model.py`` holds the decoder and every attention variant of SPEC.md, and ``taps.py`` how it
-hands its hook points over; ``data.py`` the tokenizer, token cache, split, window policies and
-seeded batches; ``tasks.py`` the data sources the loop consumes (text, the trigger task),
-``checkpoint_windows`` and the ``key=value`` parser; ``config.py`` the options (``TrainOptions``),
-tiers and their resolution; ``loop.py`` the training loop (``train``); and ``checkpoint.py`` the
-checkpoint folder every probe command accepts as MODEL.
-Names are imported on first use, so reading a checkpoint's config (the report does) needs no torch.
+Lives here: ``model.py`` (the decoder and every attention variant of SPEC.md) and ``taps.py`` (how
+it hands its hook points over); ``data.py`` (tokenizer, token cache, split, window policies, seeded
+batches); ``tasks.py`` (text, the trigger task, ``checkpoint_windows``); ``config.py``
+(``TrainOptions``, tiers and their resolution); ``loop.py`` (``train``); ``checkpoint.py`` (the
+checkpoint folder every probe command accepts as MODEL); ``monitor.py`` (``SinkMonitor``: sink probes
+during any training loop). Names are imported on first use, so reading a checkpoint's config needs no torch.
+May import: forward, probes, capture, kvcache, stats, report, data, models, store, runtime; never
+commands, run or anything above.
+Add here: a trainer variant (``models/trainer_config.py``'s ``VARIANTS`` and ``model.py``), with its test.
 """
 
 from __future__ import annotations
