@@ -4,7 +4,7 @@ not one, a Ray address that is malformed or where nothing answers. Each is one `
 no traceback, nothing written, and Ray never started (nor imported).
 
 The cases that import or start Ray or spawn processes are in test_engine_failures.py (slow); the Ray
-address checks on a stand-in for Ray are in tests/unit/test_engines.py.
+address checks on a stand-in for Ray are in tests/unit/executors/test_executors_units.py.
 """
 
 from __future__ import annotations

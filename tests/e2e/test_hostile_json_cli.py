@@ -1,7 +1,7 @@
 """Files that are valid JSON but hostile (issue 38), through the commands: a config.json, a tokenizer's
 file, a run's manifest.json or a folder's ``.sinkscope-files`` nested 200,000 levels deep is one
 ``error:`` sentence naming the file, exit 1, no traceback. In-process (CliRunner); the reader and
-each module's use of it are in tests/unit/test_hostile_json.py.
+each module's use of it are in tests/unit/store/test_hostile_json.py.
 """
 
 from __future__ import annotations

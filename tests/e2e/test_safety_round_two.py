@@ -2,7 +2,7 @@
 inputs (8) and SIGTERM (9). Each case is one sentence and a non-zero exit, never a traceback.
 
 Classes 1-6 have files of their own: test_recipe_code.py, test_hostile_configs.py,
-unit/test_hostile_json.py, test_user_paths.py, integration/test_checkpoint_recovery.py and the
+unit/store/test_hostile_json.py, test_user_paths.py, integration/test_checkpoint_recovery.py and the
 conformance tests in integration/test_conformance.py.
 """
 

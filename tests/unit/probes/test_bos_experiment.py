@@ -15,28 +15,11 @@ import pytest
 import torch
 
 from sinkscope.capture import hooks
-from sinkscope.capture.families import ModelSpec
 from sinkscope.capture.record import AttentionRecord
 from sinkscope.errors import SinkscopeError
 from sinkscope.errors import check_repeats
 from sinkscope.probes.bos_experiment import BosExperiment
-
-def make_spec(n_layers: int = 3, n_heads: int = 4, hidden: int = 6) -> ModelSpec:
-    return ModelSpec(family="test", n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads, head_dim=4,
-                     hidden_size=hidden, attention_layers=tuple(range(n_layers)), has_phantom=False,
-                     has_output_gate=False)
-
-
-def one_row(rows, metric: str, **conditions):
-    found = [r for r in rows if r.metric == metric
-             and all(dict(r.conditions).get(k) == v for k, v in conditions.items())]
-    assert len(found) == 1, (metric, conditions, found)
-    return found[0]
-
-
-def assert_one_sentence(error: pytest.ExceptionInfo) -> None:
-    message = str(error.value)
-    assert "\n" not in message and message.endswith("."), message
+from probe_helpers import assert_one_sentence, make_spec, one_row
 
 
 def _bos_inputs_reference(ids: list[list[int]], setting: str, r: int, r_max: int, bos: int) -> list[list[int]]:

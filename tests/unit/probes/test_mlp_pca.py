@@ -14,28 +14,11 @@ import pytest
 import torch
 
 from sinkscope.capture import hooks
-from sinkscope.capture.families import ModelSpec
 from sinkscope.errors import SinkscopeError
 from sinkscope.probes import mlp_pca
 from sinkscope.errors import check_heads
 from sinkscope.probes.mlp_pca import SUBTRACTED, MlpPca, MlpPcaUp
-
-def make_spec(n_layers: int = 3, n_heads: int = 4, hidden: int = 6) -> ModelSpec:
-    return ModelSpec(family="test", n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_heads, head_dim=4,
-                     hidden_size=hidden, attention_layers=tuple(range(n_layers)), has_phantom=False,
-                     has_output_gate=False)
-
-
-def one_row(rows, metric: str, **conditions):
-    found = [r for r in rows if r.metric == metric
-             and all(dict(r.conditions).get(k) == v for k, v in conditions.items())]
-    assert len(found) == 1, (metric, conditions, found)
-    return found[0]
-
-
-def assert_one_sentence(error: pytest.ExceptionInfo) -> None:
-    message = str(error.value)
-    assert "\n" not in message and message.endswith("."), message
+from probe_helpers import assert_one_sentence, make_spec, one_row
 
 
 def _pca_data(seed: int, B: int = 6, T: int = 12, F: int = 5) -> np.ndarray:
