@@ -2,7 +2,7 @@
 
 Reads what a run folder holds (``explorer.npz``, ``store/explorer_format.py``; the table for the heads
 grid's metrics) and writes one self-contained HTML fragment: the data as JSON in a
-``<script type="application/json">``, the stylesheet and ``static/explorer.js`` (vanilla
+``<script type="application/json">``, the stylesheet and the script of ``static/explorer/`` (vanilla
 JavaScript and canvas, nothing fetched). The page API (``window.sinkscopeExplorer``) is the
 script's; what the JSON holds is :func:`payload`'s.
 
@@ -28,6 +28,18 @@ CHOSEN = {"top": "of highest position-0 mass", "sample": "drawn at random (--see
 
 def _static(name: str) -> str:
     return resources.files("sinkscope.report").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def explorer_script() -> str:
+    """The explorer's one inline script: ``static/explorer/*.js`` joined in name order inside one function
+    (``_head.js`` opens it, ``_tail.js`` closes it), one file per view: utilities, the Explorer's shell,
+    the data store, the page API, the heads grid, the pattern view, the pointer, the text view, the
+    start. No build step; ``window.sinkscopeExplorer`` is the script's page API."""
+    folder = resources.files("sinkscope.report").joinpath("static", "explorer")
+    parts = sorted((entry.name, entry) for entry in folder.iterdir() if entry.name.endswith(".js")
+                   and not entry.name.startswith("_"))
+    read = lambda entry: entry.read_text(encoding="utf-8")  # noqa: E731
+    return read(folder / "_head.js") + "".join(read(entry) for _, entry in parts) + read(folder / "_tail.js")
 
 
 def _number(value) -> float | None:
@@ -62,7 +74,7 @@ def head_metrics(table: pd.DataFrame, manifest: dict, data: ExplorerData) -> lis
 
 
 def payload(label: str, table: pd.DataFrame, manifest: dict, data: ExplorerData) -> dict:
-    """The JSON the page's script reads (static/explorer.js; the block layout in ``store/explorer_format.py``)."""
+    """The JSON the page's script reads (``static/explorer/``; the block layout in ``store/explorer_format.py``)."""
     notes = [f"Weights below {data.threshold:g} are not stored (they read as 0); the others are held as multiples "
              f"of 1/65,535 (error at most {data.scale / 2:.1e}): every weight shown is within {data.threshold:g} of "
              "the model's.",
@@ -103,7 +115,7 @@ def fragment(label: str, table: pd.DataFrame, manifest: dict, data: ExplorerData
              f'<section class="sx-explorer" data-sinkscope-explorer="{html.escape(label, quote=True)}">'
              f'<script type="application/json" class="sx-data">{data_json}</script></section>']
     if script:
-        parts.append(f"<script>{_static('explorer.js')}</script>")
+        parts.append(f"<script>{explorer_script()}</script>")
     return "\n".join(parts)
 
 

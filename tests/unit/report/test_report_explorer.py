@@ -68,3 +68,20 @@ def test_labels_cannot_close_the_script():
     assert 'data-sinkscope-explorer="a &lt;b&gt;"' in html
     page = standalone("a", table(), MANIFEST, data)
     assert page.startswith("<!DOCTYPE html>") and page.count("<script>") == 1
+
+
+def test_the_script_is_one_function_joined_from_one_file_per_view():
+    """issue 55, item 5: static/explorer/*.js, one file per view, joined in name order inside one function."""
+    from importlib import resources
+
+    from sinkscope.report.explorer_page import explorer_script
+
+    folder = resources.files("sinkscope.report").joinpath("static", "explorer")
+    views = sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".js") and not entry.name.startswith("_"))
+    assert views == ["00-util.js", "10-explorer.js", "20-store.js", "30-page-api.js", "40-grid.js", "50-pattern.js",
+                     "60-pointer.js", "70-text.js", "90-start.js"]
+    text = explorer_script()
+    assert text.count("(function () {") == 1 and text.rstrip().endswith("})();")
+    positions = [text.index(f"// {name}:") for name in views]
+    assert positions == sorted(positions)
+    assert all(len(folder.joinpath(name).read_text().splitlines()) < 450 for name in views)
