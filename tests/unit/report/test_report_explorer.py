@@ -81,7 +81,7 @@ def test_the_script_is_one_function_joined_from_one_file_per_view():
     assert views == ["00-util.js", "10-explorer.js", "20-store.js", "30-page-api.js", "40-grid.js", "50-pattern.js",
                      "60-pointer.js", "70-text.js", "90-start.js"]
     text = explorer_script()
-    assert text.count("(function () {") == 1 and text.rstrip().endswith("})();")
+    assert text.split("\n(function () {", 1)[0].startswith("/* sinkscope attention explorer") and text.rstrip().endswith("})();")
     positions = [text.index(f"// {name}:") for name in views]
     assert positions == sorted(positions)
     assert all(len(folder.joinpath(name).read_text().splitlines()) < 450 for name in views)
