@@ -2,7 +2,7 @@
 
 :func:`resolve_source` reads only the file system (``run/loaders.py``'s docstring gives the rule), so
 the CLI can refuse a missing model in a fraction of a second, before anything heavy is imported;
-``run/loaders.py`` loads what it names and re-exports these names (``sinkscope.run.loaders.resolve_source``).
+``run/loaders.py`` loads what it names.
 """
 
 from __future__ import annotations
