@@ -422,7 +422,7 @@ def test_toy_replaces_its_own_output_only_with_overwrite(tmp_path, monkeypatch):
     def disk_full(*_args):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(toy, "_figure", disk_full)
+    monkeypatch.setattr("sinkscope.report.lab_figures.toy_error_by_load", disk_full)  # the figure, last written
     refused(invoke([*TOY, "--out", out, "--overwrite"]))
     assert snapshot(out) == before and no_leftovers(tmp_path, "toy")
     monkeypatch.undo()
