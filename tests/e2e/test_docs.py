@@ -69,7 +69,7 @@ def test_every_old_readme_section_has_a_page_in_the_nav():
     for section, page in OLD_README_SECTIONS.items():
         assert (DOCS / page).is_file(), f"{section!r}: docs/{page} is missing"
         assert page in nav, f"{section!r}: docs/{page} is not in mkdocs.yml's nav"
-    for page in ("SPEC.md", "architectures.md", "results/seeds-on-smollm2.md", "troubleshooting.md", "api.md"):
+    for page in ("SPEC.md", "architectures.md", "results/papers-on-smollm2.md", "troubleshooting.md", "api.md"):
         assert page in nav
 
 
@@ -99,7 +99,7 @@ def built_site(tmp_path_factory) -> Path:
 def test_the_site_builds_strict(built_site):
     site = built_site
     for page in ("index.html", "getting-started.html", "SPEC.html", "architectures.html", "api.html",
-                 "commands/sinks.html", "results/seeds-on-smollm2.html", "tutorial.html"):
+                 "commands/sinks.html", "results/papers-on-smollm2.html", "tutorial.html"):
         assert (site / page).is_file(), page
     assert "sinkscope.api.measure" in (site / "api.html").read_text(encoding="utf-8")
     # offline: no web fonts, no script or stylesheet from another host

@@ -371,7 +371,7 @@ def test_a_default_sink_layer_start_on_a_two_layer_model_gives_no_mislabelled_ro
     assert _sinks(str(two), "--text-file", str(text_file), "--seq-len", "32", "--out", str(out)).exit_code == 0
     metrics = set(pd.read_csv(out / "results.csv").metric)
     assert "sink_rate_from_layer" not in metrics
-    out = tmp_path / "three"  # the 3-layer tiny model gets seed 003's [2:] row
+    out = tmp_path / "three"  # the 3-layer tiny model gets the P0-sink study's [2:] row
     assert _sinks(str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "32", "--out", str(out)).exit_code == 0
     table = pd.read_csv(out / "results.csv")
     assert table.loc[table.metric == "sink_rate_from_layer", "layer_start"].tolist() == [2]

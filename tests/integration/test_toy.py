@@ -1,4 +1,4 @@
-"""The toy superposition task (SPEC.md; seed 000 appendix "Construction"): the data generator,
+"""The toy superposition task (SPEC.md; Wang 2026 appendix "Construction"): the data generator,
 the fast forward against the explicit definition, the oracle's advantage, and the CLI's outputs."""
 
 from __future__ import annotations

@@ -367,7 +367,7 @@ class AttentionRecord:
             m_i   = sum_j w_ij g_j
             var_i = sum_j w_ij (g_j - m_i)^2 = E_w[x^2] - E_w[x]^2,  x_j = g_j - g_0
 
-        with w_ij the real-key weights (phantom excluded; SPEC.md "Gate selectivity", seed 000
+        with w_ij the real-key weights (phantom excluded; SPEC.md "Gate selectivity", Wang 2026
         §4.2). An explicit record reduces its weights; a fused one reads the two value columns
         its kernel call returned (``gate_columns``), which the capture computes only when a
         probe asked for them (``Probe.record_columns``). var is clamped at 0 (rounding).

@@ -33,9 +33,9 @@ def train(
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="bpe4096 (default, trained on the corpus) | gpt2 | a tokenizer folder.")] = None,
     windows: Annotated[Optional[str], typer.Option("--windows", help="Text windows: doc-start (default: BOS, then a paragraph start) | random (any offset, no BOS).")] = None,
     task_set: Annotated[Optional[list[str]], typer.Option("--task-set", help="A task option key=value (repeatable); trigger: vocab=64, trigger_rate=0.12, length=0 (= block_size), task_seed=0.")] = None,
-    tnlm: Annotated[bool, typer.Option("--tnlm", help="TNLM loss: no cross-entropy term at position 0 (seed 003).")] = False,
-    lb_lambda: Annotated[float, typer.Option("--lb-lambda", help="Sink-aware load-balancing loss weight (seed 004; 1e-4 there).")] = 0.0,
-    force_sink_k: Annotated[Optional[int], typer.Option("--force-sink-k", help="Force-sink masking with k channels (seed 003; 16 there).")] = None,
+    tnlm: Annotated[bool, typer.Option("--tnlm", help="TNLM loss: no cross-entropy term at position 0 (the P0-sink study).")] = False,
+    lb_lambda: Annotated[float, typer.Option("--lb-lambda", help="Sink-aware load-balancing loss weight (Fu et al. 2026; 1e-4 there).")] = 0.0,
+    force_sink_k: Annotated[Optional[int], typer.Option("--force-sink-k", help="Force-sink masking with k channels (the P0-sink study; 16 there).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Override a model field: key=value (repeatable), e.g. n_layer=2.")] = None,
     device: DeviceOpt = "auto",
     resume: Annotated[bool, typer.Option("--resume", help="Continue the checkpoint in --out.")] = False,
@@ -111,7 +111,7 @@ def sweep(
     device: DeviceOpt = "auto",
     **executor_options,
 ) -> None:
-    """Train every variant for every seed, probe each checkpoint, write seed 000's Tables 1 and 2.
+    """Train every variant for every seed, probe each checkpoint, write Wang 2026's Tables 1 and 2.
 
     Finished runs are skipped and interrupted ones resumed, so rerunning the command continues it.
     --out is a new folder or this sweep's own: a folder holding files sinkscope did not write is refused.
@@ -168,7 +168,7 @@ def toy(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace the toy task's earlier output in --out (never a folder holding files sinkscope did not write).")] = False,
     **executor_options,
 ) -> None:
-    """Seed 000's toy superposition task: error by load per variant and the share of headroom closed.
+    """Wang 2026's toy superposition task: error by load per variant and the share of headroom closed.
 
     Examples:
 

@@ -118,7 +118,7 @@ def selectivity(
 def heads(
     model: ModelArg = None,
     out: OutOpt = None,
-    sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom | data (seed 004 §6.2: keys of high attention and low value norm, plus any phantom).")] = "auto",
+    sink_set: Annotated[str, typer.Option("--sink-set", help="What A_sink sums: auto (the model's: its phantom if it has one, else key 0) | first | phantom | first+phantom | data (Fu et al. 2026 §6.2: keys of high attention and low value norm, plus any phantom).")] = "auto",
     sink_attention: Annotated[float, typer.Option("--sink-attention", help="--sink-set data: a key's mean attention (Gu et al.'s alpha_j) must exceed this.")] = 0.3,
     sink_value_ratio: Annotated[float, typer.Option("--sink-value-ratio", help="--sink-set data: a key's value norm must be below this times the window's median.")] = 0.5,
     sink_min_queries: Annotated[int, typer.Option("--sink-min-queries", help="--sink-set data: a key needs at least this many scoring queries (capped at half the window's).")] = 16,
@@ -127,7 +127,7 @@ def heads(
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
 ) -> None:
-    """Measure implicit gates, head importance, load imbalance (CV) and dormant heads (seed 004).
+    """Measure implicit gates, head importance, load imbalance (CV) and dormant heads (Fu et al. 2026).
 
     Several models or checkpoints give one run each and one comparison page; --out is then the
     folder holding one run folder per model (named after it) and the page.
@@ -166,7 +166,7 @@ def inject(
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
 ) -> None:
-    """Corrupt every value head's quiet reads with junk and measure the loss increase (seed 000 §5).
+    """Corrupt every value head's quiet reads with junk and measure the loss increase (Wang 2026 §5).
 
     For each junk type, cutoff, dose and draw: one more forward pass per evaluation batch; the clean
     loss, the exposure (quiet and phantom mass) and, by default (--junk-source clean), each layer's
@@ -211,7 +211,7 @@ def circuit(
     group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
 ) -> None:
-    """How the model makes position 0 special (seed 003): norms, direction, attention output, MLP PCA, BOS.
+    """How the model makes position 0 special (the P0-sink study): norms, direction, attention output, MLP PCA, BOS.
 
     Per layer: the position-0 residual norm against the other positions and the first layer
     where it separates; the cross-window cosine of position 0 beside a later position; layer

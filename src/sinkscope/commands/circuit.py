@@ -1,4 +1,4 @@
-"""``sinkscope circuit``: how a model makes position 0 special (SPEC.md "The position-zero circuit"; seed 003 §2-3).
+"""``sinkscope circuit``: how a model makes position 0 special (SPEC.md "The position-zero circuit"; the P0-sink study, §2-3).
 
 Probes (one module each under ``probes/``, named as the probe), all reading named hook points only,
 so every family the spine supports and every trainer checkpoint runs them the same way:
@@ -8,9 +8,9 @@ so every family the spine supports and every trainer checkpoint runs them the sa
    directional convergence: the mean pairwise cosine of the position-0 state across windows
    beside the same at ``--later-position`` (64, capped to the window);
 2. ``attn_out_norm``: the first attention layer's norm per position of the weighted sum of
-   values before W_O (``hook_z``, per head and pooled: the headline, seed 003 Table 2) and, beside
+   values before W_O (``hook_z``, per head and pooled: the headline, the P0-sink study, Table 2) and, beside
    it, of the attention output after W_O (``hook_attn_out``);
-3. ``mlp_pca_up`` (gated MLPs: the up projection ``hook_pre_linear``, seed 003's choice) or
+3. ``mlp_pca_up`` (gated MLPs: the up projection ``hook_pre_linear``, the P0-sink study's choice) or
    ``mlp_pca`` (``hook_pre``): PCA of layer 0's MLP pre-activation with position 0 marked, its
    scatter sample and separation score, again after subtracting ``--subtract-head 0.H`` heads;
 4. ``p0_outliers``: the channels whose position-0 value stands out, before and after the first
@@ -21,7 +21,7 @@ so every family the spine supports and every trainer checkpoint runs them the sa
 Decisions where SPEC.md leaves things open (also under "Decisions" in docs/commands/circuit.md):
 
 - The windows are the run's (``--bos`` as everywhere). Norms, cosines, PCA and outliers are
-  measured on them as drawn; seed 003 Fig. 2(c) reads cosines without BOS, so pass ``--bos
+  measured on them as drawn; the P0-sink study, Fig. 2(c) reads cosines without BOS, so pass ``--bos
   none`` for its setting (with BOS at position 0 the position-0 cosine is 1 by construction).
 - The BOS experiments build their own inputs from each window: the content K is the window
   without its first token, shortened by r_max - 1 so every pass fits in seq-len tokens;
@@ -121,7 +121,7 @@ def _check_model(options: CircuitOptions, spec: ModelSpec) -> None:
 
 
 def pca_probe(spec: ModelSpec) -> str | None:
-    """``mlp_pca_up`` for gated MLPs (seed 003 reads the up projection), ``mlp_pca`` otherwise; None: no PCA."""
+    """``mlp_pca_up`` for gated MLPs (the P0-sink study reads the up projection), ``mlp_pca`` otherwise; None: no PCA."""
     if spec.mlp_kind is None:
         return None
     return "mlp_pca_up" if spec.mlp_kind == "gated" else "mlp_pca"

@@ -1,4 +1,4 @@
-"""``sinkscope heads``: implicit gates, head importance, load imbalance and dormant heads (seed 004).
+"""``sinkscope heads``: implicit gates, head importance, load imbalance and dormant heads (Fu et al. 2026).
 
 Probes: ``head_importance`` (SPEC.md "Implicit gate and head importance"; formulas shared with
 the trainer in ``sinkscope.stats.gates``) and, with ``--ablate-dormant``, ``head_ablation``.
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 #: ``--sink-set`` values; ``auto`` is the model's own (its phantom if it has one, else key 0).
 SINK_SET_CHOICES = ("auto", "first", "phantom", "first+phantom", "data")  # = ("auto",) + gates.SINK_SETS
-#: seed 004 leaves the dormancy threshold open (probes/head_importance.py DORMANT_BELOW).
+#: Fu et al. 2026 leaves the dormancy threshold open (probes/head_importance.py DORMANT_BELOW).
 DEFAULT_DORMANT_BELOW = 0.1
 
 
@@ -40,7 +40,7 @@ class HeadsOptions(RunOptions):
 
     Attributes:
         sink_set: ``auto`` | ``first`` | ``phantom`` | ``first+phantom`` | ``data``: what A_sink
-            sums (``auto``: the phantom where the model has one, else key 0; ``data``: seed 004
+            sums (``auto``: the phantom where the model has one, else key 0; ``data``: Fu et al. 2026
             §6.2's keys of high attention and low value norm, plus any phantom).
         sink_attention: ``data``: a key's mean attention alpha_j must exceed this (0.3).
         sink_value_ratio: ``data``: its value norm must be below this times the median (0.5).

@@ -5,7 +5,7 @@ evaluation batch: the loss increase when every value head's quiet reads receive 
 gate; the quiet set, m_h and transplanted junk from the batch's clean pass, ``--junk-source
 clean``, or from the reads each layer receives under corruption, ``--junk-source corrupted``)
 and ``exposure`` (from the clean pass of the same batches: the share of each attention row on the
-quiet reads, per cutoff, and on the phantom, averaged over every query as seed 000's tables are). Seed 000 §5.1, its appendix C and Tables 3, 9-11 and 13.
+quiet reads, per cutoff, and on the phantom, averaged over every query as Wang 2026's tables are). Wang 2026 §5.1, its appendix C and Tables 3, 9-11 and 13.
 
 The evaluation batch is part of the measurement (structured junk is drawn across it), so it is an
 option of its own, ``--eval-batch`` (recorded in the manifest), and replaces ``--batch-size``:
@@ -47,7 +47,7 @@ DEFAULT_JUNK = ("structured", "same-context", "gaussian")
 CUTOFFS = ("median", "q25")
 DEFAULT_DOSES = (0.2, 0.4, 0.8, 1.6)
 PROJECTION_GATE_VARIANTS = ("projgate", "sink+proj")
-DEFAULT_EVAL_BATCH = 8  # seed 000: eight batches of eight windows
+DEFAULT_EVAL_BATCH = 8  # Wang 2026: eight batches of eight windows
 JUNK_SOURCES = ("clean", "corrupted")
 
 
@@ -105,7 +105,7 @@ def _check(options: InjectOptions) -> None:
         raise SinkscopeError(f"{option('doses')} takes finite numbers >= 0 (got {raw!r}).")
     if max(doses) > MAX_DOSE:
         raise SinkscopeError(f"{option('doses')} {max(doses):g} is out of range: a dose is the junk's norm in units of the "
-                             f"head's median read norm (seed 000 uses 0.2 to 1.6), and above {MAX_DOSE:g} the "
+                             f"head's median read norm (Wang 2026 uses 0.2 to 1.6), and above {MAX_DOSE:g} the "
                              "model's arithmetic overflows to NaN.")
     for name, values in (("--junk", options.junk), ("--cutoff", options.cutoffs), ("--doses", doses)):
         if len(set(values)) != len(values):

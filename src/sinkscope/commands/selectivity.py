@@ -53,11 +53,11 @@ class SelectivityOptions(RunOptions):
         n_seqs: 256 windows by default (the other commands: 16), because the token-identity
             share is read against its chance level (K - 1) / (N - 1), which is small only when
             the N positions far outnumber the K distinct tokens: 32,768 tokens at a tiny
-            checkpoint's context of 128 (a few seconds on CPU), 131,072 at 512. Seed 000 uses
+            checkpoint's context of 128 (a few seconds on CPU), 131,072 at 512. Wang 2026 uses
             262,144 (eight validation batches at the training context); at 2,048 tokens (16
             windows of 128) the chance level of a 4,096-token vocabulary is above 0.3.
         min_count: ``token_share_frequent`` (column ``min_count``) and the report's token tables count only tokens seen at
-            least K times in the run (seed 000: 50).
+            least K times in the run (Wang 2026: 50).
     """
 
     n_seqs: int = DEFAULT_N_SEQS

@@ -40,7 +40,7 @@ class SinksOptions(RunOptions):
 
     Attributes:
         sink_epsilon: Gu et al.'s threshold eps on alpha_0 (0.3).
-        sink_layer_start: the first layer of the ``sink_rate_from_layer`` row; None = seed 003's 2 on
+        sink_layer_start: the first layer of the ``sink_rate_from_layer`` row; None = the P0-sink study's 2 on
             models with more than 2 layers, and no such row on smaller ones.
         massive_top_k: the top-k residual entries per layer (0: none; 10 with an intervention).
         massive_min_abs, massive_min_ratio: Sun et al.'s criterion, |h| > 100 and >= 1,000 x median.
@@ -60,7 +60,7 @@ class SinksOptions(RunOptions):
     massive_intervention: str | None = None
 
 
-#: seed 003 Table 1 reports Sink_0^eps over layers >= 2.
+#: the P0-sink study, Table 1 reports Sink_0^eps over layers >= 2.
 DEFAULT_SINK_LAYER_START = 2
 
 

@@ -1,4 +1,4 @@
-"""``sinkscope stream``: a long text read through a bounded KV cache, per policy (SPEC.md "Streaming"; seed 002).
+"""``sinkscope stream``: a long text read through a bounded KV cache, per policy (SPEC.md "Streaming"; the learned-sinks note).
 
 Each window is a document of ``--length`` tokens (the corpus's windowing rule at that length; it
 may exceed the model's context, which is the point: a rotary model read with ``--positions

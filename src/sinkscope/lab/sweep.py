@@ -9,9 +9,9 @@ The folder it fills:
     OUT/runs/<variant>-s<seed>/sinks         ``sinkscope sinks`` on it (the task's validation windows)
     OUT/runs/<variant>-s<seed>/selectivity   ``sinkscope selectivity`` (value-gated variants only)
     OUT/losses.csv                           variant, seed, val_loss, step, fingerprint
-    OUT/table1.csv, OUT/table2.csv           seed 000's Tables 1 and 2 (``sinkscope.stats.paired``)
+    OUT/table1.csv, OUT/table2.csv           Wang 2026's Tables 1 and 2 (``sinkscope.stats.paired``)
     OUT/table1_by_step.csv                   Table 1 at every evaluation of the runs' log.csv (step column)
-    OUT/sinks.csv                            seed 000 Table 15's columns per variant and seed
+    OUT/sinks.csv                            Wang 2026 Table 15's columns per variant and seed
     OUT/sweep.md, OUT/table1.png             the tables as one page, the improvements as a figure
     OUT/table1_by_step.png                   the improvements over the baseline against the training step
     OUT/sinks.png                            the sink measurements per variant as a figure

@@ -1,4 +1,4 @@
-"""The toy superposition task (SPEC.md "The toy superposition task"; seed 000 appendix "Construction").
+"""The toy superposition task (SPEC.md "The toy superposition task"; Wang 2026 appendix "Construction").
 
 Data (``ToyData``): ``N`` random unit features in R^64 (orthonormalised when ``N <= 64``), load
 ``N / 64`` in {1, 2, 4, 8}; the first 16 are relevant. A sequence holds 64 items; each is a
@@ -58,7 +58,7 @@ CONDITION_LABELS = {"blind": "channel-blind keys", "visible": "routing-visible k
 
 @dataclass
 class ToyOptions:
-    """Everything ``sinkscope toy`` takes (defaults: seed 000's construction)."""
+    """Everything ``sinkscope toy`` takes (defaults: Wang 2026's construction)."""
 
     loads: tuple[int, ...] = (1, 2, 4, 8)  # N / d
     conditions: tuple[str, ...] = CONDITIONS

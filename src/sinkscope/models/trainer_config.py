@@ -20,7 +20,7 @@ class Variant:
     value_gate: str | None = None  # None | "norm" | "proj"
     routing: bool = False  # the value gate acts in the routing slot (logits + log g_j)
     sink_token: bool = False  # a learned vector prepended to every sequence
-    output_gate: bool = False  # seed 001's G1 gate on each head's output
+    output_gate: bool = False  # Qiu et al. 2025's G1 gate on each head's output
 
     def __post_init__(self):
         if self.phantom not in (None, "fixed", "learned"):
@@ -56,10 +56,10 @@ VARIANTS: dict[str, Variant] = {
 OUTGATE_MODES = ("elementwise", "headwise")
 NORMS = ("layernorm", "rmsnorm")
 LAYER_KINDS = ("full", "sliding")
-#: gpt-oss clamps its learned sink logits to this range in the forward pass (seed 002, SPEC.md).
+#: gpt-oss clamps its learned sink logits to this range in the forward pass (the learned-sinks note, SPEC.md).
 SINK_LOGIT_RANGE = (-10.0, 15.0)
 
-#: Model shapes by tier (seed 000 Table 4; "tiny" is the CPU tier of research/tiny-tier-cpu.md).
+#: Model shapes by tier (Wang 2026 Table 4; "tiny" is the CPU tier of research/tiny-tier-cpu.md).
 #: The vocabulary comes from the tokenizer, not the tier.
 TIERS: dict[str, dict] = {
     # The trigger task's shape (SPEC.md "Trigger-conditional task"): 2 layers x 4 heads x 128,
@@ -77,9 +77,9 @@ TIERS: dict[str, dict] = {
 class GPTConfig:
     """Everything that fixes the model's architecture (a checkpoint stores this, as a dict)."""
 
-    # GPT-2 BPE, the tokenizer of seed 000's tiers (the CPU tier trains its own 4096-entry BPE).
+    # GPT-2 BPE, the tokenizer of Wang 2026's tiers (the CPU tier trains its own 4096-entry BPE).
     vocab_size: int = 50257
-    # Context length; this and the three shape fields below are the 10M tier (seed 000 Table 4),
+    # Context length; this and the three shape fields below are the 10M tier (Wang 2026 Table 4),
     # the smallest published one, so a bare GPTConfig() is a model the paper trained.
     block_size: int = 512
     n_layer: int = 6
@@ -88,10 +88,10 @@ class GPTConfig:
     n_embd: int = 384
     # One of VARIANTS; the plain decoder by default so nothing else is trained silently.
     variant: str = "baseline"
-    # outgate only. Seed 001: the elementwise, head-specific G1 gate is the one that won; the
+    # outgate only. Qiu et al. 2025: the elementwise, head-specific G1 gate is the one that won; the
     # headwise gate (one scalar per head) costs C*H instead of C*C and recovers most of it.
     outgate_mode: str = "elementwise"
-    # Norm-gate sharpness beta; 8 in every experiment of seed 000 (and SPEC.md).
+    # Norm-gate sharpness beta; 8 in every experiment of Wang 2026 (and SPEC.md).
     norm_gate_beta: float = 8.0
     # Initial norm-gate threshold tau_h. At 0 every gate starts >= 0.5, and at init
     # ||v_j||/sqrt(D) ~ 0.02 sqrt(C) (LayerNorm'd input times N(0, 0.02) weights), so the gate
@@ -100,13 +100,13 @@ class GPTConfig:
     # Initial projection-gate bias c_h: sigmoid(2) = 0.88, so the gate starts mostly open
     # (w_h starts tiny, N(0, 0.02)); 0 would start every read at a uniform 0.5.
     proj_gate_bias_init: float = 2.0
-    # Force-sink masking (seed 003): k residual channels reserved for position 0. 0 = off;
-    # seed 003 (and SPEC.md) use k = 16 when it is on (32 in their data-saturated runs).
+    # Force-sink masking (the P0-sink study): k residual channels reserved for position 0. 0 = off;
+    # the P0-sink study (and SPEC.md) use k = 16 when it is on (32 in their data-saturated runs).
     force_sink_k: int = 0
-    # Pre-norm kind: GPT-2's LayerNorm (SPEC.md; seed 000) or RMSNorm (seed 003's models). Both
+    # Pre-norm kind: GPT-2's LayerNorm (SPEC.md; Wang 2026) or RMSNorm (the P0-sink study's models). Both
     # without bias; RMSNorm eps 1e-5 like the LayerNorm.
     norm: str = "layernorm"
-    # Per-layer attention kinds, comma-separated and repeated over the layers (seed 002):
+    # Per-layer attention kinds, comma-separated and repeated over the layers (the learned-sinks note):
     # "full" everywhere by default; "sliding,full" alternates starting with a sliding layer 0.
     layer_pattern: str = "full"
     # Sliding window W of the sliding layers: query i sees keys i-W+1..i. gpt-oss uses 128.

@@ -1,5 +1,5 @@
 """One layer's attention-output norm at every position, before and after W_O (SPEC.md "The position-zero
-circuit"; seed 003 §3.2 Table 2).
+circuit"; the P0-sink study, §3.2 Table 2).
 
 One of the position-zero circuit's probes, which ``sinkscope circuit`` runs together
 (``commands/circuit.py``). It reads only named hook points (``capture/hooks.py``), so it runs on
@@ -17,7 +17,7 @@ position t:
 and for each curve y (per head and pooled; after W_O pooled only) ``*_p0_ratio = y_0 / mean_{t>=1}
 y_t`` and ``*_trend`` = the least-squares slope of
 y_t against log2 t over t >= 1, over mean_{t>=1} y_t (relative change per doubling of position;
-< 0 = the norm falls with position, as seed 003 argues from sum_j a_tj^2). Resolved (SPEC.md,
+< 0 = the norm falls with position, as the P0-sink study argues from sum_j a_tj^2). Resolved (SPEC.md,
 2026-12): the hook_z numbers are the headline. The pooled row is the norm of the concatenated
 heads, not the mean of the per-head rows (that mean can be recomputed from them; the norm of the
 concatenation cannot). Where the model has an output gate, hook_z is after it (what W_O reads).
@@ -39,7 +39,7 @@ def _trend(curve: list[float]) -> float:
     """Relative change of a norm curve per doubling of position, over positions t >= 1.
 
     ``trend = b / mean_{t>=1} y_t`` with ``b`` the least-squares slope of ``y_t`` against
-    ``log2 t`` (t = 1 .. T-1): negative = the norm falls as the query sees more keys (seed 003
+    ``log2 t`` (t = 1 .. T-1): negative = the norm falls as the query sees more keys (the P0-sink study
     §3.2: sum_i p_i^2 shrinks with the length). NaN with fewer than two positions t >= 1.
     """
     if len(curve) < 3:
@@ -61,7 +61,7 @@ def _curve_rows(probe: str, metric: str, layer: int, head: int | None, curve: li
     return rows
 
 
-_TABLE2 = "seed 003 §3.2 Table 2"
+_TABLE2 = "the P0-sink study, §3.2 Table 2"
 
 
 @register_probe(
@@ -100,7 +100,7 @@ _TABLE2 = "seed 003 §3.2 Table 2"
     },
 )
 class AttnOutNorm(LazyTensors):
-    """One layer's attention-output norm at every position (seed 003 Table 2), before and after W_O.
+    """One layer's attention-output norm at every position (the P0-sink study, Table 2), before and after W_O.
 
     Before W_O (``hook_z``, (B, T, H, D)) is the seed's quantity: attention as a weighted sum of
     value vectors, whose norm is largest at position 0 (only its own value, sum_j a_0j^2 = 1) and

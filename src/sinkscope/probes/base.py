@@ -49,7 +49,7 @@ increments is state the base class cannot see: count in a tensor.
 
 Pooling convention (SPEC.md "Averages"): a per-head value is the mean over items (query
 positions i >= 1 and sequences, unless the metric says otherwise: the exposure probe's quiet and
-phantom mass average over every query i >= 0, as seed 000's tables do); a per-layer value is the
+phantom mass average over every query i >= 0, as Wang 2026's tables do); a per-layer value is the
 mean over that layer's heads; a model value is the mean over layers. ``n`` counts the items
 behind a number (summed over heads and layers for the aggregates).
 """

@@ -1,5 +1,5 @@
 """Sink_0^eps with and without BOS, and the loss when the first token is repeated (SPEC.md "The
-position-zero circuit"; seed 003 Table 1).
+position-zero circuit"; the P0-sink study, Table 1).
 
 One of the position-zero circuit's probes, which ``sinkscope circuit`` runs together
 (``commands/circuit.py``). It reads only named hook points (``capture/hooks.py``), so it runs on
@@ -10,7 +10,7 @@ the content ``K = window[1 : T - r_max + 1]`` (the window without its first toke
 BOS where the run adds one; short enough that the longest pass fits in T tokens), L = T - r_max
 tokens. Passes, for each r in ``repeats`` (1, 2, 4, 8):
 
-    with BOS     [BOS] * r + K                  (seed 003: in the w/ [BOS] setting BOS is repeated)
+    with BOS     [BOS] * r + K                  (the P0-sink study: in the w/ [BOS] setting BOS is repeated)
     without BOS  [K_0] * r + K[1:]              (the first content token repeated)
 
 The loss is the mean next-token cross-entropy over the targets K[1:] only (L - 1 per window, the
@@ -52,19 +52,19 @@ from sinkscope.probes.sink_rate import key_importance
         "bos_sink_rate": MetricInfo(
             "Sink rate with / without BOS", "fraction of heads",
             "Sink_0^eps on [BOS] + K (bos = with) and on K (bos = without), K the window's content; per head the "
-            "fraction of windows in which alpha_0 > eps", "SPEC.md 'The position-zero circuit'; seed 003 Table 1(a)",
+            "fraction of windows in which alpha_0 > eps", "SPEC.md 'The position-zero circuit'; the P0-sink study, Table 1(a)",
             "higher = more heads sink on position 0"),
         "bos_sink_rate_from_layer": MetricInfo(
             "Sink rate with / without BOS, from a layer on", "fraction of heads",
             "bos_sink_rate restricted to layers l >= s, s in the layer_start column (default 2)",
-            "seed 003 Table 1(a) (Sink_0^eps[2:])", "", per="model"),
+            "the P0-sink study, Table 1(a) (Sink_0^eps[2:])", "", per="model"),
         "bos_repeat_loss": MetricInfo(
             "Loss with the first token repeated", "nats / token",
             "mean next-token cross-entropy over the targets K[1:] only, with [BOS] x r + K (with) or K_0 x r + K[1:] "
-            "(without); repeat column = r", "seed 003 Table 1(b)", "", per="model"),
+            "(without); repeat column = r", "the P0-sink study, Table 1(b)", "", per="model"),
         "bos_repeat_loss_delta": MetricInfo(
             "Loss change from repeating the first token", "nats / token", "bos_repeat_loss(r) - bos_repeat_loss(1)",
-            "seed 003 Table 1(b)", "smaller = position 0 a more stable 'semantic vacuum'", per="model"),
+            "the P0-sink study, Table 1(b)", "smaller = position 0 a more stable 'semantic vacuum'", per="model"),
     },
 )
 class BosExperiment(LazyTensors):

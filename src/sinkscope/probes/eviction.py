@@ -1,4 +1,4 @@
-"""Eviction on sliding-window layers (seed 002): how much a head's output moves when a key leaves.
+"""Eviction on sliding-window layers (the learned-sinks note): how much a head's output moves when a key leaves.
 
 On a layer with window W, query i sees keys i-W+1 .. i; between query i and query i+1 the key
 e = i-W+1 leaves the window. Holding the query fixed, removing e from query i's support
@@ -16,7 +16,7 @@ hidden from query i+1) and window:
     eviction_shift         ||delta_i||
     eviction_shift_rel     ||delta_i|| / ||o_i||
     eviction_anchor_shift_rel  ||delta_i|| / ||o_i|| when the key leaving is key 0 (query W-1):
-                           the anchor of StreamingLLM (seed 002 "rips out the anchor")
+                           the anchor of StreamingLLM (the learned-sinks note "rips out the anchor")
 
 A model that parks mass on a learned phantom (gpt-oss, the trainer's ``sink*`` variants) can
 let eviction reclaim it silently; one that parks it on key 0 loses it when key 0 leaves. Full
@@ -36,7 +36,7 @@ from sinkscope.capture.record import MASKED_BELOW, AttentionRecord
 from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
 from sinkscope.store.results import MetricInfo, Row
 
-_SOURCE = "seed 002 (eviction in sliding windows); sinkscope.probes.eviction"
+_SOURCE = "the learned-sinks note (eviction in sliding windows); sinkscope.probes.eviction"
 #: the most float32 weights one query block of the fused path holds (bytes).
 BLOCK_BYTES = 64 << 20
 

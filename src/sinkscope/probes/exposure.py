@@ -8,7 +8,7 @@ quantile) of the read norms ||v_j|| over the sequence's S keys; the quiet set is
     phi_i   = sigmoid(b_h - LSE_i)    (phantom mass, 0 without a phantom)
 
 Averaging convention: both are averaged over **every** query i = 0 .. T-1 and every window, as
-seed 000 Tables 3 and 11 do, not over i >= 1 as p0_mass and phantom_mass are (row 0 is in the
+Wang 2026 Tables 3 and 11 do, not over i >= 1 as p0_mass and phantom_mass are (row 0 is in the
 average here: its only real key is position 0, quiet or not). So ``exposure_phantom_mass``
 differs from ``phantom_mass`` by the weight of row 0. Per-layer values are means over heads,
 the model value the mean over layers.
@@ -27,8 +27,8 @@ from sinkscope.capture.record import QUIET_CUTOFFS, AttentionRecord
 from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
 from sinkscope.store.results import MetricInfo, Row
 
-_SOURCE = "SPEC.md 'Quiet mass (exposure)'; seed 000 Tables 3 and 11"
-_EVERY_QUERY = ("averaged over every query i >= 0 (row 0 included, as seed 000's tables; p0_mass and phantom_mass "
+_SOURCE = "SPEC.md 'Quiet mass (exposure)'; Wang 2026 Tables 3 and 11"
+_EVERY_QUERY = ("averaged over every query i >= 0 (row 0 included, as Wang 2026's tables; p0_mass and phantom_mass "
                 "use i >= 1) and windows")
 
 

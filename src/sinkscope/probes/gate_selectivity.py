@@ -1,4 +1,4 @@
-"""Gate selectivity and the attention-weighted mean gate (SPEC.md "Gate selectivity"; seed 000 §4.2, Fig. 1d).
+"""Gate selectivity and the attention-weighted mean gate (SPEC.md "Gate selectivity"; Wang 2026 §4.2, Fig. 1d).
 
 For a value gate g_j and query i, with w_ij the attention weights renormalised over the real
 keys (the phantom's mass excluded where there is one):
@@ -7,7 +7,7 @@ keys (the phantom's mass excluded where there is one):
     sel_i = sqrt( sum_j w_ij (g_j - m_i)^2 )
 
 per (layer, head), averaged over queries i >= 1 (row 0 reads key 0 alone: sel_0 = 0) and
-windows; layer rows are means over heads, the model row the mean over layers (seed 000: "we
+windows; layer rows are means over heads, the model row the mean over layers (Wang 2026: "we
 average the row values over queries, heads, sequences, and layers"). A gate that scales every
 read of a row alike (pure abstention) has sel = 0 exactly.
 
@@ -26,7 +26,7 @@ from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
 from sinkscope.store.results import MetricInfo, Row
 
-SOURCE = "SPEC.md 'Gate selectivity'; seed 000 §4.2, Fig. 1d"
+SOURCE = "SPEC.md 'Gate selectivity'; Wang 2026 §4.2, Fig. 1d"
 
 
 @register_probe(
@@ -42,7 +42,7 @@ SOURCE = "SPEC.md 'Gate selectivity'; seed 000 §4.2, Fig. 1d"
             "Attention-weighted mean gate", "gate value",
             "m_i = sum_j w_ij g_j, the mean gate of the reads query i attends to (real keys), averaged over "
             "queries i >= 1 and windows",
-            SOURCE + "; seed 000 appendix 'Selectivity'", "lower = the reads a query takes are attenuated more"),
+            SOURCE + "; Wang 2026 appendix 'Selectivity'", "lower = the reads a query takes are attenuated more"),
     },
 )
 class GateSelectivity(Probe):

@@ -1,4 +1,4 @@
-"""The loss change from zeroing chosen heads (seed 004 §4.1: do "dormant" heads really do nothing?).
+"""The loss change from zeroing chosen heads (Fu et al. 2026 §4.1: do "dormant" heads really do nothing?).
 
 Per batch two forward passes over the same windows: the clean one, and one where every listed
 head's output is zeroed through the intervention seam (``blocks.{l}.attn.hook_z``, after any output
@@ -59,16 +59,16 @@ def parse_heads(heads, n_layers: int, n_heads: int, attention_layers) -> dict[in
     metrics={
         "loss_clean": MetricInfo(
             "Loss, clean", "nats / token", "mean next-token cross-entropy over windows and positions",
-            "seed 004 §4.1; the loss hook point", "", per="model"),
+            "Fu et al. 2026 §4.1; the loss hook point", "", per="model"),
         "loss_ablated": MetricInfo(
             "Loss, heads zeroed", "nats / token",
             "the same loss with the listed heads' outputs zeroed at hook_z (before W_O)",
-            "seed 004 §4.1 (Sandoval-Segura et al. 2025: zeroing inactive heads)", "", per="model"),
+            "Fu et al. 2026 §4.1 (Sandoval-Segura et al. 2025: zeroing inactive heads)", "", per="model"),
         "loss_delta": MetricInfo(
             "Loss change from zeroing the heads", "nats / token", "loss_ablated - loss_clean on the same windows",
-            "seed 004 §4.1", "near 0 = the zeroed heads did nothing; > 0 = they mattered", per="model"),
+            "Fu et al. 2026 §4.1", "near 0 = the zeroed heads did nothing; > 0 = they mattered", per="model"),
         "ablated_heads": MetricInfo(
-            "Heads zeroed", "heads", "the number of heads whose output was zeroed", "seed 004 §4.1", "",
+            "Heads zeroed", "heads", "the number of heads whose output was zeroed", "Fu et al. 2026 §4.1", "",
             per="model"),
     },
 )

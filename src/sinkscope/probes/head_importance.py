@@ -1,5 +1,5 @@
 """Implicit gates, head importance, load imbalance and dormant heads (SPEC.md "Implicit gate and
-head importance"; seed 004 §3.1, §4.1, §6.2). The formulas live in ``sinkscope.stats.gates``, shared
+head importance"; Fu et al. 2026 §3.1, §4.1, §6.2). The formulas live in ``sinkscope.stats.gates``, shared
 with the trainer's load-balancing loss::
 
     G_i       = 1 - A_sink,i = sigmoid(LSE_rest,i - LSE_sink,i)      (the head's output gate, if it has one)
@@ -15,8 +15,8 @@ uses ``sigmoid(LSE_rest - LSE_sink)`` from the kernel's log-sum-exp and the logi
 
 The sink set (``sink_set``): ``first`` (key 0: vanilla attention; for ``sinktoken`` the learned
 token), ``phantom`` (the learned phantom key: gpt-oss, ``sinklogit``, ``offbyone``, ``sink+*``)
-or ``first+phantom`` (seed 004 §6.2: a phantom that does not absorb everything), or ``data``
-(seed 004 §6.2's data-driven set, "combine high attention weight with low value norm"): per
+or ``first+phantom`` (Fu et al. 2026 §6.2: a phantom that does not absorb everything), or ``data``
+(Fu et al. 2026 §6.2's data-driven set, "combine high attention weight with low value norm"): per
 window and head the keys j with alpha_j = mean over the queries i >= max(j, 1) that see j of
 a_ij above ``sink_attention`` (0.3, SPEC's sink-rate epsilon) *and* ||v_j|| below
 ``sink_value_ratio`` (0.5) times the median value norm of the window's keys (that value head),
@@ -50,7 +50,7 @@ from sinkscope.probes.base import HeadMeans, Param, Probe, observes, register_pr
 from sinkscope.store.results import MetricInfo, Row
 from sinkscope.probes.loss_change import CLEAN_LOSS_PARAM, CleanLossSum
 
-#: seed 004 leaves the dormancy threshold open; 0.1 (a head passing under a tenth of its input).
+#: Fu et al. 2026 leaves the dormancy threshold open; 0.1 (a head passing under a tenth of its input).
 DORMANT_BELOW = 0.1
 #: the most float32 weights one query block of ``--sink-set data``'s fused path holds (bytes).
 BLOCK_BYTES = 64 << 20
@@ -75,7 +75,7 @@ def _threshold(value: float) -> str | None:
     "head_importance",
     params=(
         Param("sink_set", str, "auto", "auto (the model's own: phantom if it has one, else first) | first | "
-              "phantom | first+phantom | data (seed 004 §6.2: high attention and a low value norm)",
+              "phantom | first+phantom | data (Fu et al. 2026 §6.2: high attention and a low value norm)",
               choices=("auto",) + gates.SINK_SETS),
         Param("sink_attention", float, gates.DATA_SINK_ATTENTION,
               "sink set data: a key's mean attention alpha_j must exceed this", check=_threshold),
@@ -94,43 +94,43 @@ def _threshold(value: float) -> str | None:
             "G_i = 1 - A_sink,i = sigmoid(LSE_rest,i - LSE_sink,i), A_sink the attention on the sink set (key 0, "
             "the phantom, or both; --sink-set), averaged over queries i >= 1 and windows; vanilla attention: "
             "1 - p0_mass",
-            "SPEC.md 'Implicit gate and head importance'; seed 004 §3.1 and Appendix B",
+            "SPEC.md 'Implicit gate and head importance'; Fu et al. 2026 §3.1 and Appendix B",
             "lower = more of the head's attention parked on its sink (the head passes less on)"),
         "head_importance": MetricInfo(
             "Head importance", "mean gate",
             "Imp^{l,h} = mean over windows and queries i >= 1 of G_i: the implicit gate, or for a model with "
             "output gates (Qwen3-Next, trainer outgate) the head's mean gate value over its channels",
-            "SPEC.md 'Implicit gate and head importance'; seed 004 §4.1 (Fig. 4)",
+            "SPEC.md 'Implicit gate and head importance'; Fu et al. 2026 §4.1 (Fig. 4)",
             "low = a dormant head; very unequal values within a layer = head collapse"),
         "load_imbalance": MetricInfo(
             "Head load imbalance", "CV",
             "CV_l = std_h Imp^{l,h} / mean_h Imp^{l,h} (population std over the layer's heads); model row: the "
             "mean over layers (the trainer logs the same number, sinkscope.stats.gates)",
-            "SPEC.md 'Implicit gate and head importance'; seed 004 §4.1 (Fig. 5)",
+            "SPEC.md 'Implicit gate and head importance'; Fu et al. 2026 §4.1 (Fig. 5)",
             "higher = importance concentrated on fewer heads (head collapse); 0 = balanced", per="layer"),
         "dormant": MetricInfo(
             "Dormant heads", "share of heads",
             "1 where Imp^{l,h} < dormant_below (--dormant-below, default 0.1), else 0; layer row: the share of "
             "the layer's heads; model row: the mean over layers of those shares",
-            "seed 004 §4.1 (dormant heads, Sandoval-Segura et al. 2025); threshold chosen here",
+            "Fu et al. 2026 §4.1 (dormant heads, Sandoval-Segura et al. 2025); threshold chosen here",
             "higher = more heads that pass on almost nothing"),
         "sink_keys": MetricInfo(
             "Keys in the data-driven sink set", "keys per window",
             "--sink-set data only: the mean over windows of the number of keys j with alpha_j > sink_attention and "
             "||v_j|| < sink_value_ratio * median ||v|| (the phantom not counted)",
-            "seed 004 §6.2; thresholds chosen here (SPEC.md)", "1 with key 0 alone = the classic first-token sink"),
+            "Fu et al. 2026 §6.2; thresholds chosen here (SPEC.md)", "1 with key 0 alone = the classic first-token sink"),
         "sink_set_key0": MetricInfo(
             "Windows whose data-driven sink set holds key 0", "share of windows",
             "--sink-set data only: the share of windows in which key 0 is in the head's sink set",
-            "seed 004 §6.2; SPEC.md 'Implicit gate and head importance'", "1 = key 0 is this head's sink everywhere"),
+            "Fu et al. 2026 §6.2; SPEC.md 'Implicit gate and head importance'", "1 = key 0 is this head's sink everywhere"),
         "sink_set_empty": MetricInfo(
             "Windows whose data-driven sink set is empty", "share of windows",
             "--sink-set data only: the share of windows in which no key passes the rule (G_i = 1, or 1 - phi_i)",
-            "seed 004 §6.2; SPEC.md 'Implicit gate and head importance'", "1 = the head parks no attention on a token"),
+            "Fu et al. 2026 §6.2; SPEC.md 'Implicit gate and head importance'", "1 = the head parks no attention on a token"),
     },
 )
 class HeadImportance(CleanLossSum, Probe):
-    """Implicit gate, head importance, per-layer load imbalance (CV) and dormant heads (seed 004)."""
+    """Implicit gate, head importance, per-layer load imbalance (CV) and dormant heads (Fu et al. 2026)."""
 
     reads_weights_only = True  # the eager fallback's records (weights, no q/k/v) suffice
 
@@ -173,7 +173,7 @@ class HeadImportance(CleanLossSum, Probe):
             self.output.add(layer, gates.query_items(g), item_dims=(0, 2))
 
     def _data_gate(self, layer: int, record: AttentionRecord) -> torch.Tensor:
-        """G_i from seed 004 §6.2's data-driven sink set (module docstring), (B, H, T)."""
+        """G_i from Fu et al. 2026 §6.2's data-driven sink set (module docstring), (B, H, T)."""
         if record.weights_only:
             raise SinkscopeError(f"{option('sink_set')} data needs the value vectors, which this model's attention path does not "
                                  "expose (the eager fallback); use first, phantom or first+phantom.")

@@ -84,7 +84,7 @@ from sinkscope.store.results import MetricInfo, Row
 
 #: every junk type, in table order.
 JUNK_TYPES = ("structured", "same-context", "gaussian", "random-direction", "own-direction")
-#: what ``sinkscope inject`` runs by default: seed 000 Table 13's three (the full battery with two cutoffs).
+#: what ``sinkscope inject`` runs by default: Wang 2026 Table 13's three (the full battery with two cutoffs).
 DEFAULT_JUNK = ("structured", "same-context", "gaussian")
 CUTOFF_QUANTILES = dict(QUIET_CUTOFFS)
 DEFAULT_CUTOFFS = tuple(CUTOFF_QUANTILES)
@@ -204,11 +204,11 @@ def load_gate_directions(checkpoint: str | Path) -> dict[int, Tensor]:
         "inject_loss": MetricInfo(
             "Loss under injection", "nats / token",
             "the same loss with every quiet read v_j (||v_j|| < cutoff) replaced by v_j + eps m_h u_j in every "
-            "layer, per junk type, cutoff and dose eps", "SPEC.md 'Value-read injection'; seed 000 §5.1",
+            "layer, per junk type, cutoff and dose eps", "SPEC.md 'Value-read injection'; Wang 2026 §5.1",
             "", per="model"),
         "inject_loss_delta": MetricInfo(
             "Loss increase under injection", "nats / token", "inject_loss - inject_loss_clean on the same windows "
-            "(mean over the draws)", "SPEC.md 'Value-read injection'; seed 000 §5.1, Tables 3, 9, 10, 13",
+            "(mean over the draws)", "SPEC.md 'Value-read injection'; Wang 2026 §5.1, Tables 3, 9, 10, 13",
             "higher = the model is hurt more by junk in its quiet reads", per="model"),
         "inject_loss_delta_se_draws": MetricInfo(
             "Loss increase: standard error over draws", "nats / token", "sd over the K draws (K - 1) / sqrt(K) of "

@@ -1,5 +1,5 @@
 """PCA of one layer's MLP pre-activation with position 0 marked, optionally without chosen heads
-(SPEC.md "The position-zero circuit"; seed 003 §3.2 Fig. 3).
+(SPEC.md "The position-zero circuit"; the P0-sink study, §3.2 Fig. 3).
 
 One of the position-zero circuit's probes, which ``sinkscope circuit`` runs together
 (``commands/circuit.py``). It reads only named hook points (``capture/hooks.py``), so it runs on
@@ -7,7 +7,7 @@ every Hugging Face family and on the trainer's own model alike.
 
 ``mlp_pca`` / ``mlp_pca_up`` (``mlp.hook_pre`` / ``mlp.hook_pre_linear`` of one layer, 0 by
 default; ``commands/circuit.py`` takes the up projection, ``hook_pre_linear``, on gated MLPs as
-seed 003 does, ``hook_pre`` elsewhere): PCA over every position of every window from a
+the P0-sink study does, ``hook_pre`` elsewhere): PCA over every position of every window from a
 streaming covariance (float64 sums of x and x x^T, kept apart for position 0 and the rest:
 memory 2 F^2 doubles per pass, F = the MLP width; nothing grows with the windows but the
 scatter sample). With ``heads`` (``LAYER.HEAD``, heads of the PCA layer only) a second pass zeroes
@@ -117,27 +117,27 @@ def _pca_metrics(point: str) -> dict[str, MetricInfo]:
             "Position-0 separation along PC1", "std of the others",
             f"|mean PC1(position 0) - mean PC1(others)| / std PC1(others), PCA of {where} over every position "
             "(streaming covariance); the subtracted column names heads removed first",
-            "SPEC.md 'The position-zero circuit'; seed 003 §3.2 Fig. 3", "higher = position 0 separates", per="layer"),
+            "SPEC.md 'The position-zero circuit'; the P0-sink study, §3.2 Fig. 3", "higher = position 0 separates", per="layer"),
         "pca_separation_best": MetricInfo(
             "Position-0 separation along its best leading PC", "std of the others",
             f"the same score along each of the {TOP_PCS} leading components; the largest (a sinkscope addition: "
             "PC1 of a content-dominated layer can miss a direction that isolates position 0)",
-            "seed 003 §3.2 (sinkscope's extension)", "higher = position 0 separates", per="layer"),
+            "the P0-sink study, §3.2 (sinkscope's extension)", "higher = position 0 separates", per="layer"),
         "pca_separation_best_pc": MetricInfo(
             "Which PC separates position 0 best", "component (1 = PC1)",
             f"the index among the {TOP_PCS} leading components of pca_separation_best", "sinkscope", "", per="layer"),
         "pca_explained_pc1": MetricInfo(
             "Variance explained by PC1", "share", f"PC1's eigenvalue over the trace of {where}'s covariance",
-            "seed 003 §3.2", "", per="layer"),
+            "the P0-sink study, §3.2", "", per="layer"),
         "pca_explained_pc2": MetricInfo(
             "Variance explained by PC2", "share", f"PC2's eigenvalue over the trace of {where}'s covariance",
-            "seed 003 §3.2", "", per="layer"),
+            "the P0-sink study, §3.2", "", per="layer"),
         "pca_scatter_pc1": MetricInfo(
             "Scatter sample, PC1", "PC1 coordinate",
             "PC1 coordinate of a sampled point (every position 0; evenly spaced other positions of the first "
-            "windows); point and position columns", "seed 003 Fig. 3", "", per="point"),
+            "windows); point and position columns", "the P0-sink study, Fig. 3", "", per="point"),
         "pca_scatter_pc2": MetricInfo(
-            "Scatter sample, PC2", "PC2 coordinate", "PC2 coordinate of the same point", "seed 003 Fig. 3", "",
+            "Scatter sample, PC2", "PC2 coordinate", "PC2 coordinate of the same point", "the P0-sink study, Fig. 3", "",
             per="point"),
     }
 
@@ -277,7 +277,7 @@ class MlpPca(_MlpPca):
 
 @register_probe("mlp_pca_up", params=_PCA_PARAMS, metrics=_pca_metrics("hook_pre_linear"))
 class MlpPcaUp(_MlpPca):
-    """PCA of a gated MLP's up projection (``mlp.hook_pre_linear``, seed 003's choice), position 0 marked."""
+    """PCA of a gated MLP's up projection (``mlp.hook_pre_linear``, the P0-sink study's choice), position 0 marked."""
 
     @observes(hooks.MLP_PRE_LINEAR)
     def pre(self, layer: int, value: Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Output-gate statistics (SPEC.md "Output-gate statistics"; seed 001).
+"""Output-gate statistics (SPEC.md "Output-gate statistics"; Qiu et al. 2025).
 
 A query-controlled gate (Qwen3-Next; the trainer's ``outgate``, elementwise or headwise)
 multiplies head h's attention output at position i by gate values o_i in (0, 1), one per
@@ -9,7 +9,7 @@ channel of the head (elementwise) or one per head (headwise). Per (layer, head),
     out_gate_rest       = mean of o at positions i >= 1
     out_gate_sparsity   = share of gate values o < 0.1
 
-seed 001 reports a mean gate score (0.116 for the elementwise G1 gate, 0.172 headwise) and
+Qiu et al. 2025 reports a mean gate score (0.116 for the elementwise G1 gate, 0.172 headwise) and
 SPEC.md a first-token gate (~0.07 for Qwen's released 1B gated models). Position 0 is kept in
 the mean (it is reported on its own beside it). A headwise gate counts one value per head and
 position (not one per channel it is broadcast to). Selectivity within a row (``gate_selectivity``)
@@ -23,8 +23,8 @@ from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
 from sinkscope.store.results import MetricInfo, Row
 
-SOURCE = "SPEC.md 'Output-gate statistics'; seed 001"
-#: a gate value below this counts as closed (seed 001's sparsity).
+SOURCE = "SPEC.md 'Output-gate statistics'; Qiu et al. 2025"
+#: a gate value below this counts as closed (Qiu et al. 2025's sparsity).
 SPARSE_BELOW = 0.1
 
 
@@ -34,7 +34,7 @@ SPARSE_BELOW = 0.1
         "out_gate_mean": MetricInfo(
             "Mean output gate", "gate value",
             "mean of the output gate o over every position i >= 0, channel and window",
-            SOURCE, "lower = the head's output is shut more often (seed 001: 0.116 for the G1 gate)"),
+            SOURCE, "lower = the head's output is shut more often (Qiu et al. 2025: 0.116 for the G1 gate)"),
         "out_gate_first": MetricInfo(
             "Output gate at position 0", "gate value",
             "mean of the output gate o at position 0 (over channels and windows)",
@@ -46,7 +46,7 @@ SPARSE_BELOW = 0.1
         "out_gate_sparsity": MetricInfo(
             "Output-gate sparsity", "share of gate values",
             f"share of output-gate values o < {SPARSE_BELOW} over every position, channel and window",
-            SOURCE, "higher = a sparser gate (seed 001: sparsity, not nonlinearity, removes the sink)"),
+            SOURCE, "higher = a sparser gate (Qiu et al. 2025: sparsity, not nonlinearity, removes the sink)"),
     },
 )
 class OutputGate(Probe):

@@ -1,4 +1,4 @@
-"""Position-0 mass (SPEC.md "Position-0 mass"; seed 000 Table 15).
+"""Position-0 mass (SPEC.md "Position-0 mass"; Wang 2026 Table 15).
 
     p0_i = w_i0 = a_i0 / sum_j a_ij
 
@@ -23,7 +23,7 @@ heads, and for the model over every (layer, head) pair; ``n`` counts the heads.
 
 Not every row average skips row 0: the exposure probe's quiet and phantom mass
 (``probes/exposure.py``, SPEC.md "Quiet mass (exposure)") average over every query i >= 0, as
-seed 000's Tables 3 and 11 do.
+Wang 2026's Tables 3 and 11 do.
 """
 
 from __future__ import annotations
@@ -49,18 +49,18 @@ def _share_threshold(value: float) -> str | None:
         "p0 = w_i0 = a_i0 / sum_j a_ij: the share of query i's attention on real keys that lands on "
         "key 0, averaged over queries i >= 1 and windows (on a sliding layer, queries that cannot see key 0 "
         "count as 0: see p0_mass_in_reach)",
-        "SPEC.md 'Position-0 mass'; seed 000 Table 15",
+        "SPEC.md 'Position-0 mass'; Wang 2026 Table 15",
         "higher = more attention parked on the first token"),
     "p0_mass_in_reach": MetricInfo(
         "Position-0 mass where key 0 is in reach", "share of real-key mass",
         "p0 averaged over the queries i >= 1 that can see key 0 (sliding-window layers only): "
         "p0_mass / (1 - p0_out_of_reach)",
-        "SPEC.md 'Position-0 mass'; seed 000 Table 14 (sliding vs full)",
+        "SPEC.md 'Position-0 mass'; Wang 2026 Table 14 (sliding vs full)",
         "higher = more attention parked on the first token while it is visible"),
     "p0_out_of_reach": MetricInfo(
         "Queries with key 0 out of reach", "share of queries",
         "share of queries i >= 1 that cannot see key 0 (i - 0 >= W on a sliding layer of window W)",
-        "seed 002 (sliding windows)",
+        "the learned-sinks note (sliding windows)",
         "a property of the window and the length: how much of p0_mass is zero by construction"),
     "sink_head_share": MetricInfo(
         "Share of sink heads", "share of heads",

@@ -1,5 +1,5 @@
 """Position 0's norm and direction against the other positions (SPEC.md "The position-zero circuit";
-seed 003 §3.1 Fig. 2).
+the P0-sink study, §3.1 Fig. 2).
 
 One of the position-zero circuit's probes, which ``sinkscope circuit`` runs together
 (``commands/circuit.py``). It reads only named hook points (``capture/hooks.py``), so it runs on
@@ -42,26 +42,26 @@ from sinkscope.probes.stats import median
     metrics={
         "p0_norm": MetricInfo(
             "Position-0 norm", "L2 norm", "||h_l[0]|| of hook_resid_post, averaged over windows",
-            "SPEC.md 'The position-zero circuit'; seed 003 §3.1 Fig. 2", "", per="layer"),
+            "SPEC.md 'The position-zero circuit'; the P0-sink study, §3.1 Fig. 2", "", per="layer"),
         "other_norm": MetricInfo(
             "Median norm of the other positions", "L2 norm",
             "median over positions t >= 1 of ||h_l[t]|| (exact, per window), averaged over windows",
-            "seed 003 §3.1 Fig. 2", "", per="layer"),
+            "the P0-sink study, §3.1 Fig. 2", "", per="layer"),
         "p0_norm_ratio": MetricInfo(
             "Position-0 norm / median other norm", "ratio", "p0_norm / other_norm",
-            "seed 003 §3.1 Fig. 2", "higher = position 0 stands out", per="layer"),
+            "the P0-sink study, §3.1 Fig. 2", "higher = position 0 stands out", per="layer"),
         "p0_norm_separates": MetricInfo(
             "First layer with norm ratio > 2", "layer",
             "the first layer whose p0_norm_ratio exceeds the threshold (2); empty (NaN) if none does",
-            "seed 003 §3.1 ('the norm grows early')", "lower = position 0 separates earlier", per="model"),
+            "the P0-sink study, §3.1 ('the norm grows early')", "lower = position 0 separates earlier", per="model"),
         "p0_cosine": MetricInfo(
             "Position-0 direction agreement", "mean pairwise cosine",
             "mean over pairs of windows w != v of cos(h_l[w, 0], h_l[v, 0]) (hook_resid_post)",
-            "seed 003 §3.1 Fig. 2(c)", "near 1 = position 0 converges to one direction", per="layer"),
+            "the P0-sink study, §3.1 Fig. 2(c)", "near 1 = position 0 converges to one direction", per="layer"),
         "later_cosine": MetricInfo(
             "Later-position direction agreement", "mean pairwise cosine",
             "the same at a later position p (64, capped to seq_len - 1; the position column)",
-            "seed 003 §3.1 Fig. 2(c) (control)", "", per="layer"),
+            "the P0-sink study, §3.1 Fig. 2(c) (control)", "", per="layer"),
     },
 )
 class P0Norm(LazyTensors):

@@ -1,5 +1,5 @@
 """Channels whose position-0 value stands out, before and after the first pre-norm (SPEC.md "The
-position-zero circuit"; seed 003 §3.1, after Sun et al. 2024).
+position-zero circuit"; the P0-sink study, §3.1, after Sun et al. 2024).
 
 One of the position-zero circuit's probes, which ``sinkscope circuit`` runs together
 (``commands/circuit.py``). It reads only named hook points (``capture/hooks.py``), so it runs on
@@ -33,13 +33,13 @@ WHERE = {hooks.RESID_PRE: "resid_pre", hooks.LN1_NORMALIZED: "normed"}
             "Position-0 outlier channel z-score", "z",
             "z_c = (mean_w x[w,0,c] - mean_{w,t>=1} x[w,t,c]) / std_{w,t>=1} x[w,t,c] of the rank-th channel by |z|; "
             "where = resid_pre (before the first pre-norm) or normed (ln1.hook_normalized, after it)",
-            "SPEC.md 'The position-zero circuit'; seed 003 §3.1 (Sun et al. 2024)",
+            "SPEC.md 'The position-zero circuit'; the P0-sink study, §3.1 (Sun et al. 2024)",
             "large |z| = a channel that marks position 0", per="layer x rank"),
         "p0_outlier_channel": MetricInfo(
-            "Position-0 outlier channel", "channel index", "the channel of that rank", "seed 003 §3.1", "",
+            "Position-0 outlier channel", "channel index", "the channel of that rank", "the P0-sink study, §3.1", "",
             per="layer x rank"),
         "p0_outlier_max_z": MetricInfo(
-            "Largest position-0 |z|", "|z|", "max over channels of |z_c| per layer (where column)", "seed 003 §3.1",
+            "Largest position-0 |z|", "|z|", "max over channels of |z_c| per layer (where column)", "the P0-sink study, §3.1",
             "higher = position 0 has a more extreme channel", per="layer"),
     },
 )

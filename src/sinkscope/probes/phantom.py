@@ -26,13 +26,13 @@ from sinkscope.store.results import MetricInfo, Row
             "Phantom mass", "share of row mass",
             "phi_i = exp(b_h) / (exp(b_h) + sum_k exp(s_ik)) = sigmoid(b_h - LSE_i), the attention on the "
             "learned phantom key (value 0), averaged over queries i >= 1 and windows; 0 without a phantom",
-            "SPEC.md 'Phantom mass'; seed 002 (gpt-oss sinks)",
+            "SPEC.md 'Phantom mass'; the learned-sinks note (gpt-oss sinks)",
             "higher = more attention withheld through the phantom"),
         "sink_logit": MetricInfo(
             "Learned sink logit", "logit",
             "b_h, the learned per-head logit of the phantom key (gpt-oss `sinks`); for a logit computed per "
             "query (Inkling2's sink_proj) its mean over queries i >= 1 and windows",
-            "SPEC.md 'Phantom mass'; seed 002",
+            "SPEC.md 'Phantom mass'; the learned-sinks note",
             "higher = the phantom absorbs more mass"),
     },
 )

@@ -1,14 +1,14 @@
-"""Gate statistics over the reads (SPEC.md "Routing-slot gate statistics"; seed 000 Table 8).
+"""Gate statistics over the reads (SPEC.md "Routing-slot gate statistics"; Wang 2026 Table 8).
 
 Per value head, over every read j (key position, BOS included) of every window:
 
     read_gate_mean        = mean_j g_j                 (unweighted: every read counts once)
     read_gate_below_half  = share of reads with g_j < 0.5
 
-Seed 000 reports these for the norm gate in the routing slot (``routing-norm``), where the gate
+Wang 2026 reports these for the norm gate in the routing slot (``routing-norm``), where the gate
 "opens almost fully"; they are defined for every value gate, so ``selectivity`` reports them
 for all of them (compare ``gate_mean``, the same gate weighted by the attention the reads get).
-Layer rows are means over heads, the model row the mean over layers (seed 000 averages Table 8
+Layer rows are means over heads, the model row the mean over layers (Wang 2026 averages Table 8
 over layers). The ``head`` column indexes value heads.
 """
 
@@ -19,7 +19,7 @@ from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import HeadMeans, Probe, observes, register_probe
 from sinkscope.store.results import MetricInfo, Row
 
-SOURCE = "SPEC.md 'Routing-slot gate statistics'; seed 000 Table 8"
+SOURCE = "SPEC.md 'Routing-slot gate statistics'; Wang 2026 Table 8"
 
 
 @register_probe(
@@ -28,7 +28,7 @@ SOURCE = "SPEC.md 'Routing-slot gate statistics'; seed 000 Table 8"
         "read_gate_mean": MetricInfo(
             "Mean gate over reads", "gate value",
             "mean over every read j (key position) and window of the value gate g_j, unweighted",
-            SOURCE, "near 1 = the gate stays open (seed 000: the routing-slot gate opens almost fully)",
+            SOURCE, "near 1 = the gate stays open (Wang 2026: the routing-slot gate opens almost fully)",
             per="layer x KV head"),
         "read_gate_below_half": MetricInfo(
             "Reads with g < 0.5", "share of reads",

@@ -1,4 +1,4 @@
-"""Sink rate (Gu et al. 2025, "When attention sink emerges"; used in seed 003 Table 1).
+"""Sink rate (Gu et al. 2025, "When attention sink emerges"; used in the P0-sink study, Table 1).
 
 Per head and sequence the importance of key k is
 
@@ -9,7 +9,7 @@ cannot see key k contribute 0). ``Sink_k^eps`` is the fraction of (layer, head) 
 alpha_k > eps. We evaluate it per sequence and average over sequences, so the per-head row is
 the fraction of sequences in which that head is a sink, the layer row the mean over heads, and
 the model row the mean over layers = Sink_k^eps averaged over sequences. ``sink_rate_from_layer``
-restricts the model mean to layers l >= s, s in its ``layer_start`` column (seed 003's
+restricts the model mean to layers l >= s, s in its ``layer_start`` column (the P0-sink study's
 ``Sink_0^eps[2:]`` is s = 2; a parameter is a column, never part of a metric's name). ``sink_alpha`` is alpha_k
 itself, averaged over sequences. Defaults: k = 0, eps = 0.3.
 
@@ -72,12 +72,12 @@ def key_importance_in_reach(record: AttentionRecord, k: int = 0, first_query: in
             "Sink_k^eps: share of (layer, head) pairs whose importance alpha_k = mean over queries t >= k of "
             "a_tk exceeds eps (k = 0, eps = 0.3), evaluated per window and averaged over windows; per head "
             "it is the fraction of windows in which the head is a sink",
-            "SPEC.md 'Sink rate'; Gu et al. 2025; seed 003 Table 1",
+            "SPEC.md 'Sink rate'; Gu et al. 2025; the P0-sink study, Table 1",
             "higher = more heads act as sinks"),
         "sink_rate_from_layer": MetricInfo(
             "Sink rate from a layer on", "fraction of heads",
             "Sink_0^eps restricted to layers l >= s, s in the layer_start column (--sink-layer-start; default 2)",
-            "SPEC.md 'Sink rate'; seed 003 Table 1 (Sink_0^eps[2:])",
+            "SPEC.md 'Sink rate'; the P0-sink study, Table 1 (Sink_0^eps[2:])",
             "higher = more heads act as sinks", per="model"),
         "sink_alpha": MetricInfo(
             "Key-0 importance", "mean attention on key 0",
@@ -88,12 +88,12 @@ def key_importance_in_reach(record: AttentionRecord, k: int = 0, first_query: in
             "Sink rate, queries in reach", "fraction of heads",
             "sink_rate with alpha_0 averaged over the queries that can see key 0 only (sliding-window layers only; "
             "the model row averages those layers)",
-            "Gu et al. 2025; seed 002 (sliding windows)",
+            "Gu et al. 2025; the learned-sinks note (sliding windows)",
             "higher = more heads sink the queries that can reach key 0"),
         "sink_alpha_in_reach": MetricInfo(
             "Key-0 importance, queries in reach", "mean attention on key 0",
             "mean of a_t0 over the queries t that can see key 0 (sliding-window layers only), averaged over windows",
-            "Gu et al. 2025; seed 002 (sliding windows)",
+            "Gu et al. 2025; the learned-sinks note (sliding windows)",
             "higher = key 0 receives more attention from the queries that can see it"),
     },
 )

@@ -1,5 +1,5 @@
 """Token-identity share of gate variance and the per-token gate table (SPEC.md "Token-identity
-variance share" and "Per-token gate table"; seed 000 appendix "Token identity and content" and
+variance share" and "Per-token gate table"; Wang 2026 appendix "Token identity and content" and
 "What the filter removes").
 
 Every value-gate value g_j comes with the token t at its position j. Per (layer, head), over all
@@ -61,7 +61,7 @@ from sinkscope.capture.record import AttentionRecord
 from sinkscope.probes.base import Accumulator, Param, Probe, _accumulate_dtype, observes, register_probe
 from sinkscope.store.results import MetricInfo, Row
 
-SOURCE = "SPEC.md 'Token-identity variance share'; seed 000 appendix 'Token identity and content'"
+SOURCE = "SPEC.md 'Token-identity variance share'; Wang 2026 appendix 'Token identity and content'"
 #: the gate is accumulated as g - SHIFT: values in (-1/2, 1/2) keep the sums of squares well conditioned.
 SHIFT = 0.5
 DEFAULT_MIN_COUNT = 50
@@ -247,7 +247,7 @@ def sums_of_squares(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray,
             "Mean gate per token", "gate value",
             "for each token seen: the mean value gate over its occurrences, heads and layers; n = its number of "
             "occurrences; the token_id column names it (and token decodes it)",
-            "SPEC.md 'Per-token gate table'; seed 000 appendix 'What the filter removes'",
+            "SPEC.md 'Per-token gate table'; Wang 2026 appendix 'What the filter removes'",
             "low = the gate attenuates reads of this token", per="token"),
     },
 )

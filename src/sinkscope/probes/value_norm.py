@@ -1,4 +1,4 @@
-"""Value-norm ratio, of the values and of gated reads (SPEC.md "Value-norm ratio"; seed 000 Tables 14-15).
+"""Value-norm ratio, of the values and of gated reads (SPEC.md "Value-norm ratio"; Wang 2026 Tables 14-15).
 
     r0 = ||v_0|| / median_{j >= 1} ||v_j||
 
@@ -26,7 +26,7 @@ from sinkscope.probes.stats import median
     "Value-norm ratio", "ratio",
     "r0 = ||v_0|| / median_{j >= 1} ||v_j|| per value (KV) head and window, averaged over windows; "
     "v before any gate",
-    "SPEC.md 'Value-norm ratio'; seed 000 Tables 14-15",
+    "SPEC.md 'Value-norm ratio'; Wang 2026 Tables 14-15",
     "lower = a quieter (more no-op) sink value", per="layer x KV head")})
 class ValueNormRatio(Probe):
     """How quiet the value read at position 0 is, relative to the other reads."""
@@ -48,7 +48,7 @@ class ValueNormRatio(Probe):
     "Gated-read value-norm ratio", "ratio",
     "r0 of the gated read: ||g_0 v_0|| / median_{j >= 1} ||g_j v_j|| per value (KV) head and window, averaged "
     "over windows (value-slot gates; a routing-slot gate leaves the reads ungated and gets no rows)",
-    "SPEC.md 'Value-norm ratio' (gated variants); seed 000 Tables 14-15",
+    "SPEC.md 'Value-norm ratio' (gated variants); Wang 2026 Tables 14-15",
     "lower = the gate quiets the position-0 read relative to the others", per="layer x KV head")})
 class GatedValueNormRatio(Probe):
     """The value-norm ratio of what a value-gated head actually reads, g_j v_j."""

@@ -7,7 +7,7 @@ comparison, e.g. trainer variants):
 
 - ``p0_norm``: position-0 norm and the median other norm per layer (log scale), with the ratio;
 - ``p0_cosine``: position-0 and later-position mean pairwise cosine per layer;
-- ``attn_z_norm`` (the headline, seed 003 Table 2's quantity): the first attention layer's norm of the
+- ``attn_z_norm`` (the headline, the P0-sink study, Table 2's quantity): the first attention layer's norm of the
   weighted sum of values (``hook_z``, before W_O) against position, pooled over heads, each head a thin
   line (one run), position 0 marked; a table of per-head ratios and trends;
 - ``attn_out_norm``: the same layer's output norm after W_O (``hook_attn_out``), beside it;
@@ -241,7 +241,7 @@ def _cosines(runs, keep) -> dict:
     note = None
     if any(_bos_at_zero(r) for r in runs):
         note = ("These windows start with BOS, so position 0 holds the same token in every window and its cosine "
-                "is 1 by construction; seed 003 Fig. 2(c) reads it without BOS (--bos none).")
+                "is 1 by construction; the P0-sink study, Fig. 2(c) reads it without BOS (--bos none).")
     return {"figures": out, "table": _table(columns, body, f"Per-layer cosines ({len(body)} layers)"), "note": note}
 
 
@@ -317,7 +317,7 @@ def _attn_z(runs, keep) -> dict:
                         "Weighted value sum norm before W_O (dot: position 0)", "circuit_attn_z_norm",
                         f"layer {layer}: norm of sum_j a_tj v_j per position before W_O, all heads side by side"
                         f"{' (grey: each head)' if one else ''}, averaged over windows, over its mean at positions "
-                        "t >= 1 (seed 003 Table 2)", relative=True)]
+                        "t >= 1 (the P0-sink study, Table 2)", relative=True)]
     columns, body = ["run", "head", "position 0 / others", "change per doubling of position (t >= 1)"], []
     for run in runs:
         heads = sorted(_rows(run.table, "attn_z_norm_p0_ratio")["head"].dropna().astype(int).unique())
@@ -332,7 +332,7 @@ def _attn_z(runs, keep) -> dict:
         above = f"; {int((ratios > 1).sum())} of {len(ratios)} heads above 1" if len(ratios) else ""
         parts.append(f"{run.label}: {_fmt(_one(run.table, 'attn_z_norm_p0_ratio'))} (pooled), after W_O "
                      f"{_fmt(_one(run.table, 'attn_out_norm_p0_ratio'))}{above}")
-    note = ("Seed 003 models attention as a weighted sum of value vectors: position 0 reads only its own value "
+    note = ("The P0-sink study models attention as a weighted sum of value vectors: position 0 reads only its own value "
             "(sum_j a_0j^2 = 1), so its norm is the largest, and the norm falls as the weights spread. This is "
             "that sum (hook_z, before the output projection); the attention output after W_O is the next entry. "
             "Position 0 over the mean of the other positions — " + "; ".join(parts) + ".")
@@ -355,7 +355,7 @@ def _attn_out(runs, keep) -> dict:
     parts = [f"{r.label}: {_fmt(_one(r.table, 'attn_out_norm_p0_ratio'))} (change per doubling of position "
              f"{_fmt(_one(r.table, 'attn_out_norm_trend'))})" for r in runs]
     note = ("After W_O the heads are mixed by the output projection, which need not keep the order of the "
-            "weighted value sums; seed 003's argument is about the sum before it (previous entry). Position 0 "
+            "weighted value sums; the P0-sink study's argument is about the sum before it (previous entry). Position 0 "
             "over the mean of the others — " + "; ".join(parts) + ".")
     return {"figures": out, "table": _table(columns, body, f"Positions 0-7 and powers of two ({len(body)} rows)"),
             "note": note}

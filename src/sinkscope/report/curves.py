@@ -52,7 +52,7 @@ def loss_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
 
 
 def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
-    """Head load imbalance against optimizer step (seed 004 Fig. 5), one colour per checkpoint:
+    """Head load imbalance against optimizer step (Fu et al. 2026 Fig. 5), one colour per checkpoint:
     the model's imbalance (mean over layers of the CV of head importance; solid, markers) and
     each layer's CV (thin, same colour).
 
@@ -85,7 +85,7 @@ def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
 
 
 def dose_response(points: pd.DataFrame, junk: str) -> Figure:
-    """Loss increase against dose for one junk type (seed 000 §5.1): one line per cutoff (and run).
+    """Loss increase against dose for one junk type (Wang 2026 §5.1): one line per cutoff (and run).
 
     Args:
         points: columns ``run``, ``cutoff``, ``dose``, ``value`` (the loss increase in nats) and

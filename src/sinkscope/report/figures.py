@@ -539,7 +539,7 @@ def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: M
 
 def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run",
                      labels: MetricLabels | None = None) -> Figure:
-    """Model-level values of one metric across runs (seed 000 Fig. 1d: selectivity by tier and variant).
+    """Model-level values of one metric across runs (Wang 2026 Fig. 1d: selectivity by tier and variant).
 
     Args:
         points: one row per run with columns ``x`` (category on the x axis, in order of first

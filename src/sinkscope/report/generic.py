@@ -4,7 +4,7 @@ One run: its per-layer line (the uniform p0 floor or the dormancy threshold dash
 apply) and its layer x head heatmap; several: an overlay of the per-layer lines (one per run) and
 heatmaps on one shared colour scale. Per-layer shares (``token_share``) are bars instead; the gate
 metrics of a comparison get one plot of their model value per run, by tier with one line per
-variant when the runs span tiers (seed 000 Fig. 1d). A table of the per-layer values follows, and
+variant when the runs span tiers (Wang 2026 Fig. 1d). A table of the per-layer values follows, and
 the model value goes into the summary.
 
 A model without a learned phantom key gets no phantom-mass figures (the value is 0 by
@@ -30,7 +30,7 @@ from sinkscope.store.results import NOT_CONDITIONS
 PHANTOM_METRICS = ("phantom_mass", "sink_logit", "exposure_phantom_mass")
 #: per-layer shares drawn as bars (with their heatmap) rather than lines.
 BAR_METRIC_PREFIXES = ("token_share",)
-#: gate metrics whose model value gets one plot across the runs of a comparison (seed 000 Fig. 1d).
+#: gate metrics whose model value gets one plot across the runs of a comparison (Wang 2026 Fig. 1d).
 ACROSS_RUN_METRICS = ("gate_selectivity", "gate_mean", "token_share", "out_gate_mean", "out_gate_first")
 #: tiers in size order, for the x axis of a comparison across tiers (the trainer's TIERS).
 TIER_ORDER = ("micro", "tiny", "10M", "50M", "124M", "350M")
@@ -295,7 +295,7 @@ def _layer_table(runs: list[RunData], metric: str) -> dict:
 
 
 LAYER_TYPE_NOTE = ("Models with sliding-window layers: each metric's mean over the sliding layers and over the full "
-                   "ones (per-layer means over heads, averaged over the layers of the type; seed 000 Table 14). On a "
+                   "ones (per-layer means over heads, averaged over the layers of the type; Wang 2026 Table 14). On a "
                    "sliding layer queries i >= W cannot see key 0 and count as 0 in p0_mass; p0_mass_in_reach "
                    "averages over the queries that can see it and p0_out_of_reach is the share that cannot, so "
                    "'no sink' reads apart from 'sink out of reach'; sink_rate_in_reach and sink_alpha_in_reach do "

@@ -4,7 +4,7 @@
   per junk type (one line per cutoff, and run) and one table of every condition (± one standard
   error over windows); the probe's other rows (``inject_loss``, the draws) stay in the tables;
 - ``exposure``: its metrics are drawn per layer like any other (``generic.py``); its section adds
-  seed 000 Table 11's layout (quiet mass at each cutoff and phantom mass, per run) and a note on
+  Wang 2026 Table 11's layout (quiet mass at each cutoff and phantom mass, per run) and a note on
   the averaging convention.
 """
 
@@ -17,7 +17,7 @@ from sinkscope.report.page import Page, _pm, fmt
 from sinkscope.report.runs import RunData, _model_value
 
 #: the exposure section's note: the averaging convention beside p0_mass's.
-EXPOSURE_NOTE = ("Quiet and phantom mass are averaged over every query, row 0 included, as seed 000's Tables 3 and 11 "
+EXPOSURE_NOTE = ("Quiet and phantom mass are averaged over every query, row 0 included, as Wang 2026's Tables 3 and 11 "
                  "are (p0_mass and phantom_mass average over queries i >= 1); the quiet set is the reads of a value "
                  "head with norm strictly below the median or 25th percentile of that window's read norms.")
 INJECTION_NOTE = ("Each condition adds junk of norm eps x the head's median read norm to every quiet read (norm "
@@ -135,7 +135,7 @@ def _dose_entry(page: Page) -> dict | None:
 
 
 def _exposure_table(runs: list[RunData]) -> dict:
-    """Seed 000 Table 11's layout: per run, quiet mass at each cutoff and phantom mass (model values)."""
+    """Wang 2026 Table 11's layout: per run, quiet mass at each cutoff and phantom mass (model values)."""
     metrics = [m for m in ("quiet_mass_median", "quiet_mass_q25", "exposure_phantom_mass")
                if any((r.table.metric == m).any() for r in runs)]
     columns = ["run"] + [{"quiet_mass_median": "quiet (median)", "quiet_mass_q25": "quiet (q25)",

@@ -3,7 +3,7 @@
 Each function takes the lab's tables and returns a ``matplotlib.figure.Figure`` (no pyplot state;
 the caller saves it), or None when the table has nothing to draw:
 
-- :func:`paired_improvement_bars`: seed 000's Table 1, paired improvements with standard errors;
+- :func:`paired_improvement_bars`: Wang 2026's Table 1, paired improvements with standard errors;
 - :func:`improvement_by_step`: the same against the training step, a band of one standard error;
 - :func:`sink_columns_by_variant`: Table 15's sink columns per variant, seed means with errors;
 - :func:`formation_by_variant`: the monitor's curves, one line per variant (``formation_<metric>.png``);

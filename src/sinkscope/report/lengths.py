@@ -1,7 +1,7 @@
 """The report's "lengths" section: a run measured at several lengths (``--seq-len 128,512,2048``).
 
 Its metrics are drawn per layer against the length, with the fixed-gap leak model's prediction
-dashed beside p0 and phantom mass (``leak_fit``, seed 001), and the fitted gap Delta as a layer x
+dashed beside p0 and phantom mass (``leak_fit``, Qiu et al. 2025), and the fitted gap Delta as a layer x
 head heatmap with a table of the fit per layer. Every other figure of such a run overlays its
 lengths as separate runs (``runs.split_lengths``).
 """
@@ -23,7 +23,7 @@ LENGTH_METRICS = ("p0_mass", "phantom_mass", "implicit_gate", "leak_gap", "leak_
 PREDICTED_BY = {"p0_mass": "leak_p0_predicted", "phantom_mass": "leak_phantom_predicted"}
 LENGTHS_NOTE = ("Every length is measured on prefixes of the same windows (the same documents from the same "
                 "starts; the longest length's windows are the ones saved in tokens.npy). The fixed-gap model of "
-                "seed 001 gives a query that sees n keys the sink share 1/(1 + (n-1) e^{-Delta}); Delta is fitted "
+                "Qiu et al. 2025 gives a query that sees n keys the sink share 1/(1 + (n-1) e^{-Delta}); Delta is fitted "
                 "per head so that the mean over queries i >= 1 reproduces p0_mass at the shortest length, and its "
                 "prediction at the longer lengths is drawn dashed. Measured above the dashed line: the sink holds "
                 "as context grows (its gap grows with n); below: it leaks more than a fixed gap would.")

@@ -1,6 +1,6 @@
-"""Implicit gates, head importance and load imbalance: the one implementation of seed 004's numbers.
+"""Implicit gates, head importance and load imbalance: the one implementation of Fu et al. 2026's numbers.
 
-SPEC.md "Implicit gate and head importance" (seed 004 §3.1, §4.1, §4.2 and Appendix B), used by
+SPEC.md "Implicit gate and head importance" (Fu et al. 2026 §3.1, §4.1, §4.2 and Appendix B), used by
 the ``head_importance`` probe (``sinkscope heads``) *and* by the bundled trainer's sink-aware
 load-balancing loss and its evaluation log (``train/model.py``, ``train/loop.py``), so the
 imbalance a run reports and the imbalance training optimised are the same function::
@@ -17,12 +17,12 @@ imbalance a run reports and the imbalance training optimised are the same functi
 ``LSE_sink`` is the log-sum-exp of the sink set's logits (``s_i0``, ``b_h``, or both) and
 ``LSE_rest`` that of every other key the row normalises over (the real keys j >= 1, plus the
 phantom when it is not in the sink set), so ``sigmoid(LSE_rest - LSE_sink)`` is exactly the
-share of the row outside the sink set. Seed 004's two forms are the special cases
+share of the row outside the sink set. Fu et al. 2026's two forms are the special cases
 ``sigmoid(LSE_not0 - s_i0)`` (vanilla attention, ``first``) and ``sigmoid(LSE - b_h)`` (sink
 attention, ``phantom``). For an explicit output gate (Qwen3-Next, the trainer's ``outgate``) G_i
 is the head's mean gate value instead (SPEC.md), averaged the same way.
 
-Choices made here (seed 004's equations 5-7 are not in the seed; SPEC.md asks to document them):
+Choices made here (Fu et al. 2026's equations 5-7 are not in the seed; SPEC.md asks to document them):
 
 - queries i >= 1 only (SPEC.md "Averages"; query 0 sees key 0 alone, so its G is 0 by
   construction for ``first``); a window of one token keeps its only query;
@@ -41,10 +41,10 @@ import math
 import torch
 from torch import Tensor
 
-#: the sink sets ``--sink-set`` accepts (SPEC.md; seed 004 §6.2 for ``first+phantom`` and ``data``).
+#: the sink sets ``--sink-set`` accepts (SPEC.md; Fu et al. 2026 §6.2 for ``first+phantom`` and ``data``).
 FIXED_SINK_SETS = ("first", "phantom", "first+phantom")  # named keys: the fused LSE form applies
 SINK_SETS = FIXED_SINK_SETS + ("data",)
-#: ``data`` (seed 004 §6.2: "combine high attention weight with low value norm"; the seed gives no
+#: ``data`` (Fu et al. 2026 §6.2: "combine high attention weight with low value norm"; the seed gives no
 #: threshold, so these are chosen here): a key is a sink when its attention alpha_j (Gu et al.'s
 #: mean over the queries that see it, SPEC.md "Sink rate") exceeds 0.3, SPEC's sink-rate epsilon,
 #: and its value norm is below half the median value norm of its window and value head.
@@ -73,7 +73,7 @@ def data_sink_keys(weights: Tensor, visible: Tensor, value_norms: Tensor, *,
                    attention_above: float = DATA_SINK_ATTENTION,
                    value_below: float = DATA_SINK_VALUE_RATIO,
                    min_queries: int = DATA_SINK_MIN_QUERIES) -> Tensor:
-    """Seed 004 §6.2's sink set of each window and head: high attention and a low value norm.
+    """Fu et al. 2026 §6.2's sink set of each window and head: high attention and a low value norm.
 
         n_j     = the queries i >= max(j, 1) that see key j
         alpha_j = mean over those n_j queries of a_ij
@@ -210,7 +210,7 @@ def load_imbalance(importance: Tensor) -> Tensor:
 
 
 def load_balance_loss(importance: Tensor) -> Tensor:
-    """Seed 004's sink-aware load-balancing term: mean over layers of CV(Imp^{l,.})^2, (L, H) -> ()."""
+    """Fu et al. 2026's sink-aware load-balancing term: mean over layers of CV(Imp^{l,.})^2, (L, H) -> ()."""
     cv = load_imbalance(importance)  # (L,)
     return (cv * cv).mean()
 

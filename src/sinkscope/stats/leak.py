@@ -1,6 +1,6 @@
-"""The fixed-gap leak model of seed 001, fitted per head across context lengths (numpy only).
+"""The fixed-gap leak model of Qiu et al. 2025, fitted per head across context lengths (numpy only).
 
-Seed 001 models a sink as a fixed logit gap Delta between the sink key and an average other key.
+Qiu et al. 2025 models a sink as a fixed logit gap Delta between the sink key and an average other key.
 A query that sees n keys (the sink and n - 1 others) then puts
 
     sink(n) = 1 / (1 + (n - 1) e^{-Delta})        on the sink, and leaks
@@ -57,7 +57,7 @@ layers and ``P0_ERROR_NOT_REPORTED`` the reason; a multi-length run records both
 under ``probes.leak_fit.options.p0_error_not_reported``). ``leak_gap`` is, for the same reason, the
 same at every length there.
 
-Two extensions of the same model, so it applies where seeds 001 and 002 meet:
+Two extensions of the same model, so it applies where Qiu et al. 2025 and the learned-sinks note meet:
 
 - **Sliding layers** (window W): query i sees min(i + 1, W) keys and key 0 only while i < W, so
   p0(T; Delta) = mean_i [i < W] / (1 + i e^{-Delta}) (the queries past the window count as 0,
@@ -91,18 +91,18 @@ P0_ERROR_NOT_REPORTED = ("sliding window W <= the shortest length: every query t
 LEAK_METRICS = {
     "leak_delta": MetricInfo(
         "Fitted sink gap Delta", "nats",
-        "Delta of seed 001's fixed-gap model fitted per head to p0_mass at the shortest length: "
+        "Delta of Qiu et al. 2025's fixed-gap model fitted per head to p0_mass at the shortest length: "
         "mean_{i=1}^{T-1} 1/(1 + i e^{-Delta}) = p0",
-        "seed 001 'A minimal model'; sinkscope.stats.leak", "higher = a stronger sink"),
+        "Qiu et al. 2025 'A minimal model'; sinkscope.stats.leak", "higher = a stronger sink"),
     "leak_p0_predicted": MetricInfo(
         "p0 predicted by the fixed gap", "share of real-key mass",
         "p0(T; Delta) = mean_{i=1}^{T-1} 1/(1 + i e^{-Delta}) at each longer length T, Delta fitted at the shortest",
-        "seed 001; sinkscope.stats.leak", "compare with the measured p0_mass at the same seq_len"),
+        "Qiu et al. 2025; sinkscope.stats.leak", "compare with the measured p0_mass at the same seq_len"),
     "leak_delta_dp0": MetricInfo(
         "Sensitivity of the fitted gap to p0", "nats per unit of p0",
         "|dDelta/dp0| = 1 / mean_{i=1}^{T-1} m_i s_i (1 - s_i), s_i = 1/(1 + i e^{-Delta}), m_i = [i < W] on a "
         "sliding layer; at the fitted Delta and the shortest length (layer row: mean over heads)",
-        "sinkscope.stats.leak (the derivative of seed 001's model)",
+        "sinkscope.stats.leak (the derivative of Qiu et al. 2025's model)",
         "higher = Delta less determined by p0 (about 5 in mid-range; ~1/(1 - p0) as p0 -> 1)"),
     "leak_delta_ill_conditioned": MetricInfo(
         "Fitted gap ill-conditioned", "flag (layer row: share of heads)",
@@ -112,25 +112,25 @@ LEAK_METRICS = {
         "Fixed-gap prediction error", "share of real-key mass",
         "predicted minus measured p0_mass at each longer length (negative: the sink holds better than a fixed gap); "
         "no rows on sliding layers whose window W <= the shortest length, where it is 0 by construction",
-        "seed 001; sinkscope.stats.leak", "closer to 0 = the fixed-gap model explains the length dependence"),
+        "Qiu et al. 2025; sinkscope.stats.leak", "closer to 0 = the fixed-gap model explains the length dependence"),
     "leak": MetricInfo(
         "Leak at the window's end", "share of mass",
         "leak(T) = 1 - 1/(1 + (T-1) e^{-Delta}): the mass a query seeing all T keys leaks off the sink "
         "(on a sliding layer T is capped at the window W)",
-        "seed 001", "higher = the sink lets more mass through"),
+        "Qiu et al. 2025", "higher = the sink lets more mass through"),
     "leak_gap": MetricInfo(
         "Gap implied at each length", "nats",
         "Delta fitted per head to p0_mass at this length alone (leak_delta is the one at the shortest); a gap that "
         "grows by log 4 = 1.39 nats per 4x of context holds the sink's share constant",
-        "seed 001; sinkscope.stats.leak", "flat = a fixed gap (the sink leaks as context grows); rising = it holds"),
+        "Qiu et al. 2025; sinkscope.stats.leak", "flat = a fixed gap (the sink leaks as context grows); rising = it holds"),
     "leak_phantom_gap": MetricInfo(
         "Phantom gap implied at each length", "nats",
-        "Delta fitted per head to phantom_mass at this length alone", "seed 001; sinkscope.stats.leak",
+        "Delta fitted per head to phantom_mass at this length alone", "Qiu et al. 2025; sinkscope.stats.leak",
         "flat = a fixed gap; rising = the phantom holds its share as context grows"),
     "leak_phantom_delta": MetricInfo(
         "Fitted phantom gap Delta", "nats",
         "Delta fitted per head to phantom_mass at the shortest length: mean_{i=1}^{T-1} 1/(1 + min(i+1, W) e^{-Delta})"
-        " = phi", "seed 001 applied to seed 002's learned sink; sinkscope.stats.leak", "higher = a stronger phantom"),
+        " = phi", "Qiu et al. 2025 applied to the learned-sinks note's learned sink; sinkscope.stats.leak", "higher = a stronger phantom"),
     "leak_phantom_delta_dp0": MetricInfo(
         "Sensitivity of the fitted phantom gap", "nats per unit of phantom mass",
         "|dDelta/dphi| = 1 / mean_{i=1}^{T-1} s_i (1 - s_i), s_i = 1/(1 + min(i+1, W) e^{-Delta})",
@@ -140,16 +140,16 @@ LEAK_METRICS = {
         f"1 where leak_phantom_delta_dp0 > {ILL_CONDITIONED_DP0:g}, else 0", "sinkscope.stats.leak", ""),
     "leak_phantom_predicted": MetricInfo(
         "Phantom mass predicted by the fixed gap", "share of row mass",
-        "the same mean at each longer length T, Delta fitted at the shortest", "seed 001; sinkscope.stats.leak",
+        "the same mean at each longer length T, Delta fitted at the shortest", "Qiu et al. 2025; sinkscope.stats.leak",
         "compare with the measured phantom_mass at the same seq_len"),
     "leak_phantom_error": MetricInfo(
         "Fixed-gap phantom prediction error", "share of row mass",
-        "predicted minus measured phantom_mass at each longer length", "seed 001; sinkscope.stats.leak",
+        "predicted minus measured phantom_mass at each longer length", "Qiu et al. 2025; sinkscope.stats.leak",
         "closer to 0 = the fixed-gap model explains the length dependence"),
     "leak_phantom": MetricInfo(
         "Phantom leak at the window's end", "share of mass",
         "1 - 1/(1 + T e^{-Delta}): the mass on real keys of a query seeing T real keys (capped at W)",
-        "seed 001; seed 002", "higher = the phantom lets more mass through"),
+        "Qiu et al. 2025; the learned-sinks note", "higher = the phantom lets more mass through"),
 }
 
 
@@ -193,7 +193,7 @@ def error_not_reported(windows: list[int | None] | None, shortest: int) -> list[
 
 
 def leak(delta, n: int, *, window: int | None = None, phantom: bool = False) -> np.ndarray:
-    """leak(n) = 1 - 1 / (1 + (n - 1) e^{-Delta}) (seed 001) for a query seeing n keys, sink included.
+    """leak(n) = 1 - 1 / (1 + (n - 1) e^{-Delta}) (Qiu et al. 2025) for a query seeing n keys, sink included.
 
     A phantom competes with all n real keys (n - 1 becomes n); a window caps the keys at W.
     """

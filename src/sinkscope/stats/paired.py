@@ -9,9 +9,9 @@ made per seed and then averaged:
 Only seeds where both variants have a loss count (``n`` says how many); one seed gives a mean
 and no standard error (NaN).
 
-Seed 000 Table 1: every variant's improvement over the baseline, and each combined variant's
+Wang 2026 Table 1: every variant's improvement over the baseline, and each combined variant's
 (``sink+norm``, ``sink+proj``) over the sink logit, the "filtering increment".
-Seed 000 Table 2 (the 2x2 decomposition of each gate form, improvements over the baseline):
+Wang 2026 Table 2 (the 2x2 decomposition of each gate form, improvements over the baseline):
 ``sink`` (sinklogit), ``gate`` (normgate or projgate), ``both`` (sink+norm or sink+proj),
 ``overlap = sink + gate - both``, ``filter = both - sink``, ``share = filter / both``. Each
 column but ``share`` is a mean of per-seed paired quantities with its standard error (the
@@ -91,7 +91,7 @@ def paired_improvement(losses, a: str, b: str) -> Paired:
 
 
 def table1(losses, variants=None) -> pd.DataFrame:
-    """Seed 000 Table 1: rows ``block, variant, reference, improvement, se, n``.
+    """Wang 2026 Table 1: rows ``block, variant, reference, improvement, se, n``.
 
     Block ``over baseline``: every variant but the baseline, against the baseline. Block
     ``over sinklogit``: every other variant with a learned phantom (``sink+*``) against the sink
@@ -115,7 +115,7 @@ def table1(losses, variants=None) -> pd.DataFrame:
 
 
 def table2(losses) -> pd.DataFrame:
-    """Seed 000 Table 2, one row per gate form whose three variants and the baseline were trained.
+    """Wang 2026 Table 2, one row per gate form whose three variants and the baseline were trained.
 
     Columns: ``gate, sink, gate_alone, both, overlap, filter, share`` and the standard error of
     each of the five paired columns (``*_se``), with ``n`` the seeds shared by all four variants.
@@ -147,7 +147,7 @@ def table2(losses) -> pd.DataFrame:
 def fmt_pm(mean: float, se: float, digits: int | None = None) -> str:
     """``0.0185 ± 0.0033`` (or the mean alone when the standard error is undefined).
 
-    ``digits`` decimals; by default 4 (seed 000's tables), more when the standard error needs
+    ``digits`` decimals; by default 4 (Wang 2026's tables), more when the standard error needs
     them to show two significant figures (``0.000072 ± 0.000034``).
     """
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):

@@ -110,7 +110,7 @@ NOT_SPLIT_BY_LAYER_TYPE = ("massive_activation", "p0_norm", "attn_out_norm", "ml
 
 
 def layer_type_rows(rows: list[Row], windows: list[int | None]) -> list[Row]:
-    """Every metric's mean over the sliding layers and over the full ones (seed 000 Table 14).
+    """Every metric's mean over the sliding layers and over the full ones (Wang 2026 Table 14).
 
     For a model with at least one sliding-window layer (``windows[l]`` its W, None if full):
     per (probe, metric, conditions), the mean of the per-layer rows over the layers of each type,

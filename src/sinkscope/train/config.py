@@ -1,6 +1,6 @@
 """What ``sinkscope train`` takes: its options, the tiers' training defaults, and their resolution.
 
-Per-tier defaults (``TIER_TRAINING``) are seed 000's Table 4 for the published tiers. The
+Per-tier defaults (``TIER_TRAINING``) are Wang 2026's Table 4 for the published tiers. The
 ``tiny`` tier is research/tiny-tier-cpu.md's CPU tier: 4 layers x 4 heads x 128, context 128,
 BPE-4096, batch 32, 600 steps (2.5M tokens), peak lr 2e-3 -> 2e-4, warmup 30 (its "S" run, whose
 val loss 4.57 and phantom-mass curves are recorded there; a 1.3M-parameter model wants a larger
@@ -28,7 +28,7 @@ from sinkscope.errors import SinkscopeError, option, suggest
 #: Default tier of each task.
 TASK_TIERS = {"text": "tiny", "trigger": "micro"}
 
-#: Per-tier training defaults. Published tiers: seed 000 Table 4 (batch = sequences per
+#: Per-tier training defaults. Published tiers: Wang 2026 Table 4 (batch = sequences per
 #: optimizer step = micro-batch x accumulation), peak lr 6e-4 -> 6e-5. ``warmup_steps`` scales
 #: with ``steps`` when those are changed (same warmup fraction).
 TIER_TRAINING: dict[str, dict] = {
@@ -69,7 +69,7 @@ class TrainOptions:
     weight_decay: float = 0.1  # on tensors of dim >= 2 only (SPEC.md)
     grad_clip: float = 1.0  # global gradient norm; 0 = off
     eval_every: int | None = None  # validation loss every N steps (and at step 0 and the end)
-    eval_windows: int = 64  # fixed validation windows of block_size tokens (seed 000: 64)
+    eval_windows: int = 64  # fixed validation windows of block_size tokens (Wang 2026: 64)
     checkpoint_every: int | None = None  # checkpoint every N steps (and at the end)
     log_every: int | None = None  # a log.csv row every N steps (default 10)
     val_tokens: int | None = None  # validation split size; None = 5% (at least 4 windows)
@@ -79,9 +79,9 @@ class TrainOptions:
     trust_remote_code: bool = False  # let code in a --tokenizer folder run (never a checkpoint's own tokenizer)
     windows: str | None = None  # text task: doc-start (default; BOS at a passage start) | random
     task_options: list[str] = field(default_factory=list)  # synthetic tasks: `--task-set key=value`
-    tnlm: bool = False  # seed 003's TNLM loss: no cross-entropy term at position 0
-    lb_lambda: float = 0.0  # seed 004's load-balancing loss weight (1e-4 in the paper)
-    force_sink_k: int | None = None  # seed 003's force-sink masking, k channels (16 in the paper)
+    tnlm: bool = False  # the P0-sink study's TNLM loss: no cross-entropy term at position 0
+    lb_lambda: float = 0.0  # Fu et al. 2026's load-balancing loss weight (1e-4 in the paper)
+    force_sink_k: int | None = None  # the P0-sink study's force-sink masking, k channels (16 in the paper)
     device: str = "auto"  # auto (CUDA when available), cpu, cuda, cuda:N
     resume: bool = False  # continue the checkpoint in `out`
     overwrite: bool = False  # replace the checkpoint in `out`

@@ -14,16 +14,16 @@ Tokenizer (``tokenizer=``):
                          included, as GPT-2's BPE was on all of WebText: the split is defined on
                          tokens, so it cannot exist before the tokenizer does. ``bpe<N>`` picks
                          another size.
-    "gpt2"               GPT-2's BPE (seed 000's tokenizer for every published tier), from the
+    "gpt2"               GPT-2's BPE (Wang 2026's tokenizer for every published tier), from the
                          local Hugging Face cache only; a one-sentence error when it is absent.
     any other string     a tokenizer folder (``save_pretrained`` layout), e.g. a checkpoint's.
 
 Token stream: every document tokenised on its own with no special tokens, the documents joined
-with the end-of-text id between them (seed 000: "concatenated with an end-of-text token between
+with the end-of-text id between them (Wang 2026: "concatenated with an end-of-text token between
 documents"), cached as ``cache_root()/tokens/<corpus sha[:16]>-<tokenizer fingerprint[:16]>.npy``
 (uint16 when the vocabulary fits, else int32), written atomically.
 
-Split (seed 000: "A validation set ... is taken first, so that it is disjoint from every
+Split (Wang 2026: "A validation set ... is taken first, so that it is disjoint from every
 training set"): validation = the first ``val_tokens`` tokens of the stream (default 5%, and at
 least ``min_val_windows`` windows of ``block_size + 1``), training = every token after it.
 
@@ -32,7 +32,7 @@ Window policies (``--windows``; SPEC.md "Training data (resolved)"):
     doc-start (default)  every window is ``[BOS] + block_size tokens`` that start at a passage
                          start and stay inside one document: BOS is the tokenizer's end-of-text
                          id (GPT-2's convention: one token is both), so position 0 is always the
-                         same token, as in seed 003's BOS-in-vocabulary setting. A passage starts
+                         same token, as in the P0-sink study's BOS-in-vocabulary setting. A passage starts
                          at a document's first non-blank character and after every blank line
                          (a paragraph; the Austen corpus has 10,298 in 1.07M tokens), so the
                          token after BOS is a real beginning, never mid-sentence. Why not only
@@ -76,7 +76,7 @@ from sinkscope.runtime.paths import cache_root
 EOS_TOKEN = "<|endoftext|>"
 #: Default tokenizer spec: a 4,096-entry byte-level BPE trained on the corpus.
 DEFAULT_TOKENIZER = "bpe4096"
-#: Default validation share of the stream (seed 000 takes a fixed 5.2M tokens first; 5% here).
+#: Default validation share of the stream (Wang 2026 takes a fixed 5.2M tokens first; 5% here).
 VAL_FRACTION = 0.05
 
 _BPE_SPEC = re.compile(r"^bpe(\d+)$")

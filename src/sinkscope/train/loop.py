@@ -1,6 +1,6 @@
 """The training loop of the bundled trainer (``sinkscope train``).
 
-Optimiser and schedule (SPEC.md "Trainer variants"; seed 000 Appendix A): AdamW with betas
+Optimiser and schedule (SPEC.md "Trainer variants"; Wang 2026 Appendix A): AdamW with betas
 (0.9, 0.95), weight decay on tensors of dim >= 2 only (``GPT.param_groups``), linear warmup to
 the peak learning rate, cosine decay to ``min_lr`` reached at the final iteration, gradient
 clipping to a global norm of 1, bf16 autocast on CUDA (the model keeps its gate maths in fp32),
@@ -15,7 +15,7 @@ at a passage start, ``random`` keeps the old random offsets) or ``--task trigger
 options by ``--task-set key=value``). The task is built once and the loop only asks it for
 batches and validation windows.
 
-Validation (SPEC.md "Training data (resolved)"; seed 003 Table 1(b)): ``val_loss`` is the mean
+Validation (SPEC.md "Training data (resolved)"; the P0-sink study, Table 1(b)): ``val_loss`` is the mean
 next-token cross-entropy over positions i >= 1 of the fixed validation windows, for every
 variant, so TNLM (trained without position 0) is compared on equal terms; ``val_loss_all``
 includes position 0. Both are in log.csv and config.json.
@@ -73,7 +73,7 @@ from sinkscope.train.data import load_tokenizer
 #: ``val_loss`` excludes position 0 (the fair comparison); ``val_loss_all`` includes it. The
 #: head load imbalance follows (``log_columns``).
 LOG_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "val_loss_all", "lr", "tokens_per_s", "elapsed_s")
-#: The model's head load imbalance at each evaluation (seed 004 Fig. 5): the mean over layers of
+#: The model's head load imbalance at each evaluation (Fu et al. 2026 Fig. 5): the mean over layers of
 #: the per-layer CV of head importance, then one column per layer (``load_imbalance_l{l}``).
 IMBALANCE_COLUMN = "load_imbalance"
 
@@ -289,7 +289,7 @@ def evaluate(model, inputs: torch.Tensor, targets: torch.Tensor, *, chunk: int, 
     """Validation losses and head importance over the fixed validation windows (module docstring).
 
     The losses are means over tokens, so windows of one length weigh equally; the model's own
-    loss terms (load balancing) are not part of them. ``importance`` is Imp^{l,h} (seed 004;
+    loss terms (load balancing) are not part of them. ``importance`` is Imp^{l,h} (Fu et al. 2026;
     ``sinkscope.stats.gates``) from the same forward passes, the mean over the chunks weighted by their
     windows (every window adds the same number of queries), so it is the mean over all windows.
     """

@@ -1,9 +1,9 @@
 """The bundled trainer's model: a GPT-2-style decoder with every attention variant of SPEC.md.
 
 One file, nanoGPT style. SPEC.md "Trainer variants" defines the decoder and its init, the
-variants (``VARIANTS``; seed 000 Table 5 and seed 001's output gate) with their formulas, and the
+variants (``VARIANTS``; Wang 2026 Table 5 and Qiu et al. 2025's output gate) with their formulas, and the
 training-objective options of ``GPT.forward`` (``tnlm``, ``force_sink_k``, ``lb_lambda``); its
-"Training data (resolved)" adds seed 002's sliding layers (``layer_pattern``, ``window``; the
+"Training data (resolved)" adds the learned-sinks note's sliding layers (``layer_pattern``, ``window``; the
 phantom and ``sinktoken``'s token stay visible to every query) and the sink clamp
 (``SINK_LOGIT_RANGE``). Here the projection gate's bias is c_h, not to be confused with the sink
 logit b_h.
@@ -12,7 +12,7 @@ Every variant runs on two paths that compute the same function (tests hold them 
 ``explicit``, materialised logits and weights in float32 (the reference), and ``fused``,
 ``F.scaled_dot_product_attention`` with the phantom as SPEC.md's extra key column (value 0) and
 extra q/k coordinate (q: sqrt(D), phantom key: b_h, real keys: 0; scale 1/sqrt(D)), q, k and v
-zero-padded to one width, a multiple of 8. A full layer with a phantom uses seed 000's dummy query
+zero-padded to one width, a multiple of 8. A full layer with a phantom uses Wang 2026's dummy query
 row: one extra row before the real queries and the *causal* kernel on T+1 rows and S+1 keys, so
 real query i (row i + 1) sees the phantom and keys 0..i with no explicit mask (flash kernels
 apply); a sliding layer passes its boolean mask. routing-norm puts log g_j in the extra key
@@ -77,7 +77,7 @@ def _additive(visible: Tensor) -> Tensor:
 
 
 def load_balance_loss(importance: Tensor) -> Tensor:
-    """Seed 004's load-balancing term: mean over layers of CV(Imp^{l,.})^2 (``sinkscope.stats.gates``).
+    """Fu et al. 2026's load-balancing term: mean over layers of CV(Imp^{l,.})^2 (``sinkscope.stats.gates``).
 
     ``importance`` is (L, H): Imp^{l,h} = mean over sequences and queries i >= 1 of the head's
     gate G_i. CV = std / mean across the heads of a layer, with the population std (divide by
@@ -90,9 +90,9 @@ def load_balance_loss(importance: Tensor) -> Tensor:
 def lm_loss(logits: Tensor, targets: Tensor, *, tnlm: bool = False) -> Tensor:
     """Mean next-token cross-entropy; targets of -1 are ignored.
 
-    ``tnlm`` (seed 003's TNLM loss) drops the term at position 0, the prediction made *at* the
+    ``tnlm`` (the P0-sink study's TNLM loss) drops the term at position 0, the prediction made *at* the
     first token of the window. With a BOS-first data pipeline that is the BOS position, as in
-    seed 003; without one it is whatever token the window starts on (the CPU tier's random
+    the P0-sink study; without one it is whatever token the window starts on (the CPU tier's random
     windows), whose prediction is a bigram from a context of one token. For ``sinktoken`` the
     sink's own output is already dropped, so position 0 is the first real token.
     """
@@ -140,7 +140,7 @@ class CausalSelfAttention(nn.Module):
     def sink_logits(self) -> Tensor | None:
         """b_h as the forward pass uses it, (H,); zeros for offbyone; None without a phantom.
 
-        The learned logit is clamped to ``SINK_LOGIT_RANGE`` (seed 002: gpt-oss clamps to
+        The learned logit is clamped to ``SINK_LOGIT_RANGE`` (the learned-sinks note: gpt-oss clamps to
         [-10, 15]) without touching the parameter, so no gradient flows while it is outside.
         """
         if self.variant.phantom == "learned":
@@ -271,7 +271,7 @@ class CausalSelfAttention(nn.Module):
         value column (DESIGN.md "Probes"): 1 on every real key (phantom 0) gives
         sum_j a_ij = 1 - phi_i; the indicator of key 0 gives a_i0, and G_i = 1 - a_i0.
         The phantom and the routing term ride in one extra q/k coordinate; a full layer with a
-        phantom runs the causal kernel with seed 000's dummy query row (module docstring).
+        phantom runs the causal kernel with Wang 2026's dummy query row (module docstring).
         """
         B, H, T, D = q.shape
         scale = 1.0 / math.sqrt(D)  # explicit: the extra coordinate and the padding must not change it
@@ -302,7 +302,7 @@ class CausalSelfAttention(nn.Module):
             if b is not None:
                 mask = torch.cat([mask.new_ones(T, 1), mask], dim=1)  # (T, S+1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (B, H, T, W)
-        elif b is not None:  # seed 000's dummy query row: the causal kernel keeps the phantom visible
+        elif b is not None:  # Wang 2026's dummy query row: the causal kernel keeps the phantom visible
             q = torch.cat([q.new_zeros(B, H, 1, width), q], dim=2)  # (B, H, T+1, W)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)[:, :, 1:]  # (B, H, T, W)
         else:
@@ -457,7 +457,7 @@ def _masked(x: Tensor, keep: Tensor | None) -> Tensor:
 class GPT(nn.Module):
     """The decoder. ``forward(idx, targets)`` returns ``(logits (B, T, V), loss or None)``."""
 
-    #: parameters never decayed, whatever their dim (seed 000 Appendix A, SPEC.md): sink logits,
+    #: parameters never decayed, whatever their dim (Wang 2026 Appendix A, SPEC.md): sink logits,
     #: norm-gate thresholds, projection-gate directions and biases.
     NO_DECAY = ("sink_logit", "gate_tau", "gate_w", "gate_b")
 
@@ -562,7 +562,7 @@ class GPT(nn.Module):
         )
 
     def force_sink_mask(self, T: int, like: Tensor) -> Tensor | None:
-        """Seed 003's force-sink mask (T, C) of 0/1, or None when ``force_sink_k`` is 0.
+        """The P0-sink study's force-sink mask (T, C) of 0/1, or None when ``force_sink_k`` is 0.
 
         The first k channels are kept only at position 0 (the sink token's position for
         ``sinktoken``) and zeroed elsewhere; the other C - k are zeroed at position 0.
@@ -602,8 +602,8 @@ class GPT(nn.Module):
                 point includes the sink token at position 0 (T + 1 positions).
             tap: the older form of ``hooks``: one :class:`AttentionRecord` per layer through
                 ``on_attention`` and each block's output stream through ``on_residual``.
-            tnlm: drop the cross-entropy term at position 0 (seed 003; see :func:`lm_loss`).
-            lb_lambda: weight of the sink-aware load-balancing loss (seed 004; 1e-4 in the
+            tnlm: drop the cross-entropy term at position 0 (the P0-sink study; see :func:`lm_loss`).
+            lb_lambda: weight of the sink-aware load-balancing loss (Fu et al. 2026; 1e-4 in the
                 paper and SPEC.md; 0 = off): ``lb_lambda * load_balance_loss(Imp)``, where
                 Imp^{l,h} is the mean over sequences and queries i >= 1 of G_i = 1 - A_sink,i:
                 A_sink is the phantom mass for phantom variants and the mass on position 0

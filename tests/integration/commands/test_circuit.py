@@ -1,4 +1,4 @@
-"""``sinkscope circuit`` (issue 12; SPEC.md "The position-zero circuit"; seed 003 §2-3).
+"""``sinkscope circuit`` (issue 12; SPEC.md "The position-zero circuit"; the P0-sink study, §2-3).
 
 Every number is checked against a direct float64 computation on tiny models: the reference reads
 each decoder layer's output (forward hooks on the layers themselves, not on sinkscope's points),
@@ -121,7 +121,7 @@ def _trend_reference(curve):  # (T,) -> relative slope per doubling over t >= 1
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_weighted_value_sum_norm_per_head_equals_an_explicit_forward(family):
-    """Seed 003 Table 2's quantity: ||sum_j a_tj v_j|| per head and position (before W_O), from the model's own
+    """The P0-sink study Table 2's quantity: ||sum_j a_tj v_j|| per head and position (before W_O), from the model's own
     eager weights and values made by hand from its input norm and value projection; the headline rows match
     it per head and pooled (the norm of all heads side by side), and the after-W_O rows stay beside it under their own name."""
     model = build(family)

@@ -1,4 +1,4 @@
-"""``sinkscope heads`` (issue 13; SPEC.md "Implicit gate and head importance"; seed 004).
+"""``sinkscope heads`` (issue 13; SPEC.md "Implicit gate and head importance"; Fu et al. 2026).
 
 Every number is checked against an independent computation: the reference side reads the
 model's own eager weights (``output_attentions``) and, for Qwen3-Next, its output gate from a
@@ -540,7 +540,7 @@ def test_two_process_ablation_run_equals_one_process(tiny_llama_dir, text_file, 
     assert heads[0] == heads[1] and 0 < len(heads[0]) < 12
 
 
-# ---- seed 004 §6.2's data-driven sink set (issue 27, fix 7) ------------------------------------------------
+# ---- Fu et al. 2026 §6.2's data-driven sink set (issue 27, fix 7) ------------------------------------------------
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt_oss", "gemma3_text"])

@@ -1,4 +1,4 @@
-"""``sinkscope inject`` (issue 11; SPEC.md "Value-read injection" and "Quiet mass (exposure)"; seed 000 §5.1).
+"""``sinkscope inject`` (issue 11; SPEC.md "Value-read injection" and "Quiet mass (exposure)"; Wang 2026 §5.1).
 
 The reference side is independent of the probes: quiet sets and medians from ``np.quantile`` /
 ``np.median`` over the read norms, quiet and phantom mass from the model's own eager weights

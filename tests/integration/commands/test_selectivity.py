@@ -649,7 +649,7 @@ def test_data_parallel_runs_of_several_models_equal_one_process(tmp_path, text_f
 
 
 def test_a_comparison_across_tiers_draws_one_line_per_variant():
-    """Seed 000 Fig. 1d: the model value by tier (in size order), one line per variant, layer range as bars."""
+    """Wang 2026 Fig. 1d: the model value by tier (in size order), one line per variant, layer range as bars."""
     from pathlib import Path
 
     from sinkscope.report import figures

@@ -10,7 +10,7 @@ queries past the window (both paths, -inf and float32-minimum masks); with an ou
 ``head_importance`` is the head's mean gate over its D channels instead; ``load_imbalance`` =
 population std / mean of Imp over a layer's heads (model row: the mean over layers);
 ``dormant`` = Imp < dormant_below (layer row: the share of heads; model row: the mean of those
-shares) and ``dormant_heads``; the data-driven set (seed 004 §6.2: alpha_j over the queries
+shares) and ``dormant_heads``; the data-driven set (Fu et al. 2026 §6.2: alpha_j over the queries
 i >= max(j, 1) that see j above ``sink_attention`` and ||v_j|| below ``sink_value_ratio`` times
 the lower median norm) with its ``sink_keys`` rows; ``clean_loss`` summing the loss; the options;
 and the refusals (a phantom set without a phantom, the data set on weights-only records).
@@ -171,7 +171,7 @@ def test_output_gate_is_the_importance(fused):
 
 
 def _data_reference(layer, attention_above: float, value_ratio: float, phantom: bool):
-    """Seed 004 §6.2's set in numpy: (G (B, H, T), keys per window and head (B, H))."""
+    """Fu et al. 2026 §6.2's set in numpy: (G (B, H, T), keys per window and head (B, H))."""
     a = layer.a  # (B, H, T, S)
     T, S = a.shape[-2:]
     i, j = np.arange(T)[:, None], np.arange(S)[None, :]

@@ -1,5 +1,5 @@
 """Paired-seed statistics (SPEC.md "Trainer variants": improvement = mean over seeds of
-(loss_B - loss_A), positive = A better, standard error with n - 1; seed 000 Tables 1 and 2),
+(loss_B - loss_A), positive = A better, standard error with n - 1; Wang 2026 Tables 1 and 2),
 checked on synthetic losses whose answers are known by construction."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_frame_input_and_duplicates_refused():
 
 
 def seed000_10m() -> dict:
-    """Losses whose paired improvements are seed 000's 10M rows of Table 2 in every seed, plus noise
+    """Losses whose paired improvements are Wang 2026's 10M rows of Table 2 in every seed, plus noise
     that averages to zero over the three seeds (so the means are exact and the errors known)."""
     noise = {0: -0.001, 1: 0.0, 2: 0.001}
     gains = {"sinklogit": 0.0185, "normgate": 0.0037, "projgate": 0.0113, "sink+norm": 0.0177, "sink+proj": 0.0221}
@@ -84,10 +84,10 @@ def test_table2_identities_and_seed000_row():
     assert proj["both"] == pytest.approx(0.0221)
     assert proj["overlap"] == pytest.approx(0.0185 + 0.0113 - 0.0221)  # the seed prints 0.0076 (rounded inputs)
     assert proj["filter"] == pytest.approx(0.0036)
-    assert round(100 * proj["share"]) == 16  # seed 000: 16%
+    assert round(100 * proj["share"]) == 16  # Wang 2026: 16%
     assert proj["filter_se"] == pytest.approx(0.001 / math.sqrt(3)) and proj["sink_se"] == pytest.approx(0.0, abs=1e-12)
     norm = t2.loc["norm gate"]
-    assert norm["filter"] == pytest.approx(-0.0008) and round(100 * norm["share"]) == -5  # seed 000: -5%
+    assert norm["filter"] == pytest.approx(-0.0008) and round(100 * norm["share"]) == -5  # Wang 2026: -5%
     assert (t2.n == 3).all()
 
 

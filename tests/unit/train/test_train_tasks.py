@@ -277,7 +277,7 @@ def test_validation_loss_excludes_position_zero():
     with torch.no_grad():
         model(x, importance=True)
     torch.testing.assert_close(importance, model.last_importance.double(), atol=1e-6, rtol=0)
-    # TNLM's training loss is the same quantity: val_loss is the fair comparison (seed 003 Table 1(b))
+    # TNLM's training loss is the same quantity: val_loss is the fair comparison (the P0-sink study, Table 1(b))
     with torch.no_grad():
         assert model(x, y, tnlm=True)[1].item() == pytest.approx(val_loss, abs=1e-6)
 

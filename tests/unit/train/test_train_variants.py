@@ -67,12 +67,12 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 def reference_attention(attn, x: np.ndarray, variant: str, mode: str, window: int | None) -> np.ndarray:
     """A layer's attention output (B, T', C) from its weights, float64, formulas of SPEC.md.
 
-    x is the layer's (normed) input (B, T', C). Seed 000 Table 5 / SPEC.md "Trainer variants":
+    x is the layer's (normed) input (B, T', C). Wang 2026 Table 5 / SPEC.md "Trainer variants":
     s_ij = q_i.k_j / sqrt(D) over visible keys (j <= i; on a sliding layer i - j < W, the sink
     token's key 0 always visible); phantom: a_ij = e^{s_ij} / (e^{b_h} + sum_k e^{s_ik}) with
     b_h = clamp(learned, -10, 15) or 0 (offbyone); norm gate g_j = sigmoid(beta (||v_j||/sqrt(D)
     - tau_h)); projection gate g_j = sigmoid(w_h . v_j + c_h); value slot: read g_j v_j;
-    routing slot: logits s_ij + log g_j; output gate (seed 001 G1): sigmoid(x W_g^T) multiplies
+    routing slot: logits s_ij + log g_j; output gate (Qiu et al. 2025 G1): sigmoid(x W_g^T) multiplies
     the head output (per channel, or one per head).
     """
     spec = VARIANTS[variant]
@@ -169,7 +169,7 @@ def test_reference_sees_each_gate():
         assert np.abs(flipped - reference_attention(attn, x, variant, mode, None)).max() > 1e-3
 
 
-# ---- seed 002: sliding windows and the clamp ------------------------------------------------------
+# ---- the learned-sinks note: sliding windows and the clamp ------------------------------------------------------
 
 
 def test_layer_pattern_and_window_config():
@@ -252,7 +252,7 @@ def _phantom_reference(q, k, v, b, window=None):
 
 @pytest.mark.parametrize("window", [None, 5])
 def test_phantom_kernel_construction_is_exact(window, monkeypatch):
-    """Seed 000's dummy query row: the causal kernel on T+1 rows equals the phantom softmax exactly
+    """Wang 2026's dummy query row: the causal kernel on T+1 rows equals the phantom softmax exactly
     (float64: to 1e-12), and full layers call SDPA with is_causal and no mask (flash-eligible)."""
     model = make("sinklogit", layer_pattern="full" if window is None else "sliding", window=window or 128)
     attn = model.transformer.h[0].attn
@@ -288,7 +288,7 @@ def test_phantom_kernel_construction_is_exact(window, monkeypatch):
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("variant", ["baseline", "sinktoken"])
 def test_force_sink_partition_is_exact(norm, variant):
-    """Seed 003: k channels live only at position 0, the other C - k everywhere else, exactly,
+    """The P0-sink study: k channels live only at position 0, the other C - k everywhere else, exactly,
     in the residual stream and in every norm's output (the attention's, the MLP's, the head's)."""
     k = 4
     model = perturb(make(variant, force_sink_k=k, norm=norm))
