@@ -189,27 +189,30 @@ def expected_means(items: dict[int, np.ndarray], *, window_se: bool = True) -> d
         items: layer -> (B, H, N) per-item values (B windows, H heads, N items per window and head).
         window_se: whether the rows carry the standard error over the B windows.
     Returns:
-        {(layer, head) | (layer, None) | (None, None): Expected}.
+        {(layer, head) | (layer, None) | (None, None): Expected}, ``n`` the B windows on every row
+        (SPEC.md "Tables"), ``se`` over them on every row (the model row's over each window's mean
+        over the layers of its layer means).
     """
     out: dict[tuple, Expected] = {}
-    layer_values, total = [], 0
+    layer_values, layer_windows = [], []
     for layer in sorted(items):
         x = np.asarray(items[layer], dtype=np.float64)  # (B, H, N)
         B, H, N = x.shape
         per_window = x.mean(axis=2)  # (B, H)
         for h in range(H):
-            out[(layer, h)] = Expected(float(x[:, h].mean()), B * N, _se(per_window[:, h]) if window_se else math.nan)
+            out[(layer, h)] = Expected(float(x[:, h].mean()), B, _se(per_window[:, h]) if window_se else math.nan)
         layer_values.append(float(x.mean(axis=(0, 2)).mean()))
-        out[(layer, None)] = Expected(layer_values[-1], B * H * N,
-                                      _se(per_window.mean(axis=1)) if window_se else math.nan)
-        total += B * H * N
+        layer_windows.append(per_window.mean(axis=1))  # (B,): each window's mean over the layer's heads
+        out[(layer, None)] = Expected(layer_values[-1], B, _se(layer_windows[-1]) if window_se else math.nan)
     if layer_values:
-        out[(None, None)] = Expected(float(np.mean(layer_values)), total)
+        model_windows = np.mean(layer_windows, axis=0)  # (B,): each window's mean over the layers
+        out[(None, None)] = Expected(float(np.mean(layer_values)), len(model_windows),
+                                     _se(model_windows) if window_se else math.nan)
     return out
 
 
 def fixed_rows(values: dict[int, np.ndarray]) -> dict[tuple, Expected]:
-    """Rows of one fixed value per head (a learned parameter): n = 1 per head, no se."""
+    """Rows of one fixed value per head (a learned parameter): n = 1 on every row (read once), no se."""
     out: dict[tuple, Expected] = {}
     layer_values = []
     for layer in sorted(values):
@@ -217,8 +220,8 @@ def fixed_rows(values: dict[int, np.ndarray]) -> dict[tuple, Expected]:
         for h, value in enumerate(heads):
             out[(layer, h)] = Expected(float(value), 1)
         layer_values.append(float(heads.mean()))
-        out[(layer, None)] = Expected(layer_values[-1], len(heads))
-    out[(None, None)] = Expected(float(np.mean(layer_values)), sum(len(v) for v in values.values()))
+        out[(layer, None)] = Expected(layer_values[-1], 1)
+    out[(None, None)] = Expected(float(np.mean(layer_values)), 1)
     return out
 
 

@@ -169,15 +169,14 @@ def test_results_do_not_depend_on_batch_size(family):
     np.testing.assert_allclose(one["value"].to_numpy(), four["value"].to_numpy(), rtol=1e-6, atol=1e-7)
 
 
-def test_n_counts_items_behind_each_number():
+def test_n_counts_the_windows_behind_each_number():
     model = build("llama")
     ids = random_ids(3, 10)
     table = sinkscope_table(model, ids, batch_size=2)
     p0 = table[table.metric == "p0_mass"]
-    per_head = p0[p0["head"].notna()]
-    assert (per_head["n"] == 3 * 9).all()  # sequences x queries i >= 1
+    assert (p0["n"] == 3).all()  # the windows on every row, the unit of se (SPEC.md "Tables"), not 3 x 9 queries
     model_row = p0[p0["layer"].isna()].iloc[0]
-    assert model_row["n"] == 3 * 9 * 4 * 3  # x heads x layers
+    assert model_row["n"] == 3 and model_row["se"] > 0  # not summed over heads and layers, which share the windows
     vnr = table[(table.metric == "value_norm_ratio") & table["head"].notna()]
     assert sorted(vnr["head"].unique().tolist()) == [0, 1]  # value (KV) heads under GQA
 

@@ -15,6 +15,7 @@ import torch
 
 import sinkscope
 from sinkscope.probes.base import HeadMeans
+from sinkscope.stats.paired import fmt_pm
 from tiny_models import build, random_ids
 
 N_WINDOWS, SEQ_LEN = 6, 20
@@ -61,7 +62,10 @@ def test_p0_mass_se_per_head_and_per_layer_matches_the_eager_weights(measured):
         assert layer_row["se"] == pytest.approx(per_window.std(ddof=1) / math.sqrt(W), abs=1e-6, rel=1e-5)
         assert layer_row["se"] > 0
     model_row = rows[rows.layer.isna() & rows["head"].isna()].iloc[0]
-    assert math.isnan(model_row["se"])  # documented: no per-window model mean is kept
+    per_window = means.mean(axis=2).mean(axis=0)  # (W,): each window's mean over the layers of its layer means
+    assert model_row["value"] == pytest.approx(per_window.mean(), abs=1e-6)
+    assert model_row["se"] == pytest.approx(per_window.std(ddof=1) / math.sqrt(W), abs=1e-6, rel=1e-5)
+    assert (rows["n"] == W).all()  # the windows on every row, the se's unit (SPEC.md "Tables")
 
 
 def test_se_survives_the_written_tables(measured, tmp_path):
@@ -142,6 +146,8 @@ def test_the_report_prints_layer_values_with_their_se_and_the_figure_draws_the_b
     shown = {attrs["data-metric"]: rows for attrs, rows in html.tables if attrs.get("class") == "layers"}["p0_mass"]
     cells = [r[1] for r in shown[1:]]
     assert all(" ± " in c for c in cells)
-    np.testing.assert_allclose([float(c.split(" ± ")[1]) for c in cells], layer_rows.se.to_numpy(), rtol=1e-5)
+    # rounded where the se's second significant digit ends (issue 61): the se to 2 digits, the value to its place
+    assert cells == [fmt_pm(v, e, missing="—") for v, e in zip(layer_rows.value, layer_rows.se)]
+    np.testing.assert_allclose([float(c.split(" ± ")[1]) for c in cells], layer_rows.se.to_numpy(), rtol=0.05)
     bands = [c for c in drawn["p0_mass"].axes[0].collections if c.get_gid() == "se"]
     assert len(bands) == 1

@@ -8,7 +8,7 @@ every Hugging Face family and on the trainer's own model alike.
 ``attn_out_norm`` (one layer, the first attention layer by default), over windows w, one row per
 position t:
 
-    attn_z_norm[h, t]   = mean_w ||z[w, t, h]||,  z_h[t] = sum_j a_tj v_j   (hook_z: the seed's quantity,
+    attn_z_norm[h, t]   = mean_w ||z[w, t, h]||,  z_h[t] = sum_j a_tj v_j   (hook_z: the P0-sink study's quantity,
                           attention as a weighted sum of value vectors, before W_O; per head h)
     attn_z_norm[t]      = mean_w ||z[w, t, :, :]||                          (pooled over heads, no head: the
                           norm of every head's z side by side, the vector W_O maps to hook_attn_out)
@@ -73,7 +73,7 @@ _TABLE2 = "the P0-sink study, §3.2 Table 2"
             "Norm of the weighted value sum by position (before W_O)", "L2 norm",
             "||z_h[t]|| = ||sum_j a_tj v_j|| of head h at hook_z (before W_O; after an output gate where there is "
             "one), averaged over windows; one row per position t, per head and pooled (the head-less row: "
-            "||z[t]|| of all heads side by side, the vector W_O maps to hook_attn_out)", _TABLE2 + " (the seed's quantity: attention as a weighted sum of values)",
+            "||z[t]|| of all heads side by side, the vector W_O maps to hook_attn_out)", _TABLE2 + " (the P0-sink study's quantity: attention as a weighted sum of values)",
             "position 0 highest = its unmixed value (sum_j a_tj^2 = 1 there)", per="layer x head x position"),
         "attn_z_norm_p0_ratio": MetricInfo(
             "Weighted value sum norm, position 0 / others (before W_O)", "ratio",
@@ -102,7 +102,7 @@ _TABLE2 = "the P0-sink study, §3.2 Table 2"
 class AttnOutNorm(LazyTensors):
     """One layer's attention-output norm at every position (the P0-sink study, Table 2), before and after W_O.
 
-    Before W_O (``hook_z``, (B, T, H, D)) is the seed's quantity: attention as a weighted sum of
+    Before W_O (``hook_z``, (B, T, H, D)) is the P0-sink study's quantity: attention as a weighted sum of
     value vectors, whose norm is largest at position 0 (only its own value, sum_j a_0j^2 = 1) and
     falls as the weights spread. After W_O (``hook_attn_out``, (B, T, C)) the heads are mixed by
     the output projection, which need not preserve that order.

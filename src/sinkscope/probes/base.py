@@ -50,8 +50,9 @@ increments is state the base class cannot see: count in a tensor.
 Pooling convention (SPEC.md "Averages"): a per-head value is the mean over items (query
 positions i >= 1 and sequences, unless the metric says otherwise: the exposure probe's quiet and
 phantom mass average over every query i >= 0, as Wang 2026's tables do); a per-layer value is the
-mean over that layer's heads; a model value is the mean over layers. ``n`` counts the items
-behind a number (summed over heads and layers for the aggregates).
+mean over that layer's heads; a model value is the mean over layers. ``n`` is the number of
+units the value is a mean over, the units its ``se`` is over where it has one (SPEC.md "Tables"):
+the windows for every row of a mean over windows (``HeadMeans``: head, layer and model rows alike).
 """
 
 from __future__ import annotations
@@ -260,13 +261,22 @@ class HeadMeans(Accumulator):
     a resumed run), so the merged standard error is over every window of every share. The rows
     carry ``se = sd / sqrt(n_w)``, the sd over windows with ``n_w - 1`` in the denominator
     (``paired.mean_se``'s convention), for the head rows and the layer rows; it is NaN for a fixed
-    layer, with fewer than 2 windows, for a layer added without the batch axis among the item
-    dimensions, and for the model row (its per-window value would pair each window's means across
-    layers, which are added one layer at a time: not kept). Windows of one run have the same
+    layer, with fewer than 2 windows, and for a layer added without the batch axis among the item
+    dimensions. The model row (the mean over layers) has its standard error too: each window's
+    mean over the layer's heads is also kept, per layer in window order (O(L x windows) on the
+    device, appended per batch, never read back while the forward runs), so each window's model
+    value (its mean over the layers) is known and ``se`` is their sd over windows / sqrt(n_w), over
+    the layers of the row (``rows(layers=...)``: a subset too). Windows of one run have the same
     number of items each, so the mean of the window means is the pooled mean the rows report and
     ``se`` is its standard error. The variance is ``(sum x^2 - (sum x)^2 / n_w) / (n_w - 1)`` in
     float64, clamped at 0. A state from before these statistics (an older progress file) has
-    ``windows`` negative (``UNKNOWN_WINDOWS``, unknown) on its layers, and their ``se`` stays NaN.
+    ``windows`` negative (``UNKNOWN_WINDOWS``, unknown) on its layers, and their ``se`` stays NaN;
+    one from before the per-window layer means leaves the model row's ``se`` NaN.
+
+    ``n`` of every row is the number of windows behind it, the windows its ``se`` is over (not the
+    items: queries x windows; and not summed over heads or layers, which share the windows); 1 on a
+    fixed layer (a parameter, read once). An older progress state whose windows are unknown counts
+    the items instead.
     """
 
     def __init__(self, n_layers: int, n_heads: int):
@@ -279,6 +289,9 @@ class HeadMeans(Accumulator):
         #: (row 1), per head (columns :H) and for the layer's mean over its heads (column H).
         self.window_sums: dict[int, Tensor] = {}
         self.windows = torch.zeros(n_layers, dtype=torch.int64)  # windows behind window_sums (< 0: unknown)
+        #: layer -> [(B,) per batch]: each window's mean over the layer's heads, in window order (the model
+        #: row's standard error pairs them across layers); never written in place, so a snapshot shares them.
+        self.window_layer_means: dict[int, list[Tensor]] = {}
 
     def add(self, layer: int, per_item: Tensor, item_dims: tuple[int, ...]) -> None:
         """Add items of ``per_item`` (head axis 1) summed over ``item_dims``.
@@ -313,6 +326,7 @@ class HeadMeans(Accumulator):
             mine = self.window_sums.get(layer)
             self.window_sums[layer] = stats if mine is None else mine.to(stats.device) + stats
             self.windows[layer] += x.shape[0]  # no branch: an unknown count (UNKNOWN_WINDOWS) stays negative
+            self.window_layer_means.setdefault(layer, []).append(of_layer[:, 0])  # (B,)
 
     def set(self, layer: int, values: Tensor) -> None:
         """Record one value per head (e.g. a learned parameter), n = 1 (and no standard error)."""
@@ -321,7 +335,46 @@ class HeadMeans(Accumulator):
         self.seen[layer] = True
         self.fixed[layer] = True
         self.window_sums.pop(layer, None)
+        self.window_layer_means.pop(layer, None)
         self.windows[layer] = 0
+
+    def snapshot(self) -> "HeadMeans":
+        """A deep copy, except the per-window layer means, which are shared (``add`` only appends)."""
+        kept, self.window_layer_means = self.window_layer_means, {}
+        try:
+            copy_ = copy.deepcopy(self)
+        finally:
+            self.window_layer_means = kept
+        copy_.window_layer_means = {layer: list(parts) for layer, parts in kept.items()}
+        return copy_
+
+    def n_of(self, layer: int) -> int:
+        """``n`` of the layer's rows: the windows behind them (1 on a fixed layer; the items where unknown)."""
+        if self.fixed[layer]:
+            return 1
+        windows = int(self.windows[layer])
+        return windows if windows > 0 else int(self.counts[layer].max())
+
+    def _window_layer_means(self, layer: int) -> Tensor | None:
+        """(n_w,) float64 on the CPU: each window's mean over the layer's heads; None unless kept for every window."""
+        parts = self.window_layer_means.get(layer)
+        windows = int(self.windows[layer])
+        if not parts or bool(self.fixed[layer]) or sum(p.shape[0] for p in parts) != windows:
+            return None
+        return torch.cat([p.to("cpu", torch.float64) for p in parts])
+
+    def model_standard_error(self, layers: list[int]) -> float:
+        """The model row's se over windows: sd (n_w - 1) of each window's mean over ``layers`` of its
+        layer means, / sqrt(n_w); NaN with fewer than 2 windows or where a layer's window means are
+        not all kept (fixed, an older state, layers that saw different windows)."""
+        columns = [self._window_layer_means(layer) for layer in layers]
+        if not columns or any(c is None for c in columns) or len({c.shape[0] for c in columns}) != 1:
+            return float("nan")
+        per_window = torch.stack(columns).mean(dim=0)  # (n_w,): each window's model value
+        n = per_window.shape[0]
+        if n < 2:
+            return float("nan")
+        return float(per_window.std(unbiased=True) / n ** 0.5)
 
     def means(self) -> Tensor:
         """(L, H) float64 on the CPU: per-head means (0 where nothing was seen)."""
@@ -344,10 +397,11 @@ class HeadMeans(Accumulator):
         return out
 
     def rows(self, probe: str, metric: str, *, layers: list[int] | None = None) -> list[Row]:
-        """Per-head rows, per-layer means over heads, one model mean over the layers seen (with ``se``)."""
+        """Per-head rows, per-layer means over heads, one model mean over the layers seen (each with ``se``;
+        ``n`` the windows, see the class docstring)."""
         out: list[Row] = []
         layer_values: list[float] = []
-        total_n = 0
+        included: list[int] = []
         errors = self.standard_errors()
         for layer in range(self.n_layers):
             if not self.seen[layer] or (layers is not None and layer not in layers):
@@ -357,14 +411,15 @@ class HeadMeans(Accumulator):
             present = self.counts[layer] > 0  # (H,): a layer with fewer heads than the widest has rows for its own
             if not self.fixed[layer] and not bool(present.all()):
                 means, head_se = means[present], head_se[present]
+            n = self.n_of(layer)
             for head, (value, se) in enumerate(zip(means.tolist(), head_se.tolist())):
-                out.append(Row(probe, metric, layer, head, value, int(self.counts[layer, head]), se=se))
-            layer_n = int(self.counts[layer].sum())
+                out.append(Row(probe, metric, layer, head, value, n, se=se))
             layer_values.append(float(means.mean()))
-            out.append(Row(probe, metric, layer, None, layer_values[-1], layer_n, se=float(errors[layer, -1])))
-            total_n += layer_n
+            out.append(Row(probe, metric, layer, None, layer_values[-1], n, se=float(errors[layer, -1])))
+            included.append(layer)
         if layer_values:
-            out.append(Row(probe, metric, None, None, sum(layer_values) / len(layer_values), total_n))
+            out.append(Row(probe, metric, None, None, sum(layer_values) / len(layer_values),
+                           max(self.n_of(layer) for layer in included), se=self.model_standard_error(included)))
         return out
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -375,8 +430,18 @@ class HeadMeans(Accumulator):
         window_sums = torch.zeros(self.n_layers, 2, self.n_heads + 1, dtype=torch.float64)
         for layer, values in self.window_sums.items():
             window_sums[layer] = values.to("cpu", torch.float64)
+        kept = {layer: torch.cat([p.to("cpu", torch.float64) for p in parts])
+                for layer, parts in self.window_layer_means.items() if parts}
+        widest = max((v.shape[0] for v in kept.values()), default=0)
+        # (L, most windows kept): NaN past a layer's own windows
+        window_layer_means = torch.full((self.n_layers, widest), float("nan"), dtype=torch.float64)
+        window_layer_kept = torch.zeros(self.n_layers, dtype=torch.int64)
+        for layer, values in kept.items():
+            window_layer_means[layer, :values.shape[0]] = values
+            window_layer_kept[layer] = values.shape[0]
         return {"sums": sums, "counts": self.counts.clone(), "seen": self.seen.clone(), "fixed": self.fixed.clone(),
-                "window_sums": window_sums, "windows": self.windows.clone()}
+                "window_sums": window_sums, "windows": self.windows.clone(),
+                "window_layer_means": window_layer_means, "window_layer_kept": window_layer_kept}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.counts, self.seen = state["counts"].clone(), state["seen"].clone()
@@ -389,6 +454,11 @@ class HeadMeans(Accumulator):
         else:  # a state written before the window statistics: their standard errors are unknown
             self.windows = torch.where(self.seen & ~self.fixed, UNKNOWN_WINDOWS, 0).to(torch.int64)
             self.window_sums = {}
+        self.window_layer_means = {}  # absent from a state written before them: the model row's se stays NaN
+        if "window_layer_kept" in state:
+            for layer, kept in enumerate(state["window_layer_kept"].tolist()):
+                if kept > 0:
+                    self.window_layer_means[layer] = [state["window_layer_means"][layer, :kept].clone()]
 
     def merge(self, other: "HeadMeans") -> None:
         """Add another share's accumulator (another process's windows, seen after these).
@@ -417,6 +487,9 @@ class HeadMeans(Accumulator):
                 self.windows[layer] = UNKNOWN_WINDOWS
             else:
                 self.windows[layer] += other.windows[layer]
+            # their windows after mine (a count that differs from the windows' leaves the model se NaN)
+            self.window_layer_means[layer] = (self.window_layer_means.get(layer, [])
+                                              + [p.clone() for p in other.window_layer_means.get(layer, [])])
 
 
 # ---- the probe ------------------------------------------------------------------------------------

@@ -24,8 +24,6 @@ heads whose alpha_0 = mean over queries of a_t0 exceeds eps (probes/sink_rate.py
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import Tensor
 
@@ -61,9 +59,11 @@ from sinkscope.probes.sink_rate import key_importance
         "bos_repeat_loss": MetricInfo(
             "Loss with the first token repeated", "nats / token",
             "mean next-token cross-entropy over the targets K[1:] only, with [BOS] x r + K (with) or K_0 x r + K[1:] "
-            "(without); repeat column = r", "the P0-sink study, Table 1(b)", "", per="model"),
+            "(without); repeat column = r; n = the windows; no se (only the loss summed over every prediction is "
+            "kept)", "the P0-sink study, Table 1(b)", "", per="model"),
         "bos_repeat_loss_delta": MetricInfo(
-            "Loss change from repeating the first token", "nats / token", "bos_repeat_loss(r) - bos_repeat_loss(1)",
+            "Loss change from repeating the first token", "nats / token",
+            "bos_repeat_loss(r) - bos_repeat_loss(1); no se (no per-window loss is kept)",
             "the P0-sink study, Table 1(b)", "smaller = position 0 a more stable 'semantic vacuum'", per="model"),
     },
 )
@@ -81,29 +81,34 @@ class BosExperiment(LazyTensors):
         self.labels = [f"{s}-bos-r{r}" for s in self.settings for r in self.r]
         self.loss_sum = torch.zeros(len(self.labels), dtype=torch.float64)
         self.loss_n = torch.zeros(len(self.labels), dtype=torch.float64)
+        self.loss_windows = torch.zeros(len(self.labels), dtype=torch.int64)  # the rows' n (on the CPU: shapes only)
         self.hits = {s: HeadMeans(self.spec.n_layers, self.spec.n_heads) for s in self.settings}
 
     def _accumulators(self) -> dict:
         """Declared here (this class loads, rolls back and merges them itself), keyed as ever: hits_with, ..."""
-        return {"loss_sum": self.loss_sum, "loss_n": self.loss_n, **{f"hits_{s}": acc for s, acc in self.hits.items()}}
+        return {"loss_sum": self.loss_sum, "loss_n": self.loss_n, "loss_windows": self.loss_windows,
+                **{f"hits_{s}": acc for s, acc in self.hits.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         for s, acc in self.hits.items():
             acc.load_state_dict(state[f"hits_{s}"])
         self.loss_sum, self.loss_n = state["loss_sum"].clone(), state["loss_n"].clone()
+        self.loss_windows = state["loss_windows"].clone()
 
     def snapshot(self) -> dict:
         return {"loss_sum": self.loss_sum.clone(), "loss_n": self.loss_n.clone(),
-                "hits": {s: copy.deepcopy(a) for s, a in self.hits.items()}}
+                "loss_windows": self.loss_windows.clone(), "hits": {s: a.snapshot() for s, a in self.hits.items()}}
 
     def restore(self, snapshot: dict) -> None:
         self.loss_sum, self.loss_n, self.hits = snapshot["loss_sum"], snapshot["loss_n"], snapshot["hits"]
+        self.loss_windows = snapshot["loss_windows"]
 
     def merge(self, other: "BosExperiment") -> None:
         for s, acc in self.hits.items():
             acc.merge(other.hits[s])
         self.loss_sum = self.loss_sum + other.loss_sum.to(self.loss_sum.device)
         self.loss_n = self.loss_n + other.loss_n.to(self.loss_n.device)
+        self.loss_windows = self.loss_windows + other.loss_windows
 
     def passes(self) -> tuple[str | None, ...]:
         return tuple(self.labels)
@@ -148,6 +153,7 @@ class BosExperiment(LazyTensors):
             self.loss_sum, self.loss_n = self.loss_sum.to(value.device), self.loss_n.to(value.device)
         self.loss_sum[index] += kept.double().sum()
         self.loss_n[index] += kept.numel()
+        self.loss_windows[index] += kept.shape[0]
 
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
@@ -161,21 +167,21 @@ class BosExperiment(LazyTensors):
         rows: list[Row] = []
         for setting in self.settings:
             cond = (("bos", setting),)
-            rows += [Row(r.probe, r.metric, r.layer, r.head, r.value, r.n, cond)
+            rows += [Row(r.probe, r.metric, r.layer, r.head, r.value, r.n, cond, se=r.se)
                      for r in self.hits[setting].rows(self.name, "bos_sink_rate")]
             if self.layer_start is not None:
                 late = [l for l in self.spec.attention_layers if l >= self.layer_start]
                 start = cond + (("layer_start", self.layer_start),)
-                rows += [Row(self.name, "bos_sink_rate_from_layer", None, None, r.value, r.n, start)
+                rows += [Row(self.name, "bos_sink_rate_from_layer", None, None, r.value, r.n, start, se=r.se)
                          for r in self.hits[setting].rows(self.name, "bos_sink_rate", layers=late) if r.layer is None]
         sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
         for setting in self.settings:
             base = self.labels.index(f"{setting}-bos-r1")
             for r in self.r:
                 i = self.labels.index(f"{setting}-bos-r{r}")
-                n = int(counts[i])
-                if n == 0:
+                if counts[i] == 0:
                     continue
+                n = int(self.loss_windows[i])  # the windows (SPEC.md "Tables"); no se: only sums are kept
                 value = float(sums[i] / counts[i])
                 cond = (("bos", setting), ("repeat", r))
                 rows += [Row(self.name, "bos_repeat_loss", None, None, value, n, cond),

@@ -168,7 +168,8 @@ def _ratio_rows(probe: str, metric: str, sums: HeadMeans, events: HeadMeans) -> 
     """Per head sum(x * event) / sum(event); per-layer means over heads; the model mean over layers.
 
     Both accumulators saw the same items, so the ratio of their means is the mean over events;
-    ``n`` counts the events. Layers without an event give no rows.
+    ``n`` counts the events (the unit of the mean; SPEC.md "Tables"), and no row has an ``se`` (a ratio of
+    two means over windows). Layers without an event give no rows.
     """
     x, e = sums.means(), events.means()  # (L, H)
     rows, layer_values, total = [], [], 0

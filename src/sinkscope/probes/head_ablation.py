@@ -58,17 +58,17 @@ def parse_heads(heads, n_layers: int, n_heads: int, attention_layers) -> dict[in
             *CLEAN_PARAMS),
     metrics={
         "loss_clean": MetricInfo(
-            "Loss, clean", "nats / token", "mean next-token cross-entropy over windows and positions",
+            "Loss, clean", "nats / token", "mean next-token cross-entropy over windows and positions; n = the windows; no se (only the loss summed over every prediction is kept)",
             "Fu et al. 2026 §4.1; the loss hook point", "", per="model"),
         "loss_ablated": MetricInfo(
             "Loss, heads zeroed", "nats / token",
-            "the same loss with the listed heads' outputs zeroed at hook_z (before W_O)",
+            "the same loss with the listed heads' outputs zeroed at hook_z (before W_O); no se (as loss_clean)",
             "Fu et al. 2026 §4.1 (Sandoval-Segura et al. 2025: zeroing inactive heads)", "", per="model"),
         "loss_delta": MetricInfo(
-            "Loss change from zeroing the heads", "nats / token", "loss_ablated - loss_clean on the same windows",
+            "Loss change from zeroing the heads", "nats / token", "loss_ablated - loss_clean on the same windows; no se (no per-window loss is kept)",
             "Fu et al. 2026 §4.1", "near 0 = the zeroed heads did nothing; > 0 = they mattered", per="model"),
         "ablated_heads": MetricInfo(
-            "Heads zeroed", "heads", "the number of heads whose output was zeroed", "Fu et al. 2026 §4.1", "",
+            "Heads zeroed", "heads", "the number of heads whose output was zeroed (a count: no se)", "Fu et al. 2026 §4.1", "",
             per="model"),
     },
 )

@@ -105,13 +105,15 @@ def _threshold(value: float) -> str | None:
         "load_imbalance": MetricInfo(
             "Head load imbalance", "CV",
             "CV_l = std_h Imp^{l,h} / mean_h Imp^{l,h} (population std over the layer's heads); model row: the "
-            "mean over layers (the trainer logs the same number, sinkscope.stats.gates)",
+            "mean over layers (the trainer logs the same number, sinkscope.stats.gates); n = the heads, no se "
+            "(a spread across heads, not a mean over windows)",
             "SPEC.md 'Implicit gate and head importance'; Fu et al. 2026 §4.1 (Fig. 5)",
             "higher = importance concentrated on fewer heads (head collapse); 0 = balanced", per="layer"),
         "dormant": MetricInfo(
             "Dormant heads", "share of heads",
             "1 where Imp^{l,h} < dormant_below (--dormant-below, default 0.1), else 0; layer row: the share of "
-            "the layer's heads; model row: the mean over layers of those shares",
+            "the layer's heads; model row: the mean over layers of those shares; n = the windows on a head row, "
+            "the heads on the layer and model rows; no se (a threshold on a mean, not a mean over windows)",
             "Fu et al. 2026 §4.1 (dormant heads, Sandoval-Segura et al. 2025); threshold chosen here",
             "higher = more heads that pass on almost nothing"),
         "sink_keys": MetricInfo(
@@ -246,14 +248,13 @@ class HeadImportance(CleanLossSum, Probe):
             return out
         cv = gates.load_imbalance(imp)  # (L',)
         mask = gates.dormant(imp, self.dormant_below)  # (L', H)
-        total = int(sum(int(acc.counts[layer].sum()) for layer in layers))
+        heads = [int((acc.counts[layer] > 0).sum()) for layer in layers]  # n of a statistic over heads
         for i, layer in enumerate(layers):
-            out.append(Row(self.name, "load_imbalance", layer, None, float(cv[i]), int(acc.counts[layer].sum())))
-        out.append(Row(self.name, "load_imbalance", None, None, float(cv.mean()), total))
+            out.append(Row(self.name, "load_imbalance", layer, None, float(cv[i]), heads[i]))
+        out.append(Row(self.name, "load_imbalance", None, None, float(cv.mean()), sum(heads)))
         for i, layer in enumerate(layers):
             for head in range(self.spec.n_heads):
-                out.append(Row(self.name, "dormant", layer, head, float(mask[i, head]), int(acc.counts[layer, head])))
-            out.append(Row(self.name, "dormant", layer, None, float(mask[i].double().mean()),
-                           int(acc.counts[layer].sum())))
-        out.append(Row(self.name, "dormant", None, None, float(mask.double().mean(dim=1).mean()), total))
+                out.append(Row(self.name, "dormant", layer, head, float(mask[i, head]), acc.n_of(layer)))
+            out.append(Row(self.name, "dormant", layer, None, float(mask[i].double().mean()), heads[i]))
+        out.append(Row(self.name, "dormant", None, None, float(mask.double().mean(dim=1).mean()), sum(heads)))
         return out

@@ -216,7 +216,8 @@ def load_gate_directions(checkpoint: str | Path) -> dict[int, Tensor]:
             "written when draws > 1", "SPEC.md 'Value-read injection', 'Resolved (2026-12)'", "", per="model"),
         "inject_loss_delta_draw": MetricInfo(
             "Loss increase under one draw", "nats / token", "inject_loss_delta of one seeded draw of the junk "
-            "(condition draw), over every window; written when draws > 1",
+            "(condition draw), over every window; written when draws > 1; n = the windows, no se (one draw's windows "
+            "are not kept apart; inject_loss_delta_se_draws is the draws' spread)",
             "SPEC.md 'Value-read injection', 'Resolved (2026-12)'", "", per="model"),
     },
 )
@@ -364,22 +365,22 @@ class Injection(Probe):
         return (var / n).sqrt().tolist(), n
 
     def rows(self) -> list[Row]:
+        """The loss rows; ``n`` is the windows (the unit of ``se``, SPEC.md "Tables"), K on the draws' se row."""
         sums, counts = self.loss_sum.cpu(), self.loss_n.cpu()
-        n = int(counts[0])
-        clean = float(sums[0] / counts[0]) if n else float("nan")
+        clean = float(sums[0] / counts[0]) if counts[0] else float("nan")
         se, windows = self.standard_errors()
         C, K = len(self.conditions), self.draws
         def error(i: int) -> float:
             return se[i] if se else float("nan")
 
-        out = [Row(self.name, "inject_loss_clean", None, None, clean, n, se=error(0))]
+        out = [Row(self.name, "inject_loss_clean", None, None, clean, windows, se=error(0))]
         for i, (junk, cutoff, dose) in enumerate(self.conditions):
             conditions = (("junk", junk), ("cutoff", cutoff), ("dose", dose))
             index = slice(1 + i * K, 1 + (i + 1) * K)  # this condition's draws
             total, count = float(sums[index].sum()), int(counts[index].sum())
             loss = total / count if count else float("nan")
-            out.append(Row(self.name, "inject_loss", None, None, loss, count, conditions, se=error(1 + i)))
-            out.append(Row(self.name, "inject_loss_delta", None, None, loss - clean, count, conditions,
+            out.append(Row(self.name, "inject_loss", None, None, loss, windows, conditions, se=error(1 + i)))
+            out.append(Row(self.name, "inject_loss_delta", None, None, loss - clean, windows, conditions,
                            se=error(1 + C + i)))
             if K > 1:
                 per_draw = [float(sums[j] / counts[j]) - clean if counts[j] else float("nan")
@@ -387,6 +388,6 @@ class Injection(Probe):
                 out.append(Row(self.name, "inject_loss_delta_se_draws", None, None, mean_se(per_draw)[1], K,
                                conditions))
                 for draw, value in enumerate(per_draw):
-                    out.append(Row(self.name, "inject_loss_delta_draw", None, None, value,
-                                   int(counts[1 + i * K + draw]), (*conditions, ("draw", draw))))
+                    out.append(Row(self.name, "inject_loss_delta_draw", None, None, value, windows,
+                                   (*conditions, ("draw", draw))))
         return out

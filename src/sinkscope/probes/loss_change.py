@@ -8,6 +8,9 @@ Both probes measure, on the same windows::
 
 with the sums in float64 on the loss's device (no host read per batch). :class:`LossChange` is
 that second-stage block: the observer of the ``loss`` point on both passes and the three numbers.
+Their ``n`` is the number of windows (SPEC.md "Tables"). They carry no ``se``: only the sums over
+every prediction are kept (the second stage receives the first stage's sum, not its windows'
+losses), so no per-window loss exists to take a standard error over.
 
 The clean loss of a second stage (``heads --ablate-dormant``, ``sinks --massive-intervention``)
 is the loss of the first stage's clean pass, which ran over the same windows in the same batches:
@@ -44,6 +47,7 @@ CLEAN_PARAMS = (
     Param("clean_sum", float, None, "the summed clean next-token loss of the first stage over the same windows "
           "(set by the command's second stage; absent: the probe runs its own clean pass)", optional=True),
     Param("clean_n", int, 0, "the predictions behind clean_sum", check=non_negative),
+    Param("clean_windows", int, 0, "the windows behind clean_sum (the rows' n)", check=non_negative),
 )
 
 #: the first stage's parameter: also sum the clean pass's loss, for a second stage's loss change.
@@ -67,6 +71,7 @@ class LossChange(Probe):
         self.changes = bool(changes)
         self.loss_sum = torch.zeros(2, dtype=torch.float64)  # clean, changed: summed cross-entropy
         self.loss_n = torch.zeros(2, dtype=torch.float64)  # clean, changed: predictions
+        self.loss_windows = torch.zeros(2, dtype=torch.int64)  # clean, changed: windows (on the CPU: shapes only)
 
     @property
     def clean_given(self) -> bool:
@@ -85,16 +90,20 @@ class LossChange(Probe):
         index = 1 if self.pass_label == self.changed_pass else 0
         self.loss_sum[index] += value.double().sum()
         self.loss_n[index] += value.numel()
+        self.loss_windows[index] += value.shape[0]
 
     def losses(self) -> tuple[float, float, int]:
-        """(clean loss, changed loss, predictions): the changed loss is the clean one when nothing changes."""
+        """(clean loss, changed loss, windows): the changed loss is the clean one when nothing changes.
+
+        The windows are the rows' ``n``: the clean pass's (the first stage's where it measured it).
+        """
         sums, counts = self.loss_sum.tolist(), self.loss_n.tolist()  # float64 sums -> Python floats
+        windows = int(self.loss_windows[0])
         if self.clean_given:
-            sums[0], counts[0] = float(self.clean_sum), float(self.clean_n)
-        n = int(counts[0])
-        clean = sums[0] / counts[0] if n else math.nan
+            sums[0], counts[0], windows = float(self.clean_sum), float(self.clean_n), int(self.clean_windows)
+        clean = sums[0] / counts[0] if counts[0] else math.nan
         changed = sums[1] / counts[1] if self.changes and counts[1] else clean
-        return clean, changed, n
+        return clean, changed, windows if counts[0] else 0
 
 
 class CleanLossSum:
@@ -112,6 +121,7 @@ class CleanLossSum:
     def setup_clean_loss(self) -> None:
         self.clean_loss_sum = torch.zeros((), dtype=torch.float64)  # summed cross-entropy of the clean pass
         self.clean_loss_n = torch.zeros((), dtype=torch.float64)  # its predictions
+        self.clean_loss_windows = torch.zeros((), dtype=torch.int64)  # its windows (on the CPU: shapes only)
 
     def pass_observers(self, label: str | None) -> dict[str, str]:
         observers = super().pass_observers(label)
@@ -124,7 +134,9 @@ class CleanLossSum:
                                                       self.clean_loss_n.to(value.device))
         self.clean_loss_sum += value.double().sum()
         self.clean_loss_n += value.numel()
+        self.clean_loss_windows += value.shape[0]
 
     def clean_loss_params(self) -> dict:
-        """The second stage's ``clean_sum`` and ``clean_n`` (one host read)."""
-        return {"clean_sum": float(self.clean_loss_sum.cpu()), "clean_n": int(self.clean_loss_n.cpu())}
+        """The second stage's ``clean_sum``, ``clean_n`` and ``clean_windows`` (one host read)."""
+        return {"clean_sum": float(self.clean_loss_sum.cpu()), "clean_n": int(self.clean_loss_n.cpu()),
+                "clean_windows": int(self.clean_loss_windows)}

@@ -12,7 +12,8 @@ that sequence's positions and channels) and average those over sequences; the ra
 the overall top by that mean median. Both are independent of the batch size. Ties for the top
 keep the first sequence in evaluation order (and within it the first position, then channel).
 Model rows: the largest ``massive_activation`` and ``massive_activation_ratio`` over layers (a
-mean of maxima would describe no activation).
+mean of maxima would describe no activation). ``n`` is the windows on every row (SPEC.md
+"Tables"); no row has an ``se``: a maximum over windows (and layers) is not a mean over them.
 
 Nothing here waits for the device while the model runs: ``observe_residual`` keeps its
 accumulators on the hidden state's device (float64 sums where the device has float64; MPS has
@@ -94,12 +95,12 @@ class _Live:
         "massive_activation": MetricInfo(
             "Largest residual activation", "max |h|",
             "max |h| over every position and channel of the layer's output residual stream; model row = "
-            "largest over layers",
+            "largest over layers; n = the windows, no se on any row (a maximum is not a mean over windows)",
             "SPEC.md 'Massive activations'; Sun et al. 2024", "higher = a more massive activation", per="layer"),
         "massive_activation_ratio": MetricInfo(
             "Largest activation / median", "ratio",
             "max |h| divided by the median |h| (exact median per window, averaged over windows); model row = "
-            "largest over layers",
+            "largest over layers; no se (a maximum over a mean)",
             "SPEC.md 'Massive activations'; Sun et al. 2024", "higher = a more massive activation", per="layer"),
         "massive_activation_channel": MetricInfo(
             "Channel of the largest activation", "channel index",
@@ -111,7 +112,8 @@ class _Live:
             "SPEC.md 'Massive activations'", per="layer"),
         "massive_activation_layer": MetricInfo(
             "Layer of the largest activation", "layer index",
-            "the first layer whose max |h| is the model's (the model row's channel and position are that layer's)",
+            "the first layer whose max |h| is the model's (the model row's channel and position are that layer's); "
+            "no se (a layer index)",
             "SPEC.md 'Massive activations'", per="model"),
     },
 )
@@ -188,7 +190,7 @@ class MassiveActivation(Probe):
                 Row(self.name, "massive_activation_position", l, None, float(position[l]), n),
             ]
         if seen:
-            n_total = int(n_seqs.sum())
+            n_total = int(max(n_seqs[l] for l in seen))  # the windows (SPEC.md "Tables"); no se: maxima
             largest = max(seen, key=lambda l: (float(top[l]), -l))  # the first layer holding the model's max |h|
             rows += [
                 Row(self.name, "massive_activation", None, None, float(top[largest]), n_total),

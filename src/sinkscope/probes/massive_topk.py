@@ -17,7 +17,7 @@ buffer (deduplicated by (position, channel), largest kept); everything stays on 
 
 With ``means`` (asked for by ``sinks --massive-intervention mean``) the probe also sums h over
 windows at every (layer, position, channel), (L, T, C) float64, so the second stage can set an
-entry to its mean over the run: memory L T C x 8 bytes (SmolLM2-135M at 512 tokens: 71 MB).
+entry to its mean over the run: memory L T C x 8 bytes (SmolLM2-135M-Instruct at 512 tokens: 71 MB).
 
 ``massive_intervention``: the second stage of ``sinkscope sinks --massive-intervention
 zero|mean`` (``commands/sinks.py``). ``entries`` lists ``LAYER:POSITION:CHANNEL=VALUE``; the
@@ -252,21 +252,24 @@ def format_entry(layer: int, position: int, channel: int, value: float) -> str:
             *CLEAN_PARAMS),
     metrics={
         "massive_loss_clean": MetricInfo("Loss, clean", "nats / token",
-                                         "mean next-token cross-entropy over windows and positions", SOURCE, "",
+                                         "mean next-token cross-entropy over windows and positions; n = the windows; no se (only the loss summed over every prediction is kept)",
+                                         SOURCE, "",
                                          per="model"),
         "massive_loss_intervened": MetricInfo(
             "Loss, massive activations set", "nats / token",
-            "the same loss with the entries set to zero or their mean at hook_resid_post of their first layer",
+            "the same loss with the entries set to zero or their mean at hook_resid_post of their first layer; "
+            "no se (as massive_loss_clean)",
             "Sun et al. 2024 §3 (intervention); Owen et al.", "", per="model"),
         "massive_loss_delta": MetricInfo("Loss change from setting the massive activations", "nats / token",
-                                         "massive_loss_intervened - massive_loss_clean on the same windows",
+                                         "massive_loss_intervened - massive_loss_clean on the same windows; no se "
+                                         "(no per-window loss is kept)",
                                          "Sun et al. 2024", "near 0 = benign; large = the model needs them",
                                          per="model"),
         "massive_ppl_clean": MetricInfo("Perplexity, clean", "ppl", "exp(massive_loss_clean)", SOURCE, "",
                                         per="model"),
         "massive_ppl_intervened": MetricInfo("Perplexity, massive activations set", "ppl",
                                              "exp(massive_loss_intervened)", SOURCE, "", per="model"),
-        "massive_entries": MetricInfo("Entries set", "entries", "how many (layer, position, channel) entries", SOURCE,
+        "massive_entries": MetricInfo("Entries set", "entries", "how many (layer, position, channel) entries (a count: no se)", SOURCE,
                                       "", per="model"),
     },
 )

@@ -13,13 +13,15 @@ gets
     p0_mass_in_reach  p0 averaged over the queries that can see key 0 only
 
 Because a masked key's w_i0 is exactly 0, the in-reach mean is ``p0_mass / (1 - p0_out_of_reach)``
-per head (no per-query bookkeeping, no host transfer); its ``n`` counts the in-reach queries.
+per head (no per-query bookkeeping, no host transfer); its ``n`` is the windows, as ``p0_mass``'s
+(SPEC.md "Tables"), and it has no ``se`` (a ratio of two means over windows).
 Full layers get neither row (every query sees key 0).
 
 ``sink_head_share`` (SPEC.md "Share of sink heads"; the Megatron and PaddleFormers sink monitors
 log it, a third-party audit calls it "heads > 0.5") is the share of heads whose ``p0_mass``
 exceeds ``head_share_threshold`` (0.5), in its ``threshold`` column: per layer over the layer's
-heads, and for the model over every (layer, head) pair; ``n`` counts the heads.
+heads, and for the model over every (layer, head) pair; ``n`` counts the heads (the share's unit),
+and it has no ``se`` (a count of heads past a threshold, not a mean over windows).
 
 Not every row average skips row 0: the exposure probe's quiet and phantom mass
 (``probes/exposure.py``, SPEC.md "Quiet mass (exposure)") average over every query i >= 0, as
@@ -54,7 +56,7 @@ def _share_threshold(value: float) -> str | None:
     "p0_mass_in_reach": MetricInfo(
         "Position-0 mass where key 0 is in reach", "share of real-key mass",
         "p0 averaged over the queries i >= 1 that can see key 0 (sliding-window layers only): "
-        "p0_mass / (1 - p0_out_of_reach)",
+        "p0_mass / (1 - p0_out_of_reach); n = the windows, no se (a ratio of two means over windows)",
         "SPEC.md 'Position-0 mass'; Wang 2026 Table 14 (sliding vs full)",
         "higher = more attention parked on the first token while it is visible"),
     "p0_out_of_reach": MetricInfo(
@@ -65,7 +67,8 @@ def _share_threshold(value: float) -> str | None:
     "sink_head_share": MetricInfo(
         "Share of sink heads", "share of heads",
         "the share of heads whose p0_mass exceeds the threshold column (head_share_threshold, 0.5): per layer over "
-        "its heads, the model row over every (layer, head) pair; n = the heads counted",
+        "its heads, the model row over every (layer, head) pair; n = the heads counted; no se (a count of heads "
+        "past a threshold, not a mean over windows)",
         "SPEC.md 'Share of sink heads'; the Megatron / PaddleFormers sink monitors",
         "higher = more heads park most of their attention on the first token", per="layer"),
 })
@@ -95,15 +98,15 @@ class P0Mass(Probe):
         p0, out = self.acc.means(), self.out_of_reach.means()  # (L, H)
         reach = 1.0 - out
         in_reach = torch.where(reach > 0, p0 / reach.clamp(min=1e-300), torch.full_like(p0, float("nan")))
-        layer_values, total = [], 0
+        layer_values = []
         for layer in windowed:
-            counts = [int(round(float(c) * float(r))) for c, r in zip(self.acc.counts[layer], reach[layer])]
+            n = self.acc.n_of(layer)  # the windows (no se: a ratio of two means over them)
             for head in range(self.spec.n_heads):
-                rows.append(Row(self.name, "p0_mass_in_reach", layer, head, float(in_reach[layer, head]), counts[head]))
+                rows.append(Row(self.name, "p0_mass_in_reach", layer, head, float(in_reach[layer, head]), n))
             layer_values.append(float(in_reach[layer].mean()))
-            rows.append(Row(self.name, "p0_mass_in_reach", layer, None, layer_values[-1], sum(counts)))
-            total += sum(counts)
-        rows.append(Row(self.name, "p0_mass_in_reach", None, None, sum(layer_values) / len(layer_values), total))
+            rows.append(Row(self.name, "p0_mass_in_reach", layer, None, layer_values[-1], n))
+        rows.append(Row(self.name, "p0_mass_in_reach", None, None, sum(layer_values) / len(layer_values),
+                        max(self.acc.n_of(layer) for layer in windowed)))
         return rows
 
     def _head_share_rows(self) -> list[Row]:

@@ -52,7 +52,8 @@ from sinkscope.probes.stats import median
             "the P0-sink study, §3.1 Fig. 2", "higher = position 0 stands out", per="layer"),
         "p0_norm_separates": MetricInfo(
             "First layer with norm ratio > 2", "layer",
-            "the first layer whose p0_norm_ratio exceeds the threshold (2); empty (NaN) if none does",
+            "the first layer whose p0_norm_ratio exceeds the threshold (2); empty (NaN) if none does; n = the windows, "
+            "no se (a layer index)",
             "the P0-sink study, §3.1 ('the norm grows early')", "lower = position 0 separates earlier", per="model"),
         "p0_cosine": MetricInfo(
             "Position-0 direction agreement", "mean pairwise cosine",

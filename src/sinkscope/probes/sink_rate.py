@@ -141,5 +141,5 @@ class SinkRate(Probe):
                                            layers=[l for l in self.spec.attention_layers if l >= self.layer_start])
                 if r.layer is None]
         start = (("layer_start", self.layer_start),)
-        rows += [Row(self.name, "sink_rate_from_layer", None, None, r.value, r.n, start) for r in late]
+        rows += [Row(self.name, "sink_rate_from_layer", None, None, r.value, r.n, start, se=r.se) for r in late]
         return rows

@@ -12,7 +12,9 @@ Rows, per condition (columns ``policy``, ``cache``, ``sink_tokens``, ``positions
 over every predicted token of every window (``stream_nll``, nats; ``se`` the standard error over
 windows of the per-window means) and ``stream_ppl = exp(stream_nll)``; the same per position
 bucket (``position_bucket`` = the first position of a bucket of ``bucket`` tokens, the position of
-a value being that of the token it predicts, 1 .. L - 1).
+a value being that of the token it predicts, 1 .. L - 1). ``n`` is the windows (documents) read, the
+unit of ``se`` on every row (SPEC.md "Tables"), not the predicted tokens: those are ``n x (L - 1)``
+(``n`` times the bucket's tokens on a bucket row).
 """
 
 from __future__ import annotations
@@ -192,8 +194,7 @@ class StreamNLL(Probe):
 
     def rows(self) -> list[Row]:
         rows: list[Row] = []
-        L1 = self.length - 1
-        positions = torch.arange(1, L1 + 1)  # the predicted token's position
+        positions = torch.arange(1, self.length)  # the predicted token's position
         buckets = torch.div(positions, self.bucket, rounding_mode="floor") * self.bucket  # (L - 1,)
         for c, policy in enumerate(self.conditions):
             done = self.read[c] > 0  # (N,)
@@ -205,8 +206,8 @@ class StreamNLL(Probe):
             mean = float(per_doc.mean())
             se = float(per_doc.std(unbiased=True) / math.sqrt(n_docs)) if n_docs > 1 else math.nan
             conditions = (*policy.conditions(self.quantises), ("position_bucket", None))
-            rows += [Row(self.name, "stream_nll", None, None, mean, n_docs * L1, conditions, se),
-                     Row(self.name, "stream_ppl", None, None, math.exp(mean), n_docs * L1, conditions,
+            rows += [Row(self.name, "stream_nll", None, None, mean, n_docs, conditions, se),
+                     Row(self.name, "stream_ppl", None, None, math.exp(mean), n_docs, conditions,
                          math.exp(mean) * se)]
             counted = self.p0_count[c] > 0  # (N,)
             if counted.any():
@@ -214,7 +215,7 @@ class StreamNLL(Probe):
                 share = float(self.p0_sum[c].sum() / self.p0_count[c].sum())
                 spread = float(per_window.std(unbiased=True) / math.sqrt(per_window.numel())) if per_window.numel() > 1 \
                     else math.nan
-                rows.append(Row(self.name, "stream_p0_mass", None, None, share, int(self.p0_count[c].sum()), conditions,
+                rows.append(Row(self.name, "stream_p0_mass", None, None, share, int(counted.sum()), conditions,
                                 spread))
             for start in torch.unique(buckets).tolist():
                 inside = buckets == start
@@ -222,9 +223,8 @@ class StreamNLL(Probe):
                 bucket_mean = float(values.mean())
                 bucket_se = float(values.mean(1).std(unbiased=True) / math.sqrt(n_docs)) if n_docs > 1 else math.nan
                 at = (*policy.conditions(self.quantises), ("position_bucket", int(start)))
-                count = int(values.numel())
-                rows += [Row(self.name, "stream_nll", None, None, bucket_mean, count, at, bucket_se),
-                         Row(self.name, "stream_ppl", None, None, math.exp(bucket_mean), count, at,
+                rows += [Row(self.name, "stream_nll", None, None, bucket_mean, n_docs, at, bucket_se),
+                         Row(self.name, "stream_ppl", None, None, math.exp(bucket_mean), n_docs, at,
                              math.exp(bucket_mean) * bucket_se)]
         return rows
 

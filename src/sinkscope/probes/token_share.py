@@ -246,7 +246,8 @@ def sums_of_squares(counts: np.ndarray, sums: np.ndarray, squares: np.ndarray,
         "token_gate": MetricInfo(
             "Mean gate per token", "gate value",
             "for each token seen: the mean value gate over its occurrences, heads and layers; n = its number of "
-            "occurrences; the token_id column names it (and token decodes it)",
+            "occurrences, no se (occurrences in one window are not independent draws); the token_id column names "
+            "it (and token decodes it)",
             "SPEC.md 'Per-token gate table'; Wang 2026 appendix 'What the filter removes'",
             "low = the gate attenuates reads of this token", per="token"),
     },

@@ -68,6 +68,9 @@ Two extensions of the same model, so it applies where Qiu et al. 2025 and the le
   ``leak_phantom_error``, ``leak_phantom`` (1 - phi of a query seeing n real keys), ``leak_phantom_gap``,
   ``leak_phantom_delta_dp0``, ``leak_phantom_delta_ill_conditioned``. The phantom sees every query,
   so its error is reported on every layer.
+
+Every ``leak_fit`` row has ``n`` = the windows of the measured rows it is fitted to (SPEC.md
+"Tables") and no ``se``: a fit (or a function of one) of means over windows is not a mean over them.
 """
 
 from __future__ import annotations
@@ -218,7 +221,11 @@ def fit_delta(p0, seq_len: int, iterations: int = 80, *, window: int | None = No
 
 
 def _aggregate(per_head: dict[tuple[int, int], tuple[float, int]], metric: str, seq_len: int) -> list[Row]:
-    """Per-head rows, per-layer means over heads, the model mean over layers (SPEC 'Averages')."""
+    """Per-head rows, per-layer means over heads, the model mean over layers (SPEC 'Averages').
+
+    ``n`` is the measured rows' windows on every row (SPEC.md "Tables": the heads share them, so the
+    aggregates keep it, never a sum); no ``se``: a fit of means over windows is not one.
+    """
     cond = (("seq_len", seq_len),)
     rows, by_layer = [], defaultdict(list)
     for (layer, head), (value, n) in sorted(per_head.items()):
@@ -227,10 +234,10 @@ def _aggregate(per_head: dict[tuple[int, int], tuple[float, int]], metric: str, 
     layer_means = []
     for layer, items in sorted(by_layer.items()):
         layer_means.append(float(np.mean([v for v, _ in items])))
-        rows.append(Row("leak_fit", metric, layer, None, layer_means[-1], sum(n for _, n in items), cond))
+        rows.append(Row("leak_fit", metric, layer, None, layer_means[-1], max(n for _, n in items), cond))
     if layer_means:
         rows.append(Row("leak_fit", metric, None, None, float(np.mean(layer_means)),
-                        sum(n for _, n in per_head.values()), cond))
+                        max(n for _, n in per_head.values()), cond))
     return rows
 
 

@@ -8,12 +8,17 @@ A run folder holds:
     figures/                        heatmap_<metric>.{png,svg}, layers_<metric>.{png,svg}
     .sinkscope-files                the files above, as written (``fileio.write_inventory``)
 
-``layer`` and ``head`` are nullable integers: an empty ``head`` marks a layer aggregate, empty
-``layer`` and ``head`` a model aggregate. Condition columns follow ``n`` where a run has them:
+``layer`` and ``head`` are nullable integers (pandas ``Int64``; ``3`` in the CSV, int64 with nulls in
+the parquet file): an empty ``head`` marks a layer aggregate or a per-layer metric, empty ``layer``
+and ``head`` a model aggregate; ``head`` shadows ``DataFrame.head``, so readers write
+``table["head"]``. ``n`` is the number of units the value is a mean over, the units of its ``se``
+where it has one: the windows for a mean over windows (SPEC.md "Tables" gives every metric's
+unit). Condition columns follow ``n`` where a run has them:
 those a probe adds to its rows (e.g. ``junk``, ``cutoff``, ``dose``) and those of the run
 itself (``variant``, ``seed``, ``step``, ``tier`` for a trainer checkpoint); a plain ``sinks``
 run of a Hugging Face model has none. The last column, ``se``, is the standard error over windows
-of a value that is a mean over windows (SPEC.md "Averages"), empty (NaN) elsewhere; a table
+of a value that is a mean over windows, on head, layer and model rows (SPEC.md "Averages" and
+"Tables"), empty (NaN) elsewhere; a table
 written before it is read with ``se`` NaN. The whole folder is written into a hidden sibling and
 renamed into place at the end, so a crash leaves either no folder or a complete one.
 
@@ -86,12 +91,15 @@ class MetricInfo:
 
 @dataclass(frozen=True)
 class Row:
-    """One number of the tidy results table; ``None`` layer/head marks an aggregate.
+    """One number of the tidy results table; ``None`` layer/head marks an aggregate (``head`` None also
+    marks a metric measured per layer: never an invented head 0).
 
     ``conditions`` are extra columns of this row, as ``((column, value), ...)`` (e.g.
     ``(("junk", "gaussian"), ("dose", 0.4))``); rows without them leave those columns empty.
-    ``se`` is the standard error over windows of a value that is a mean over windows (SPEC.md
-    "Averages"; ``HeadMeans``), NaN where the value is not one or it is undefined.
+    ``n`` is the number of units the value is a mean (share, statistic) over, the units ``se`` is
+    over where it has one: the windows for a mean over windows (SPEC.md "Tables"). ``se`` is the
+    standard error over windows of a value that is a mean over windows (SPEC.md "Averages";
+    ``HeadMeans``), NaN where the value is not one or it is undefined.
     """
 
     probe: str
@@ -115,23 +123,33 @@ def layer_type_rows(rows: list[Row], windows: list[int | None]) -> list[Row]:
     For a model with at least one sliding-window layer (``windows[l]`` its W, None if full):
     per (probe, metric, conditions), the mean of the per-layer rows over the layers of each type,
     as a row with an empty layer and head and the condition ``layer_type`` = ``sliding`` or
-    ``full`` (``n`` summed). None for a model without sliding layers (its table is unchanged).
+    ``full``. None for a model without sliding layers (its table is unchanged).
+
+    ``n`` follows the metric's model row (SPEC.md "Tables"): where that row keeps its layers' ``n``
+    (the windows, which every layer shares) so does this one; where it adds them (heads, events)
+    this one adds its own layers'. No ``se``: the rows keep no per-window values to pair across
+    layers (the model row's comes from the probe's accumulator).
     """
     if not any(w is not None for w in windows):
         return []
     groups: dict[tuple, dict[str, list[Row]]] = {}
+    model_n = {(r.probe, r.metric, r.conditions): r.n for r in rows if r.layer is None and r.head is None}
     for row in rows:
         if row.layer is None or row.head is not None or row.probe in NOT_SPLIT_BY_LAYER_TYPE:
             continue
         kind = "sliding" if row.layer < len(windows) and windows[row.layer] is not None else "full"
         groups.setdefault((row.probe, row.metric, row.conditions), {}).setdefault(kind, []).append(row)
     out = []
-    for (probe, metric, conditions), kinds in groups.items():
+    for key, kinds in groups.items():
+        probe, metric, conditions = key
+        layers_n = max(r.n for members in kinds.values() for r in members)
+        adds = key in model_n and model_n[key] != layers_n  # the model row adds its layers' n
         for kind in ("sliding", "full"):
             members = kinds.get(kind)
             if members:
-                out.append(Row(probe, metric, None, None, sum(r.value for r in members) / len(members),
-                               sum(r.n for r in members), (*conditions, ("layer_type", kind))))
+                n = sum(r.n for r in members) if adds else max(r.n for r in members)
+                out.append(Row(probe, metric, None, None, sum(r.value for r in members) / len(members), n,
+                               (*conditions, ("layer_type", kind))))
     return out
 
 
@@ -318,16 +336,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")[:60] or "model"
 
 
-def default_run_dir(label: str, seed: int | None = None) -> Path:
-    """``reports/<YYYYmmdd-HHMMSS>-<model>-s<seed>-<6 hex>`` under the current directory.
+def default_run_dir(label: str, seed: int | None = None, command: str | None = None) -> Path:
+    """``reports/<YYYYmmdd-HHMMSS>-<command>-<model>-s<seed>-<6 hex>`` under the current directory.
 
-    The random suffix makes the id unique per run: two runs started in the same second (say
-    seeds 0 and 1, or the same command twice) never share a folder.
+    ``command`` (``sinks``, ``stream``, ...) names what wrote the run, so that ``ls reports`` tells
+    runs apart; without it (``conformance``, names written before) the part is left out. The random
+    suffix makes the id unique per run: two runs started in the same second (say seeds 0 and 1, or
+    the same command twice) never share a folder.
     """
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    command_part = "" if not command else f"-{_slug(command)}"
     seed_part = "" if seed is None else f"-s{seed}"
     while True:
-        folder = Path("reports") / f"{stamp}-{_slug(label)}{seed_part}-{secrets.token_hex(3)}"
+        folder = Path("reports") / f"{stamp}{command_part}-{_slug(label)}{seed_part}-{secrets.token_hex(3)}"
         if not folder.exists():
             return folder
 

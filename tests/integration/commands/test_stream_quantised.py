@@ -126,6 +126,7 @@ def test_the_command_writes_the_quantisation_columns(tiny_llama_dir, text_file, 
     assert set(overall.protect.dropna()) == {"top-p0:2"}
     p0 = table[table.metric == "stream_p0_mass"]  # the sink metric through each condition's cache
     assert len(p0) == 8 and p0.value.between(0, 1).all()
+    assert (p0.n == 2).all() and (overall.n == 2).all()  # the documents, the se's unit (SPEC.md "Tables")
     assert len(p0[(p0.policy == "full") & (p0.kv_bits == 16)]) == 1
     assert overall[overall.kv_bits == 16].kv_scheme.isna().all()
     nll = np.load(out / "stream_nll.npy")

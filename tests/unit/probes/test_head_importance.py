@@ -42,19 +42,23 @@ def _gate(layer, sink_set: str) -> np.ndarray:
     return G
 
 
-def _imbalance_and_dormant(imp: dict[int, np.ndarray], n_item: int, below: float) -> dict[str, dict]:
-    """Expected ``load_imbalance`` and ``dormant`` rows from Imp per layer (H,) and the items per head."""
+def _imbalance_and_dormant(imp: dict[int, np.ndarray], windows: int, below: float) -> dict[str, dict]:
+    """Expected ``load_imbalance`` and ``dormant`` rows from Imp per layer (H,) over ``windows`` windows.
+
+    ``n`` (SPEC.md "Tables"): the heads for a statistic over heads (the CV, a share of heads), the
+    windows on a dormant head's row.
+    """
     cv_rows, dormant_rows, cvs, shares = {}, {}, [], []
     for layer, heads in sorted(imp.items()):
         H = len(heads)
         cvs.append(float(np.std(heads) / max(np.mean(heads), 1e-12)))  # population std
-        cv_rows[(layer, None)] = Expected(cvs[-1], H * n_item)
+        cv_rows[(layer, None)] = Expected(cvs[-1], H)
         flags = (heads < below).astype(np.float64)
         for h, flag in enumerate(flags):
-            dormant_rows[(layer, h)] = Expected(float(flag), n_item)
+            dormant_rows[(layer, h)] = Expected(float(flag), windows)
         shares.append(float(flags.mean()))
-        dormant_rows[(layer, None)] = Expected(shares[-1], H * n_item)
-    total = sum(len(h) for h in imp.values()) * n_item
+        dormant_rows[(layer, None)] = Expected(shares[-1], H)
+    total = sum(len(h) for h in imp.values())
     cv_rows[(None, None)] = Expected(float(np.mean(cvs)), total)
     dormant_rows[(None, None)] = Expected(float(np.mean(shares)), total)
     return {"load_imbalance": cv_rows, "dormant": dormant_rows}
@@ -65,9 +69,9 @@ def _check(rows, items: dict[int, np.ndarray], below: float, *, importance: dict
     importance = items if importance is None else importance
     assert_rows(rows, "implicit_gate", expected_means(items))
     assert_rows(rows, "head_importance", expected_means(importance))
-    B, _, N = next(iter(importance.values())).shape
+    B = next(iter(importance.values())).shape[0]
     imp = {l: x.mean(axis=(0, 2)) for l, x in importance.items()}
-    for metric, expected in _imbalance_and_dormant(imp, B * N, below).items():
+    for metric, expected in _imbalance_and_dormant(imp, B, below).items():
         assert_rows(rows, metric, expected, check_se=False)
 
 

@@ -85,7 +85,7 @@ def test_clean_and_changed_losses_are_the_means_of_their_passes():
     want_changed = np.concatenate([c.astype(np.float64).ravel() for c in changed]).mean()
     assert got_clean == pytest.approx(want_clean, rel=1e-12)
     assert got_changed == pytest.approx(want_changed, rel=1e-12)
-    assert n == sum(c.size for c in clean)
+    assert n == sum(c.shape[0] for c in clean)  # the windows (SPEC.md "Tables")
     assert got_changed - got_clean == pytest.approx(want_changed - want_clean, rel=1e-10)
 
 
@@ -100,10 +100,10 @@ def test_the_sums_are_float64_even_for_float32_losses():
 def test_a_given_clean_loss_replaces_the_clean_pass():
     rng = np.random.default_rng(1)
     changed = _losses(rng)
-    probe = SecondStage(SPEC, clean_sum=120.5, clean_n=40)
+    probe = SecondStage(SPEC, clean_sum=120.5, clean_n=40, clean_windows=5)
     _feed(probe, "ablated", changed)
     clean, got_changed, n = probe.losses()
-    assert (clean, n) == (120.5 / 40, 40)
+    assert (clean, n) == (120.5 / 40, 5)  # n: the first stage's windows
     assert got_changed == pytest.approx(np.concatenate([c.astype(np.float64).ravel() for c in changed]).mean(),
                                         rel=1e-12)
 
@@ -156,6 +156,7 @@ def test_the_first_stage_sums_the_clean_loss_only_when_asked():
         probe.clean_loss_seen(None, torch.from_numpy(value))  # (B, T-1)
     params = probe.clean_loss_params()
     assert params["clean_n"] == sum(c.size for c in clean)
+    assert params["clean_windows"] == sum(c.shape[0] for c in clean)
     assert params["clean_sum"] == pytest.approx(sum(c.astype(np.float64).sum() for c in clean), rel=1e-12)
     # handed to a second stage, the clean loss is the first stage's mean
     second = SecondStage(SPEC, **params)

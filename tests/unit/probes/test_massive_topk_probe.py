@@ -224,7 +224,7 @@ def test_intervention_rows_are_the_loss_means_their_difference_and_perplexities(
     assert rows["massive_ppl_clean"].value == pytest.approx(math.exp(clean.mean()), rel=1e-12)
     assert rows["massive_ppl_intervened"].value == pytest.approx(math.exp(changed.mean()), rel=1e-12)
     assert rows["massive_entries"].value == 2.0
-    assert all(r.n == clean.size and r.layer is None for r in rows.values())
+    assert all(r.n == clean.shape[0] and r.layer is None for r in rows.values())  # n: the windows
 
 
 def test_no_entries_is_no_change_and_a_given_clean_loss_skips_the_clean_pass():

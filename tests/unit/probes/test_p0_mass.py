@@ -97,10 +97,9 @@ def test_sliding_window_layer_gets_reach_rows(fused, mask):
 
     in_reach = items[0][:, :, reach]  # (B, H, W - 1)
     per_head = in_reach.mean(axis=(0, 2))  # (H,)
-    n_head = B * int(reach.sum())
-    want = {(0, h): Expected(float(v), n_head) for h, v in enumerate(per_head)}
-    want[(0, None)] = Expected(float(per_head.mean()), H * n_head)
-    want[(None, None)] = Expected(float(per_head.mean()), H * n_head)  # the one sliding layer
+    want = {(0, h): Expected(float(v), B) for h, v in enumerate(per_head)}  # n: the windows (SPEC.md "Tables")
+    want[(0, None)] = Expected(float(per_head.mean()), B)
+    want[(None, None)] = Expected(float(per_head.mean()), B)  # the one sliding layer
     assert_rows(rows, "p0_mass_in_reach", want, check_se=False)
     assert all(math.isnan(r.se) for r in rows if r.metric == "p0_mass_in_reach")  # a ratio of means: no se
 
@@ -120,7 +119,7 @@ def test_in_reach_model_row_averages_the_sliding_layers_only():
         layer_means.append(_p0_items(layers[l])[:, :, reach].mean(axis=(0, 2)).mean())
         assert rows[(l, None)].value == pytest.approx(layer_means[-1], abs=1e-5)
     assert rows[(None, None)].value == pytest.approx(np.mean(layer_means), abs=1e-5)
-    assert rows[(None, None)].n == rows[(0, None)].n + rows[(2, None)].n
+    assert rows[(None, None)].n == rows[(0, None)].n == rows[(2, None)].n  # the windows, which the layers share
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.2])

@@ -59,7 +59,9 @@ def test_rates_and_alphas_equal_the_reference(fused, sink):
     assert set(late_rows) == {(None, None)}
     assert late_rows[(None, None)].conditions == (("layer_start", 2),)  # the parameter is a column
     assert late_rows[(None, None)].value == pytest.approx(np.mean([hits[l].mean() for l in late]), abs=1e-12)
-    assert late_rows[(None, None)].n == sum(hits[l].size for l in late)
+    assert late_rows[(None, None)].n == 5  # the windows (SPEC.md "Tables")
+    per_window = np.mean([hits[l].mean(axis=1) for l in late], axis=0)  # (B,): each window's rate over the late heads
+    assert late_rows[(None, None)].se == pytest.approx(per_window.std(ddof=1) / np.sqrt(5), rel=1e-9)
     assert not [r for r in rows if r.metric.endswith("in_reach")]  # full layers only
 
 

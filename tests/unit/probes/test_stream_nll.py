@@ -43,7 +43,7 @@ def _nll(seed: int) -> np.ndarray:
 
 
 def _expected(policy: Policy, nll: np.ndarray) -> dict[tuple, tuple[float, float, int]]:
-    """{(metric, position_bucket): (value, se, n)} from the windows read, nll (n, L - 1)."""
+    """{(metric, position_bucket): (value, se, n)} from the windows read, nll (n, L - 1); ``n`` the windows read."""
     n = nll.shape[0]
     out = {}
     positions = np.arange(1, LENGTH)  # the predicted token's position
@@ -52,9 +52,8 @@ def _expected(policy: Policy, nll: np.ndarray) -> dict[tuple, tuple[float, float
         per_doc = nll[:, columns].mean(axis=1)  # (n,)
         mean = float(per_doc.mean())
         se = float(np.std(per_doc, ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        count = n * int(columns.sum())
-        out[("stream_nll", bucket)] = (mean, se, count)
-        out[("stream_ppl", bucket)] = (math.exp(mean), math.exp(mean) * se, count)
+        out[("stream_nll", bucket)] = (mean, se, n)
+        out[("stream_ppl", bucket)] = (math.exp(mean), math.exp(mean) * se, n)
     return out
 
 
