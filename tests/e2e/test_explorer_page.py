@@ -7,10 +7,13 @@ measured by ``sinks`` into a run folder with its report:
   cell; ``phantom`` equals 1 - the row's sum on gpt-oss;
 - clicking a head in the grid and hovering a cell shows a tooltip whose weight equals eager
   attention within the stored precision;
-- the page logs no JavaScript error or warning, and loads nothing from the network.
+- the page logs no JavaScript error or warning, and loads nothing from the network;
+- the heads grid and the pattern share one colour scale, dark = high (their legends and the grid's cells).
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -126,4 +129,46 @@ def test_clicking_a_head_and_hovering_a_cell_shows_the_eager_weight(runs, chromi
         page.screenshot(path=str(out / "explorer-test.png"))
         browser.close()
     assert not [c for c in console if c[0] in ("error", "warning")], console
+    assert not failures
+
+
+def _rgb(text: str) -> list[tuple[int, int, int]]:
+    return [tuple(int(v) for v in m) for m in re.findall(r"rgb\((\d+),\s*(\d+),\s*(\d+)\)", text)]
+
+
+def _lightness(rgb) -> float:
+    r, g, b = rgb[:3]
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def test_the_grid_and_the_pattern_share_one_colour_scale_dark_high(runs, chromium):
+    """issue 61 item 9: the heads grid and the pattern draw high values dark, on the same colour map.
+
+    The two legends' gradients are the same colours in the same order, light at the low end; on the
+    grid, the cell of the head with the largest p0 mass (the run's table) is darker than the smallest's.
+    """
+    chromium, sync_api = chromium
+    out, _ = runs["llama"]
+    table = Result.load(out).table
+    heads = table[(table.metric == "p0_mass") & table.layer.notna() & table["head"].notna()]
+    top, bottom = heads.loc[heads.value.idxmax()], heads.loc[heads.value.idxmin()]
+    console, failures, requests = [], [], []
+    with sync_api.sync_playwright() as pw:
+        browser, page = open_page(pw, chromium, out / "report.html", console, failures, requests)
+        grid_bar, pattern_bar = page.evaluate("""() => ['.sx-metric-legend', '.sx-pattern-legend'].map(
+            s => document.querySelector(s + ' .sx-legend-bar').style.background)""")
+        grid, pattern = _rgb(grid_bar), _rgb(pattern_bar)
+        assert len(grid) == 11 and grid == pattern
+        assert _lightness(grid[0]) > _lightness(grid[-1])  # light = low, dark = high
+        sample = """([l, h]) => {
+            const e = sinkscopeExplorer, c = document.querySelector('.sx-grid');
+            const p = e.headCenter(l, h), q = e.headCenter(l, h > 0 ? h - 1 : h + 1);
+            const r = c.getBoundingClientRect(), x = p.x + 0.35 * Math.abs(q.x - p.x);  // beside a stored head's dot
+            const px = c.getContext('2d').getImageData(Math.round((x - r.left) * c.width / r.width),
+                                                       Math.round((p.y - r.top) * c.height / r.height), 1, 1).data;
+            return [px[0], px[1], px[2]]; }"""
+        high = page.evaluate(sample, [int(top.layer), int(top["head"])])
+        low = page.evaluate(sample, [int(bottom.layer), int(bottom["head"])])
+        browser.close()
+    assert _lightness(high) < _lightness(low), (high, low)
     assert not failures

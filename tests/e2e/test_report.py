@@ -16,6 +16,7 @@ from sinkscope.cli import app
 from sinkscope.errors import SinkscopeError
 from sinkscope.commands.sinks import SINKS_PROBES
 from sinkscope.report import build_report
+from sinkscope.stats.paired import fmt_pm
 from sinkscope.store.results import read_results, rows_to_frame
 from sinkscope.store.results import Row
 from repo_paths import GOLDEN
@@ -54,13 +55,14 @@ def test_report_content_equals_the_table(llama_run):
         expected = table[(table.metric == metric) & table.layer.notna() & table["head"].isna()]
         rows = layer_tables[metric][1:]
         assert [int(r[0]) for r in rows] == expected.layer.astype(int).tolist()
-        np.testing.assert_allclose([float(r[1].split(" ± ")[0]) for r in rows], expected.value.to_numpy(),
-                                   rtol=1e-5, atol=1e-9)
-        # a mean over windows reads value ± se (issue 27 fix 4; the golden tables predate se: none)
+        # a mean over windows reads value ± se (issue 27 fix 4; the golden tables predate se: none), rounded
+        # where the se's second significant digit ends (issue 61); a value without one has 6 digits
         se = expected.se.to_numpy()
         assert [" ± " in r[1] for r in rows] == list(np.isfinite(se)), metric
-        np.testing.assert_allclose([float(r[1].split(" ± ")[1]) for r in rows if " ± " in r[1]],
-                                   se[np.isfinite(se)], rtol=1e-5, atol=1e-9)
+        assert [r[1] for r in rows if " ± " in r[1]] == [fmt_pm(v, e) for v, e in zip(expected.value, se)
+                                                          if np.isfinite(e)], metric
+        np.testing.assert_allclose([float(r[1]) for r in rows if " ± " not in r[1]],
+                                   expected.value.to_numpy()[~np.isfinite(se)], rtol=1e-5, atol=1e-9)
 
     text = page.read_text()
     for needle in ["What was run", "SPEC.md", "w_i0", "sigmoid(b_h - LSE_i)", "tiny-llama", "sample.txt"]:

@@ -528,7 +528,7 @@ def write_tables(options: SweepOptions, log=None) -> Path:
         cells = []
         for column, _, _ in SINK_COLUMNS + GATE_COLUMNS:
             values = group[column].dropna()
-            cells.append(fmt_pm(*mean_se(values), digits=3) if len(values) else "–")
+            cells.append(fmt_pm(*mean_se(values)) if len(values) else "–")
         lines.append(f"| {variant} | {' | '.join(cells)} |")
     if len(formation):
         steps = sorted(formation["step"].unique())

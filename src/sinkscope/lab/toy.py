@@ -747,6 +747,7 @@ def _run_toy(options: ToyOptions, out: Path, log, executor_options=None) -> None
 
 def _write_outputs(options: ToyOptions, frame: pd.DataFrame, summary: pd.DataFrame, out: Path) -> None:
     """toy.csv, toy_summary.csv, toy.md and toy.png into ``out`` (the staging folder)."""
+    from sinkscope.stats.paired import fmt_pm
     from sinkscope.store.files import atomic_write_text
 
     atomic_write_text(out / "toy.csv", frame.to_csv(index=False))
@@ -759,9 +760,8 @@ def _write_outputs(options: ToyOptions, frame: pd.DataFrame, summary: pd.DataFra
         lines += [f"## {CONDITION_LABELS[condition]}", "", "| load | variant | error | label error | headroom closed |",
                   "| --- | --- | --- | --- | --- |"]
         for r in summary[summary.condition == condition].itertuples():
-            se = "" if math.isnan(r.se) else f" ± {r.se:.4f}"
             closed = "–" if math.isnan(r.headroom_closed) else f"{100 * r.headroom_closed:.0f}%"
-            lines.append(f"| {r.load} | {r.variant} | {r.error:.4f}{se} | {r.label_error:.4f} | {closed} |")
+            lines.append(f"| {r.load} | {r.variant} | {fmt_pm(r.error, r.se)} | {r.label_error:.4f} | {closed} |")
         lines.append("")
     atomic_write_text(out / "toy.md", "\n".join(lines))
     from sinkscope.report.lab_figures import toy_error_by_load  # every figure is drawn in report/

@@ -65,7 +65,7 @@ def entry(page: Page, metric: str) -> dict | None:
     info = page.info(metric)
     page.add_summary(metric, SUMMARY_LABEL[metric], info.direction,
                      [fmt(summary_value(r.table, metric)) for r in page.runs])
-    return {"metric": metric, "info": info, **draw(page.runs, metric, page.keep)}
+    return {"metric": metric, "info": info, **draw(page.runs, metric, page.keep, page.colours)}
 
 
 def note(probe: str, metrics: list[str]) -> str | None:
@@ -151,25 +151,32 @@ SUMMARY_LABEL = {
 }
 
 
-def draw(runs: list, metric: str, keep: Callable[[Figure, str, str], dict]) -> dict:
-    """{figures, table, note} for a drawn metric (``keep(fig, file stem, title)`` saves a figure)."""
+def draw(runs: list, metric: str, keep: Callable[[Figure, str, str], dict],
+         colours: dict[str, str] | None = None) -> dict:
+    """{figures, table, note} for a drawn metric (``keep(fig, file stem, title)`` saves a figure).
+
+    ``colours``: each run's colour on the page (``Page.colours``; default by these runs' order): a run is
+    one colour in every figure, what it draws (position 0 or the others, with or without BOS) the line style.
+    """
     draw = {"p0_norm": _norms, "p0_cosine": _cosines, "attn_z_norm": _attn_z, "attn_out_norm": _attn_out,
             "pca_separation": _pca,
             "p0_outlier_max_z": _outliers, "bos_sink_rate": _bos_sink, "bos_repeat_loss_delta": _bos_loss}[metric]
+    colours = colours or figures.run_colours(r.label for r in runs)
     with matplotlib.rc_context(figures._STYLE):
-        return draw(runs, keep)
+        return draw(runs, keep, colours)
 
 
 def _legend(ax) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=2, borderaxespad=0.0)
 
 
-def _norms(runs, keep) -> dict:
+def _norms(runs, keep, colours) -> dict:
     fig, ax = _new()
     for run in runs:
         p0, other = _layer_series(run.table, "p0_norm"), _layer_series(run.table, "other_norm")
         prefix = f"{run.label}: " if len(runs) > 1 else ""
-        (line,) = ax.plot(p0.index, p0.values, marker="o", markersize=3, label=f"{prefix}position 0")
+        (line,) = ax.plot(p0.index, p0.values, marker="o", markersize=3, label=f"{prefix}position 0",
+                          color=colours.get(run.label))
         ax.plot(other.index, other.values, marker="o", markersize=3, linestyle="--", color=line.get_color(),
                 label=f"{prefix}median of the others")
     ax.set_yscale("log")
@@ -182,7 +189,8 @@ def _norms(runs, keep) -> dict:
     fig, ax = _new()
     for run in runs:
         ratio = _layer_series(run.table, "p0_norm_ratio")
-        ax.plot(ratio.index, ratio.values, marker="o", markersize=3, label=run.label if len(runs) > 1 else None)
+        ax.plot(ratio.index, ratio.values, marker="o", markersize=3, label=run.label if len(runs) > 1 else None,
+                color=colours.get(run.label))
     ax.axhline(2.0, color="0.35", linestyle="--", linewidth=1.0)
     ax.set_xlabel("layer")
     ax.set_ylabel("position-0 norm / median other norm")
@@ -208,7 +216,7 @@ def _norms(runs, keep) -> dict:
     return {"figures": out, "table": _table(columns, body, f"Per-layer norms ({len(body)} layers)"), "note": note}
 
 
-def _cosines(runs, keep) -> dict:
+def _cosines(runs, keep, colours) -> dict:
     fig, ax = _new()
     for run in runs:
         p0 = _layer_series(run.table, "p0_cosine")
@@ -217,7 +225,8 @@ def _cosines(runs, keep) -> dict:
             else None
         later = _layer_series(run.table, "later_cosine")
         prefix = f"{run.label}: " if len(runs) > 1 else ""
-        (line,) = ax.plot(p0.index, p0.values, marker="o", markersize=3, label=f"{prefix}position 0")
+        (line,) = ax.plot(p0.index, p0.values, marker="o", markersize=3, label=f"{prefix}position 0",
+                          color=colours.get(run.label))
         ax.plot(later.index, later.values, marker="o", markersize=3, linestyle="--", color=line.get_color(),
                 label=f"{prefix}position {position}")
     ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.02)
@@ -277,7 +286,7 @@ def _relative(curve: dict[int, float]) -> dict[int, float]:
     return {t: v / mean for t, v in curve.items()} if mean and not math.isnan(mean) else curve
 
 
-def _norm_figure(runs, keep, metric: str, ylabel: str, title: str, stem: str, caption: str,
+def _norm_figure(runs, keep, colours, metric: str, ylabel: str, title: str, stem: str, caption: str,
                  relative: bool = False) -> dict:
     fig, ax = _new()
     scale = _relative if relative else (lambda c: c)
@@ -288,7 +297,8 @@ def _norm_figure(runs, keep, metric: str, ylabel: str, title: str, stem: str, ca
                 ax.plot(list(c), list(c.values()), linewidth=0.6, color="0.7", zorder=1)
         c = scale(_curve(run.table, metric))
         x, y = list(c), list(c.values())
-        (line,) = ax.plot(x, y, linewidth=1.4, label=run.label if len(runs) > 1 else None, zorder=3)
+        (line,) = ax.plot(x, y, linewidth=1.4, label=run.label if len(runs) > 1 else None, zorder=3,
+                          color=colours.get(run.label))
         if x:
             ax.plot([x[0]], [y[0]], marker="o", markersize=6, color=line.get_color(), zorder=4)
     if relative:
@@ -309,11 +319,11 @@ def _layer_of(runs, metric: str) -> int:
     return int(layer.iloc[0]) if len(layer) else 0
 
 
-def _attn_z(runs, keep) -> dict:
+def _attn_z(runs, keep, colours) -> dict:
     """The headline: ||sum_j a_tj v_j|| (hook_z) against position, pooled and per head."""
     layer = _layer_of(runs, "attn_z_norm")
     one = len(runs) == 1
-    out = [_norm_figure(runs, keep, "attn_z_norm", f"||hook_z|| of layer {layer} / its mean over t >= 1",
+    out = [_norm_figure(runs, keep, colours, "attn_z_norm", f"||hook_z|| of layer {layer} / its mean over t >= 1",
                         "Weighted value sum norm before W_O (dot: position 0)", "circuit_attn_z_norm",
                         f"layer {layer}: norm of sum_j a_tj v_j per position before W_O, all heads side by side"
                         f"{' (grey: each head)' if one else ''}, averaged over windows, over its mean at positions "
@@ -339,10 +349,10 @@ def _attn_z(runs, keep) -> dict:
     return {"figures": out, "table": _table(columns, body, f"Per head ({len(body)} rows)"), "note": note}
 
 
-def _attn_out(runs, keep) -> dict:
+def _attn_out(runs, keep, colours) -> dict:
     """Beside the headline: ||hook_attn_out|| against position (after W_O), with the hook_z curve in the table."""
     layer = _layer_of(runs, "attn_out_norm")
-    out = [_norm_figure(runs, keep, "attn_out_norm", f"||hook_attn_out|| of layer {layer}",
+    out = [_norm_figure(runs, keep, colours, "attn_out_norm", f"||hook_attn_out|| of layer {layer}",
                         "Attention-output norm after W_O (dot: position 0)", "circuit_attn_out_norm",
                         f"layer {layer}: attention-output norm per position after W_O, averaged over windows")]
     curves = [(_curve(r.table, "attn_z_norm"), _curve(r.table, "attn_out_norm")) for r in runs]
@@ -361,7 +371,7 @@ def _attn_out(runs, keep) -> dict:
             "note": note}
 
 
-def _pca(runs, keep) -> dict:
+def _pca(runs, keep, colours) -> dict:
     panels = []
     for run in runs:
         x = _rows(run.table, "pca_scatter_pc1")
@@ -395,8 +405,7 @@ def _pca(runs, keep) -> dict:
             ax.set_title(f"{who}subtracted: {cond}\nseparation {sep:.3g}", fontsize=9)
             ax.set_xlabel("PC1")
             ax.set_ylabel("PC2")
-            if i == 0:
-                ax.legend(loc="best", fontsize=7)
+            ax.legend(loc="best", fontsize=7)  # every panel: each reads on its own
         out.append(keep(fig, "circuit_pca_scatter", "layer-0 MLP pre-activation, PC1 x PC2 (red: position 0; "
                                                     "sample: every position 0, evenly spaced others)"))
     columns = ["run", "subtracted", "separation (PC1)", "best of 10 PCs (which)", "PC1 share", "PC2 share",
@@ -421,13 +430,14 @@ def _pca(runs, keep) -> dict:
     return {"figures": out, "table": _table(columns, body, "Separation scores"), "note": note}
 
 
-def _outliers(runs, keep) -> dict:
+def _outliers(runs, keep, colours) -> dict:
     fig, ax = _new()
     for run in runs:
         for where, style in (("resid_pre", "-"), ("normed", "--")):
             series = _layer_series(run.table, "p0_outlier_max_z", where=where)
             prefix = f"{run.label}: " if len(runs) > 1 else ""
             ax.plot(series.index, series.values, marker="o", markersize=3, linestyle=style,
+                    color=colours.get(run.label),
                     label=f"{prefix}{'before' if where == 'resid_pre' else 'after'} the pre-norm")
     ax.set_yscale("log")
     ax.set_xlabel("layer")
@@ -449,7 +459,7 @@ def _outliers(runs, keep) -> dict:
     return {"figures": out, "table": _table(columns, body, f"Top channels ({len(body)} rows)"), "note": None}
 
 
-def _bos_sink(runs, keep) -> dict:
+def _bos_sink(runs, keep, colours) -> dict:
     fig, ax = _new()
     columns, body = ["run", "BOS", "Sink_0^eps (all layers)", "Sink_0^eps[2:]"], []
     for run in runs:
@@ -462,7 +472,7 @@ def _bos_sink(runs, keep) -> dict:
                 continue
             prefix = f"{run.label}: " if len(runs) > 1 else ""
             ax.plot(series.index, series.values, marker="o", markersize=3, linestyle=style,
-                    label=f"{prefix}{setting} BOS")
+                    color=colours.get(run.label), label=f"{prefix}{setting} BOS")
             model = rows[rows.layer.isna() & (rows["bos"].astype(str) == setting)]["value"]
             late = _rows(run.table, "bos_sink_rate_from_layer")  # whatever its layer_start
             late = late[late["bos"].astype(str) == setting]["value"] if "bos" in late else late["value"].iloc[0:0]
@@ -478,7 +488,7 @@ def _bos_sink(runs, keep) -> dict:
     return {"figures": out, "table": _table(columns, body, "Sink rate per setting"), "note": None}
 
 
-def _bos_loss(runs, keep) -> dict:
+def _bos_loss(runs, keep, colours) -> dict:
     fig, ax = _new()
     columns, body = ["run", "BOS", "r", "loss", "loss change vs r = 1"], []
     for run in runs:
@@ -491,7 +501,7 @@ def _bos_loss(runs, keep) -> dict:
                 continue
             prefix = f"{run.label}: " if len(runs) > 1 else ""
             ax.plot(d["repeat"].astype(int), d["value"], marker="o", markersize=3, linestyle=style,
-                    label=f"{prefix}{setting} BOS ({'BOS' if setting == 'with' else 'first token'} repeated)")
+                    color=colours.get(run.label), label=f"{prefix}{setting} BOS ({'BOS' if setting == 'with' else 'first token'} repeated)")
             for _, row in d.iterrows():
                 l = loss[(loss["bos"].astype(str) == setting) & (loss["repeat"] == row["repeat"])]["value"]
                 body.append([run.label, setting, str(int(row["repeat"])), _fmt(l.iloc[0]) if len(l) else "—",

@@ -16,18 +16,21 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sinkscope.report.figures import _LINE_FIGSIZE, _STYLE, MetricLabels, metric_axis_label
+from sinkscope.report.figures import (_LINE_FIGSIZE, _STYLE, MetricLabels, _colour_of, metric_axis_label, metric_title,
+                                      run_colours)
 
 __all__ = ["MODEL_LINE", "dose_response", "imbalance_curves", "loss_curves", "metric_vs_length", "metric_vs_step"]
 
 
-def loss_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
+def loss_curves(logs: Mapping[str, pd.DataFrame], colours: Mapping[str, str] | None = None) -> Figure:
     """Training curves of one or more checkpoints: validation loss (solid, markers) and
     training loss (thin, same colour) against optimizer step, one colour per checkpoint.
 
     Args:
         logs: ``label -> log.csv`` table with columns ``step``, ``train_loss``, ``val_loss``
             (empty cells where a row has no evaluation).
+        colours: ``label -> colour`` of every checkpoint of the page (``figures.run_colours``);
+            default by the order of ``logs``.
 
     Returns:
         The figure.
@@ -36,11 +39,12 @@ def loss_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
         fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
         ax = fig.add_subplot()
         ax.set_title("Training curves")
-        for label, log in logs.items():
+        colours = colours or run_colours(logs)
+        for k, (label, log) in enumerate(logs.items()):
             log = log.sort_values("step")
             val = log.dropna(subset=["val_loss"])
             (line,) = ax.plot(val["step"], val["val_loss"], marker="o", markersize=3, linewidth=1.4,
-                              label=f"{label}: validation", zorder=3)
+                              label=f"{label}: validation", zorder=3, color=_colour_of(colours, label, k))
             train = log.dropna(subset=["train_loss"])
             ax.plot(train["step"], train["train_loss"], linewidth=0.8, alpha=0.6, color=line.get_color(),
                     linestyle="--", label=f"{label}: training", zorder=2)
@@ -51,7 +55,7 @@ def loss_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
     return fig
 
 
-def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
+def imbalance_curves(logs: Mapping[str, pd.DataFrame], colours: Mapping[str, str] | None = None) -> Figure:
     """Head load imbalance against optimizer step (Fu et al. 2026 Fig. 5), one colour per checkpoint:
     the model's imbalance (mean over layers of the CV of head importance; solid, markers) and
     each layer's CV (thin, same colour).
@@ -59,6 +63,8 @@ def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
     Args:
         logs: ``label -> log.csv`` table with ``step``, ``load_imbalance`` and
             ``load_imbalance_l{l}`` columns (empty cells where a row has no evaluation).
+        colours: ``label -> colour`` of every checkpoint of the page, so a checkpoint keeps the colour
+            of the loss curves when others have no imbalance; default by the order of ``logs``.
 
     Returns:
         The figure.
@@ -67,11 +73,12 @@ def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
         fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
         ax = fig.add_subplot()
         ax.set_title("Head load imbalance")
-        for label, log in logs.items():
+        colours = colours or run_colours(logs)
+        for k, (label, log) in enumerate(logs.items()):
             log = log.sort_values("step")
             rows = log.dropna(subset=["load_imbalance"])
             (line,) = ax.plot(rows["step"], rows["load_imbalance"], marker="o", markersize=3, linewidth=1.4,
-                              label=f"{label}: mean over layers", zorder=3)
+                              label=f"{label}: mean over layers", zorder=3, color=_colour_of(colours, label, k))
             layers = sorted((c for c in log.columns if re.fullmatch(r"load_imbalance_l\d+", str(c))),
                             key=lambda c: int(str(c).rsplit("_l", 1)[1]))
             for i, column in enumerate(layers):
@@ -84,13 +91,15 @@ def imbalance_curves(logs: Mapping[str, pd.DataFrame]) -> Figure:
     return fig
 
 
-def dose_response(points: pd.DataFrame, junk: str) -> Figure:
+def dose_response(points: pd.DataFrame, junk: str, colours: Mapping[str, str] | None = None) -> Figure:
     """Loss increase against dose for one junk type (Wang 2026 §5.1): one line per cutoff (and run).
 
     Args:
         points: columns ``run``, ``cutoff``, ``dose``, ``value`` (the loss increase in nats) and
             optionally ``se`` (its standard error over windows; NaN or absent: no error bar).
         junk: the junk type, for the title.
+        colours: ``run -> colour`` of the page's runs (``figures.run_colours``): a run is one colour,
+            its cutoffs line styles; default by the runs' order in ``points``.
 
     The y axis is logarithmic; increases <= 0 (junk that did not hurt) cannot be drawn on it and
     are left out (the table beside the figure has every number). Error bars span value ± se (a
@@ -107,7 +116,7 @@ def dose_response(points: pd.DataFrame, junk: str) -> Figure:
         styles = {c: s for c, s in zip(("median", "q25"), ("-", "--"))}
         drawn = False
         for i, run in enumerate(runs):
-            color = f"C{i % 10}"
+            color = _colour_of(colours, run, i)
             for cutoff in dict.fromkeys(points[points["run"] == run]["cutoff"]):
                 rows = points[(points["run"] == run) & (points["cutoff"] == cutoff)].sort_values("dose")
                 rows = rows[rows["value"] > 0]
@@ -134,7 +143,7 @@ def dose_response(points: pd.DataFrame, junk: str) -> Figure:
 
 
 def metric_vs_length(points: pd.DataFrame, metric: str, *, predicted: pd.DataFrame | None = None,
-                     floor: Mapping[int, float] | None = None) -> Figure:
+                     floor: Mapping[int, float] | None = None, labels: MetricLabels | None = None) -> Figure:
     """A metric's per-layer value against context length, one line per layer (``--seq-len A,B,C``).
 
     Args:
@@ -143,6 +152,7 @@ def metric_vs_length(points: pd.DataFrame, metric: str, *, predicted: pd.DataFra
         predicted: optional rows ``layer, seq_len, value`` drawn dashed in the layer's colour
             (the fixed-gap leak model's prediction, fitted at the shortest length).
         floor: optional ``seq_len -> value`` drawn as a grey dotted line (p0's uniform floor).
+        labels: the page's metric labels (title, y axis); default the metric's name.
 
     Returns:
         The figure; x is the length on a log2 axis, colours run through the layers (viridis).
@@ -170,8 +180,8 @@ def metric_vs_length(points: pd.DataFrame, metric: str, *, predicted: pd.DataFra
         ax.set_xticks(sorted(int(v) for v in points["seq_len"].unique()))
         ax.get_xaxis().set_major_formatter(ticker.ScalarFormatter())
         ax.set_xlabel("context length (tokens per window)")
-        ax.set_ylabel(metric)
-        title = f"{metric} against length, per layer"
+        ax.set_ylabel(metric_axis_label(metric, labels))
+        title = f"{metric_title(metric, labels)} against length, per layer"
         if predicted is not None:
             title += " (dashed: fixed-gap fit)"
         ax.set_title(title, fontsize=9)
@@ -190,19 +200,20 @@ MODEL_LINE = "mean over layers"
 
 def metric_vs_step(lines: Mapping[str, pd.DataFrame], metric: str, *, floor: float | None = None,
                    x_labels: Mapping[int, str] | None = None, title: str | None = None,
-                   labels: MetricLabels | None = None) -> Figure:
+                   labels: MetricLabels | None = None, colours: Mapping[str, str] | None = None) -> Figure:
     """A metric against the training step, one line per series (sink formation, issue 29).
 
     Args:
         lines: ``label -> rows with columns step, value``, drawn in order: labels ``layer k`` get
             viridis colours through the layers, :data:`MODEL_LINE` is drawn black and thicker, any
-            other label (a checkpoint, a variant) the default colour cycle.
+            other label (a checkpoint, a variant) its colour in ``colours``, else the default colour cycle.
         metric: the metric drawn (axis label).
         floor: a value drawn as a grey dotted line (p0's uniform floor at the windows' length).
         x_labels: ``x -> text`` tick labels, for a series whose x is the revisions' position
             because their names give no step (then x is 0, 1, 2, ...).
-        title: the title (default ``<metric> against the training step``).
-        labels: the page's metric labels (the y axis); default the metric's name.
+        title: the title (default ``<the metric's label> against the training step``).
+        labels: the page's metric labels (the y axis, the default title); default the metric's name.
+        colours: ``label -> colour`` of the checkpoints (or variants) of the page, the same in every figure.
 
     Returns:
         The figure; x is the step (or the position), linear.
@@ -225,7 +236,7 @@ def metric_vs_step(lines: Mapping[str, pd.DataFrame], metric: str, *, floor: flo
             elif label == MODEL_LINE:
                 style.update(color="black", linewidth=1.8, label=label, zorder=3)
             else:
-                style.update(color=f"C{others % 10}", label=label)
+                style.update(color=_colour_of(colours, label, others), label=label)
                 others += 1
             ax.plot(rows["step"].to_numpy(dtype=float), rows["value"].to_numpy(dtype=float), **style)
         if floor is not None and np.isfinite(floor):
@@ -237,7 +248,7 @@ def metric_vs_step(lines: Mapping[str, pd.DataFrame], metric: str, *, floor: flo
             ax.set_xlabel("training step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(metric_axis_label(metric, labels))
-        ax.set_title(title or f"{metric} against the training step", fontsize=9)
+        ax.set_title(title or f"{metric_title(metric, labels)} against the training step", fontsize=9)
         ax.grid(True, linewidth=0.4, alpha=0.4)
         if len(layers) > 12:
             numbers = [int(label.split()[1]) for label in layers]

@@ -20,13 +20,22 @@ settings are applied through :func:`matplotlib.rc_context` while a figure is
 built, so the global rcParams are left untouched.
 
 Metric names become human labels only through a :class:`MetricLabels` handed in (one per
-page, from the runs' metric documentation); there is no module-level state. Curves against
-anything but the layer (training loss, dose, length, step) live in ``report/curves.py``.
+page, from the runs' metric documentation); there is no module-level state. A title is the
+metric's label alone (the metric's name shows only where no label is known); the axis or colour
+bar adds the unit. Curves against anything but the layer (training loss, dose, length, step) live
+in ``report/curves.py``.
 
-Colour maps default to ``viridis`` (perceptually uniform, monotone in
-lightness, so heatmaps stay readable in greyscale print). Missing (NaN) cells
-are drawn as hatched light grey, which remains distinguishable from every
-colour of the map in greyscale too.
+A metric whose value is an index (a channel, a token position: :attr:`MetricLabels.categorical`)
+is drawn as categories, one marker per layer on a categorical axis (:func:`per_layer_categories`),
+never as a line through the indices. In a comparison every run keeps one colour on every figure
+of the page (:func:`run_colours`, handed to each figure that draws runs), with a legend on each.
+
+Colour maps default to ``viridis_r`` (perceptually uniform, monotone in
+lightness, so heatmaps stay readable in greyscale print), light = low and
+dark = high, as the explorer's heads grid and pattern draw them
+(``static/explorer/00-util.js``, ``scaleCss``): one scale on the whole page.
+Missing (NaN) cells are drawn as hatched light grey, which the hatching keeps
+apart from every colour of the map in greyscale too.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.colors import to_hex
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
@@ -50,12 +60,16 @@ from sinkscope.store.files import atomic_write_bytes
 
 __all__ = [
     "MetricLabels",
+    "is_index_unit",
     "layer_head_grid",
     "layer_head_heatmap",
     "metric_axis_label",
+    "metric_title",
     "model_value_plot",
     "per_layer_bars",
+    "per_layer_categories",
     "per_layer_line",
+    "run_colours",
     "save_figure",
     "write_run_figures",
 ]
@@ -63,23 +77,34 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MetricLabels:
-    """Human-readable label and unit of each metric, and the metrics whose head axis indexes KV heads.
+    """Human-readable label and unit of each metric, the metrics whose head axis indexes KV heads, and
+    the metrics whose value is an index (a category, not a quantity).
 
     Made from the metric documentation the runs' manifests carry (:meth:`from_docs`; the report
     never imports the probes, or torch), once per page, and handed to each figure that names a
-    metric. Unknown metrics fall back to the raw metric name, without a unit, over query heads.
+    metric. Unknown metrics fall back to the raw metric name, without a unit, over query heads,
+    as quantities.
     """
 
     #: ``metric -> (label, unit)``.
     names: Mapping[str, tuple[str, str]] = field(default_factory=dict)
     #: metrics whose head axis indexes key/value heads (GQA) rather than query heads.
     kv_heads: frozenset[str] = frozenset()
+    #: metrics whose value is an index (``massive_activation_channel``: a channel; a token position).
+    categorical: frozenset[str] = frozenset()
 
     @classmethod
     def from_docs(cls, docs: Mapping[str, object]) -> MetricLabels:
         """From ``MetricInfo``-like documentation by metric name (``label``, ``unit``, ``per``)."""
         return cls({metric: (info.label, info.unit) for metric, info in docs.items()},
-                   frozenset(metric for metric, info in docs.items() if info.per == "layer x KV head"))
+                   frozenset(metric for metric, info in docs.items() if info.per == "layer x KV head"),
+                   frozenset(metric for metric, info in docs.items() if is_index_unit(info.unit)))
+
+
+def is_index_unit(unit: str) -> bool:
+    """Whether a metric's unit names an index (``channel index``, ``layer index``, ``token position``):
+    its values are categories, and a line through them or a mean of them means nothing."""
+    return bool(re.search(r"\b(index|position)$", str(unit).strip()))
 
 
 def _names(labels: MetricLabels | Mapping[str, tuple[str, str]] | None) -> Mapping[str, tuple[str, str]]:
@@ -151,9 +176,30 @@ def metric_axis_label(
     return f"{label}\n({unit})" if wrap else f"{label} ({unit})"
 
 
-def _metric_title(metric: str, labels: MetricLabels | None = None) -> str:
-    label = _names(labels).get(metric, (metric, ""))[0]
-    return label if label == metric else f"{label} [{metric}]"
+def metric_title(metric: str, labels: MetricLabels | Mapping[str, tuple[str, str]] | None = None) -> str:
+    """A figure's title for a metric: its human label alone (``Position-0 mass``), the metric's name
+    where no label is known. The unit goes on the axis (:func:`metric_axis_label`)."""
+    return _names(labels).get(metric, (metric, ""))[0] or metric
+
+
+#: the colours of the runs of a comparison, in the page's run order (matplotlib's ``tab10``; ``tab20`` past 10 runs).
+_RUN_PALETTES = ("tab10", "tab20")
+#: the markers of the runs of a categorical figure, so runs stay apart in greyscale too.
+_RUN_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+
+
+def run_colours(names) -> dict[str, str]:
+    """One colour per run, by the runs' order on the page: the same run has the same colour in every
+    figure of the page, whichever runs a figure leaves out (a run without the metric, one without a
+    phantom key). Up to 10 runs get ``tab10``, more ``tab20`` (a colour each up to 20, then repeated)."""
+    names = list(dict.fromkeys(str(n) for n in names))
+    palette = matplotlib.colormaps[_RUN_PALETTES[0] if len(names) <= 10 else _RUN_PALETTES[1]].colors
+    return {name: to_hex(palette[k % len(palette)]) for k, name in enumerate(names)}
+
+
+def _colour_of(colours: Mapping[str, str] | None, name: str, k: int) -> str:
+    """``name``'s colour from the page's mapping, else matplotlib's k-th default colour."""
+    return colours[name] if colours and name in colours else f"C{k % 10}"
 
 
 def _check_columns(df: pd.DataFrame) -> None:
@@ -239,7 +285,7 @@ def layer_head_heatmap(
     title: str | None = None,
     vmin: float | None = None,
     vmax: float | None = None,
-    cmap: str = "viridis",
+    cmap: str = "viridis_r",
     reference: float | None = None,
     labels: MetricLabels | None = None,
 ) -> Figure:
@@ -254,12 +300,12 @@ def layer_head_heatmap(
     Args:
         df: Tidy results table.
         metric: Metric to plot.
-        title: Axes title; defaults to the metric's human label and name.
+        title: Axes title; defaults to the metric's human label.
         vmin: Lower end of the colour scale; data minimum if None.
         vmax: Upper end of the colour scale; data maximum if None.
-        cmap: Name of a registered matplotlib colour map. Prefer perceptually
-            uniform maps (``viridis``, ``cividis``) so the figure survives
-            greyscale printing.
+        cmap: Name of a registered matplotlib colour map; default ``viridis_r``
+            (dark = high, as the explorer). Prefer perceptually uniform maps
+            (``viridis``, ``cividis``) so the figure survives greyscale printing.
         reference: A value to mark on the colourbar (e.g. the p0 mass of
             uniform attention), drawn as a dashed line when inside the scale.
         labels: The page's metric labels (title, colourbar, a KV-head axis); default the
@@ -321,7 +367,7 @@ def layer_head_heatmap(
             spine.set_visible(True)
         ax.set_xlabel(head_label)
         ax.set_ylabel("layer")
-        ax.set_title(title if title is not None else _metric_title(metric, labels))
+        ax.set_title(title if title is not None else metric_title(metric, labels))
 
         # Fixed physical colourbar width; aspect chosen so it spans the axes height.
         cbar = fig.colorbar(
@@ -366,6 +412,7 @@ def per_layer_line(
     reference: float | None = None,
     reference_label: str | None = None,
     labels: MetricLabels | None = None,
+    color: str | None = None,
 ) -> Figure:
     """Plot a metric's per-layer aggregate against layer.
 
@@ -387,6 +434,8 @@ def per_layer_line(
             dashed grey, in the legend as ``reference_label``.
         reference_label: Legend entry of the reference line.
         labels: The page's metric labels (title, y axis); default the metric's name.
+        color: The line's (and its bands') colour: the run's colour on the page
+            (:func:`run_colours`); default the axes' next colour.
 
     Returns:
         The (root) figure holding the axes. The aggregate line is the first
@@ -432,12 +481,12 @@ def per_layer_line(
         if ax is None:
             fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
             ax = fig.add_subplot()
-            ax.set_title(_metric_title(metric, labels))
+            ax.set_title(metric_title(metric, labels))
         else:
             fig = _root_figure(ax)
 
         (line,) = ax.plot(
-            x, y, marker="o", markersize=3, linewidth=1.4, label=label, zorder=3
+            x, y, marker="o", markersize=3, linewidth=1.4, label=label, zorder=3, color=color
         )
         if band is not None:
             ax.fill_between(
@@ -491,7 +540,8 @@ def per_layer_line(
     return fig
 
 
-def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: MetricLabels | None = None) -> Figure:
+def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: MetricLabels | None = None,
+                   colours: Mapping[str, str] | None = None) -> Figure:
     """Bars of a metric's per-layer rows, one bar per layer and run (grouped, one colour per run).
 
     Made for per-layer shares (the token-identity share of gate variance): the bar height is
@@ -501,6 +551,7 @@ def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: M
         tables: ``label -> tidy table`` of each run (one run: a single entry).
         metric: the metric to draw.
         labels: the page's metric labels (title, y axis); default the metric's name.
+        colours: ``label -> colour`` of the page's runs (:func:`run_colours`); default matplotlib's cycle.
 
     Returns:
         The figure; bars of run k are ``fig.axes[0].containers[k]``, in layer order.
@@ -523,11 +574,11 @@ def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: M
     with matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
         ax = fig.add_subplot()
-        ax.set_title(_metric_title(metric, labels))
+        ax.set_title(metric_title(metric, labels))
         for k, (label, values) in enumerate(series.items()):
             x = np.array([layers.index(layer) for layer in values.index], dtype=float)
             ax.bar(x + (k - (len(series) - 1) / 2) * width, values.to_numpy(), width=width * 0.95,
-                   label=label if len(series) > 1 else None, zorder=3)
+                   label=label if len(series) > 1 else None, zorder=3, color=_colour_of(colours, label, k))
         ax.set_xticks(range(len(layers)), [str(layer) for layer in layers])
         ax.set_xlabel("layer")
         ax.set_ylabel(metric_axis_label(metric, labels, wrap=True))
@@ -538,7 +589,7 @@ def per_layer_bars(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: M
 
 
 def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run",
-                     labels: MetricLabels | None = None) -> Figure:
+                     labels: MetricLabels | None = None, colours: Mapping[str, str] | None = None) -> Figure:
     """Model-level values of one metric across runs (Wang 2026 Fig. 1d: selectivity by tier and variant).
 
     Args:
@@ -549,6 +600,8 @@ def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run",
         metric: the metric (axis label, title).
         x_label: the x axis's name (``tier``, ``run``, ...).
         labels: the page's metric labels (title, y axis); default the metric's name.
+        colours: ``name -> colour``: of each series (several), or of each x category (a single
+            series: the runs of a comparison, each point in its run's colour from :func:`run_colours`).
 
     Returns:
         The figure; series k is ``fig.axes[0].lines[k]`` (x positions 0, 1, ...).
@@ -557,20 +610,29 @@ def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run",
     with matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=_LINE_FIGSIZE, layout="constrained")
         ax = fig.add_subplot()
-        ax.set_title(_metric_title(metric, labels))
+        ax.set_title(metric_title(metric, labels))
         groups = list(dict.fromkeys(points["series"].astype(str)))
-        for name in groups:
+        bars = []
+        for k, name in enumerate(groups):
             rows = points[points["series"].astype(str) == name]
             x = np.array([xs.index(v) for v in rows["x"].astype(str)], dtype=float)
             order = np.argsort(x)
             y = rows["value"].to_numpy(dtype=float)[order]
             (line,) = ax.plot(x[order], y, marker="o", markersize=4, linewidth=1.4 if len(groups) > 1 else 0.0,
-                              label=name if len(groups) > 1 else None, zorder=3)
+                              label=name if len(groups) > 1 else None, zorder=3, color=_colour_of(colours, name, k))
+            # a single series is the runs themselves on the x axis: each point (and its bar) in its run's colour
+            names = rows["x"].astype(str).to_numpy()[order]
+            point_colours = ([_colour_of(colours, n, i) for i, n in enumerate(names)] if len(groups) == 1 and colours
+                             else [line.get_color()] * len(names))
+            if len(groups) == 1 and colours:
+                line.set_visible(False)
+                ax.scatter(x[order], y, s=24, c=point_colours, zorder=3)
             lo, hi = rows["lo"].to_numpy(dtype=float)[order], rows["hi"].to_numpy(dtype=float)[order]
-            ok = np.isfinite(lo) & np.isfinite(hi)
-            if ok.any():
-                ax.errorbar(x[order][ok], y[ok], yerr=[y[ok] - lo[ok], hi[ok] - y[ok]], fmt="none",
-                            ecolor=line.get_color(), elinewidth=0.8, capsize=2.5, zorder=2)
+            bars += [(x[order][i], y[i], lo[i], hi[i], point_colours[i])
+                     for i in np.flatnonzero(np.isfinite(lo) & np.isfinite(hi))]
+        for at, value, lo, hi, colour in bars:  # after every series' line: series k stays ax.lines[k]
+            ax.errorbar([at], [value], yerr=[[value - lo], [hi - value]], fmt="none", ecolor=colour, elinewidth=0.8,
+                        capsize=2.5, zorder=2)
         ax.set_xticks(range(len(xs)), xs, rotation=20 if max(map(len, xs)) > 10 else 0, ha="right"
                       if max(map(len, xs)) > 10 else "center")
         ax.set_xlim(-0.5, len(xs) - 0.5)
@@ -580,6 +642,70 @@ def model_value_plot(points: pd.DataFrame, metric: str, *, x_label: str = "run",
         if len(groups) > 1:
             ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=min(4, len(groups)), borderaxespad=0.0)
     return fig
+
+
+def per_layer_categories(tables: Mapping[str, pd.DataFrame], metric: str, *, labels: MetricLabels | None = None,
+                         colours: Mapping[str, str] | None = None) -> Figure:
+    """A per-layer index (a channel, a token position) as categories: one marker per layer and run.
+
+    The y axis is categorical: one row per value that occurs, in increasing order, labelled with the
+    value itself (channel 1234 and channel 1235 are neighbours only as rows, not as numbers); x is
+    the layer. Nothing joins the markers: a line through channel indices would draw a trend that
+    does not exist. Runs sit side by side within a layer, each in its colour and marker.
+
+    Args:
+        tables: ``label -> tidy table`` of each run (one run: a single entry).
+        metric: the metric to draw (its per-layer rows: ``layer`` set, ``head`` empty).
+        labels: the page's metric labels (title, y axis); default the metric's name.
+        colours: ``label -> colour`` of the page's runs (:func:`run_colours`); default matplotlib's cycle.
+
+    Returns:
+        The figure; run k's markers are ``fig.axes[0].collections[k]`` (offsets: layer, category row),
+        the y tick labels the values.
+
+    Raises:
+        SinkscopeError: If no run has per-layer rows of the metric.
+    """
+    series: dict[str, pd.Series] = {}
+    for label, df in tables.items():
+        _check_columns(df)
+        rows = _per_layer_rows(df, metric)
+        rows = rows[rows["value"].notna()]
+        if not rows.empty:
+            _raise_on_duplicates(rows, ["layer"], metric)
+            series[label] = pd.Series(rows["value"].astype("float64").to_numpy(),
+                                      index=rows["layer"].astype("int64").to_numpy()).sort_index()
+    if not series:
+        raise SinkscopeError(f"metric {metric!r} has no per-layer rows (layer set, head empty) to draw.")
+    categories = sorted(set().union(*[set(s.to_numpy()) for s in series.values()]))
+    row_of = {value: k for k, value in enumerate(categories)}
+    height = float(np.clip(1.6 + 0.2 * len(categories), _LINE_FIGSIZE[1], _HEATMAP_H_RANGE[1]))
+    width = 0.6 / len(series)
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=(_LINE_FIGSIZE[0], height), layout="constrained")
+        ax = fig.add_subplot()
+        ax.set_title(metric_title(metric, labels))
+        for k, (label, values) in enumerate(series.items()):
+            x = values.index.to_numpy(dtype=float) + (k - (len(series) - 1) / 2) * width
+            ax.scatter(x, [row_of[v] for v in values.to_numpy()], s=22, marker=_RUN_MARKERS[k % len(_RUN_MARKERS)],
+                       color=_colour_of(colours, label, k), label=label if len(series) > 1 else None, zorder=3)
+        shown = max(1, -(-len(categories) // 30))  # at most 30 tick labels
+        ax.set_yticks(range(len(categories)))
+        ax.set_yticklabels([_category_text(v) if k % shown == 0 else "" for k, v in enumerate(categories)])
+        ax.set_ylim(-0.6, len(categories) - 0.4)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins="auto", integer=True))
+        ax.set_xlabel("layer")
+        unit = _names(labels).get(metric, ("", ""))[1]
+        ax.set_ylabel(unit or metric_axis_label(metric, labels, wrap=True))  # the title names the metric
+        ax.grid(True, axis="y", linewidth=0.4, alpha=0.4)
+        if len(series) > 1:
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncols=min(4, len(series)), borderaxespad=0.0)
+    return fig
+
+
+def _category_text(value: float) -> str:
+    """An index as its tick label: ``1234`` (a whole number without ``.0``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _root_figure(ax: Axes) -> Figure:
@@ -638,7 +764,8 @@ def write_run_figures(df: pd.DataFrame, out_dir: Path, labels: MetricLabels | No
     For every metric with per-(layer, head) rows, writes a heatmap
     ``out_dir/figures/heatmap_<metric>.{png,svg}``; for every metric with
     per-layer aggregate rows, a line plot ``out_dir/figures/layers_<metric>.{png,svg}``
-    (with the min-max band over heads where per-head rows exist). Model
+    (with the min-max band over heads where per-head rows exist; an index metric of
+    ``labels.categorical``: markers on a categorical axis instead). Model
     aggregates (layer NA) are not plotted.
 
     Args:
@@ -665,5 +792,9 @@ def write_run_figures(df: pd.DataFrame, out_dir: Path, labels: MetricLabels | No
     for m in heat_metrics:
         written += save_figure(layer_head_heatmap(df, m, labels=labels), fig_dir / f"heatmap_{_file_stem(m)}")
     for m in line_metrics:
-        written += save_figure(per_layer_line(df, m, labels=labels), fig_dir / f"layers_{_file_stem(m)}")
+        if labels is not None and m in labels.categorical:
+            fig = per_layer_categories({"": df}, m, labels=labels)
+        else:
+            fig = per_layer_line(df, m, labels=labels)
+        written += save_figure(fig, fig_dir / f"layers_{_file_stem(m)}")
     return written

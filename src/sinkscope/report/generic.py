@@ -1,8 +1,9 @@
 """The report's generic entry: any metric no other section claims, drawn per layer and per head.
 
 One run: its per-layer line (the uniform p0 floor or the dormancy threshold dashed where they
-apply) and its layer x head heatmap; several: an overlay of the per-layer lines (one per run) and
-heatmaps on one shared colour scale. Per-layer shares (``token_share``) are bars instead; the gate
+apply) and its layer x head heatmap; several: an overlay of the per-layer lines (one per run, in the
+run's colour on the page) and heatmaps on one shared colour scale. Per-layer shares (``token_share``)
+are bars instead, and an index (``massive_activation_channel``) markers on a categorical axis; the gate
 metrics of a comparison get one plot of their model value per run, by tier with one line per
 variant when the runs span tiers (Wang 2026 Fig. 1d). A table of the per-layer values follows, and
 the model value goes into the summary.
@@ -64,7 +65,7 @@ def entry(page: Page, metric: str) -> dict:
     replaced = _figures_replaced(runs, metric)
     return {
         "metric": metric, "info": info, "note": note,
-        "figures": [] if replaced else _figures_for_metric(runs, metric, page.fig_dir, page.labels),
+        "figures": [] if replaced else _figures_for_metric(runs, metric, page.fig_dir, page.labels, page.colours),
         "table": _layer_table(runs, metric) if all(_has_layers(r.table, metric) for r in runs)
         and len(no_phantom) < len(runs) and not replaced else None,
     }
@@ -141,8 +142,14 @@ def _figures_replaced(runs: list[RunData], metric: str) -> bool:
 
 
 def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path,
-                        labels: figures.MetricLabels | None = None) -> list[dict]:
-    """Draw and save this metric's figures; return [{title, src, files}] for the page."""
+                        labels: figures.MetricLabels | None = None,
+                        colours: dict[str, str] | None = None) -> list[dict]:
+    """Draw and save this metric's figures; return [{title, src, files}] for the page.
+
+    ``colours``: each run's colour on the page (``Page.colours``; default by these runs' order), so a run
+    keeps its colour in every figure even where a figure leaves other runs out.
+    """
+    colours = colours or figures.run_colours(r.label for r in runs)
     stem = figures._file_stem(metric)
     out: list[dict] = []
     comparing, position = len(runs) > 1, {id(run): i for i, run in enumerate(runs)}
@@ -178,10 +185,16 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path,
     if comparing and metric in ACROSS_RUN_METRICS:
         points, x_label = _across_runs(runs, metric)
         if len(points):
-            keep(figures.model_value_plot(points, metric, x_label=x_label, labels=labels), f"runs_{stem}",
-                 f"model value per {x_label} (bars: range over layers)")
-    if metric.startswith(BAR_METRIC_PREFIXES) and all(_has_layers(r.table, metric) for r in runs):
-        keep(figures.per_layer_bars({r.label: r.table for r in runs}, metric, labels=labels), f"bars_{stem}",
+            series = colours if x_label == "run" else figures.run_colours(points["series"].astype(str))
+            keep(figures.model_value_plot(points, metric, x_label=x_label, labels=labels, colours=series),
+                 f"runs_{stem}", f"model value per {x_label} (bars: range over layers)")
+    if labels is not None and metric in labels.categorical and all(_has_layers(r.table, metric) for r in runs):
+        keep(figures.per_layer_categories({r.label: r.table for r in runs}, metric, labels=labels, colours=colours),
+             f"layers_{stem}", "per layer, one marker per layer" + (" and run" if comparing else "")
+             + " (the values are indices: categories, not quantities)")
+    elif metric.startswith(BAR_METRIC_PREFIXES) and all(_has_layers(r.table, metric) for r in runs):
+        keep(figures.per_layer_bars({r.label: r.table for r in runs}, metric, labels=labels, colours=colours),
+             f"bars_{stem}",
              "per layer" + (", one bar per run" if comparing else "") + " (pooled over the layer's heads)")
     elif all(_has_layers(r.table, metric) for r in runs):
         drawn: set[int] = set()
@@ -201,15 +214,15 @@ def _figures_for_metric(runs: list[RunData], metric: str, fig_dir: Path,
             for run in runs:
                 if fig is None:
                     fig = figures.per_layer_line(run.table, metric, label=run.label, labels=labels,
-                                                 **reference_kwargs(run))
+                                                 color=colours.get(run.label), **reference_kwargs(run))
                     ax = fig.axes[0]
                 else:
                     figures.per_layer_line(run.table, metric, label=run.label, ax=ax, labels=labels,
-                                           **reference_kwargs(run))
+                                           color=colours.get(run.label), **reference_kwargs(run))
             keep(fig, f"overlay_{stem}",
                  "per layer, one line per run" + (f" (dashed: {what})" if drawn else ""))
     heads = [r for r in runs if _has_heads(r.table, metric)]
-    if heads:
+    if heads and not (labels is not None and metric in labels.categorical):  # no colour scale of indices
         values = pd.concat([r.table[(r.table.metric == metric) & r.table["head"].notna()]["value"] for r in heads])
         vmin, vmax = (float(values.min()), float(values.max())) if comparing else (None, None)
         for run in heads:

@@ -114,7 +114,7 @@ def _dose_entry(page: Page) -> dict | None:
         return None
     figs = []
     for junk in dict.fromkeys(points["junk"]):
-        fig = curves.dose_response(points[points["junk"] == junk], junk)
+        fig = curves.dose_response(points[points["junk"] == junk], junk, page.colours)
         figs.append(page.keep(fig, f"dose_response_{figures._file_stem(junk)}",
                               f"loss increase against dose, {junk} junk (one line per cutoff"
                               + (" and run" if len(runs) > 1 else "") + ")"))

@@ -35,7 +35,7 @@ def paired_improvement_bars(t1: pd.DataFrame) -> Figure | None:
         ax.axhline(0.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(labels)), labels, fontsize=7)
         ax.set_ylabel("paired improvement (nats)")
-        ax.set_title("paired validation-loss improvement, mean ± se over seeds", fontsize=9)
+        ax.set_title("paired validation-loss improvement,\nmean ± se over seeds", fontsize=9)  # two lines: never clipped
         fig.tight_layout()
     return fig
 
@@ -48,10 +48,11 @@ def improvement_by_step(over_base: pd.DataFrame) -> Figure | None:
     with matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=(5.0, 3.2))
         ax = fig.subplots()
+        colours = variant_colours(over_base["variant"])
         for variant, group in over_base.groupby("variant", sort=False):
             group = group.sort_values("step")
             line, = ax.plot(group["step"], group["improvement"], marker="o", markersize=3, linewidth=1.2,
-                            label=variant)
+                            label=variant, color=colours[variant])
             se = group["se"].fillna(0.0)
             ax.fill_between(group["step"], group["improvement"] - se, group["improvement"] + se,
                             color=line.get_color(), alpha=0.15, linewidth=0)
@@ -114,10 +115,18 @@ def formation_by_variant(formation: pd.DataFrame) -> dict[str, Figure]:
     return drawn
 
 
+def variant_colours(variants) -> dict[str, str]:
+    """One colour per variant, the same in every panel of a figure (matplotlib's default cycle, in order)."""
+    cycle = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {variant: cycle[k % len(cycle)] for k, variant in enumerate(dict.fromkeys(variants))}
+
+
 def toy_error_by_load(summary: pd.DataFrame, condition_labels: dict[str, str]) -> Figure:
     """The toy task: held-out error (top) and the share of headroom closed (bottom) against the load N / d,
-    one column per condition, one line per variant (error bars: standard errors over seeds)."""
+    one column per condition, one line per variant in one colour across every panel (error bars:
+    standard errors over seeds); every panel has its legend."""
     conditions = list(dict.fromkeys(summary["condition"]))
+    colours = variant_colours(summary["variant"])
     with matplotlib.rc_context(_STYLE):
         fig = Figure(figsize=(4.2 * len(conditions), 6.0))
         axes = fig.subplots(2, len(conditions), squeeze=False)
@@ -126,9 +135,10 @@ def toy_error_by_load(summary: pd.DataFrame, condition_labels: dict[str, str]) -
             for variant, group in part.groupby("variant", sort=False):
                 x = np.log2(group["load"].to_numpy(dtype=float))  # loads 1, 2, 4, 8 evenly spaced
                 axes[0, col].errorbar(x, group["error"], yerr=group["se"].fillna(0.0), marker="o", capsize=3,
-                                      label=variant)
+                                      label=variant, color=colours[variant])
                 if variant not in ("baseline", "oracle"):
-                    axes[1, col].plot(x, 100 * group["headroom_closed"], marker="o", label=variant)
+                    axes[1, col].plot(x, 100 * group["headroom_closed"], marker="o", label=variant,
+                                      color=colours[variant])
             axes[0, col].set_title(condition_labels.get(condition, condition), fontsize=9)
             axes[0, col].set_ylabel("held-out BCE per label (nats)")
             axes[1, col].set_ylabel("headroom closed (%)")
@@ -138,5 +148,7 @@ def toy_error_by_load(summary: pd.DataFrame, condition_labels: dict[str, str]) -
                 ax.set_xticks(np.log2(np.array(loads, dtype=float)), [str(load) for load in loads])
                 ax.set_xlabel("load N / d")
             axes[0, col].legend(fontsize=7)
+            if axes[1, col].get_lines():
+                axes[1, col].legend(fontsize=7)
         fig.tight_layout()
     return fig

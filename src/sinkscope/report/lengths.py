@@ -55,7 +55,7 @@ def section(runs: list[RunData], fig_dir: Path, labels: figures.MetricLabels | N
                 shortest = points[points.seq_len == lengths[0]]
                 predicted = pd.concat([shortest, _per_layer(table, fit)])
             floor = {n: uniform_p0(n) for n in lengths} if metric == "p0_mass" else None
-            fig = curves.metric_vs_length(points, metric, predicted=predicted, floor=floor)
+            fig = curves.metric_vs_length(points, metric, predicted=predicted, floor=floor, labels=labels)
             info = docs.get(metric, MetricInfo(metric, "", "", ""))
             entries.append({"metric": f"{metric}_vs_length{'_' + str(k) if k else ''}",
                             "info": MetricInfo(f"{info.label} against length{suffix}", info.unit, info.formula,

@@ -31,6 +31,7 @@ import pandas as pd
 
 from sinkscope.report import figures
 from sinkscope.report.runs import RunData
+from sinkscope.stats.paired import fmt_pm
 from sinkscope.store.results import MetricInfo
 
 #: Per-layer tables longer than this start collapsed.
@@ -45,15 +46,18 @@ def fmt(value) -> str:
 
 
 def fmt_se(value, se) -> str:
-    """``value ± se`` where the row has a standard error over windows (SPEC.md "Averages"), else ``value``."""
-    if se is None or pd.isna(se):
+    """``value ± se`` where the row has a standard error over windows (SPEC.md "Averages"), rounded where the
+    se's second significant digit ends (``0.034873 ± 0.000020``, :func:`~sinkscope.stats.paired.fmt_pm`);
+    else ``value`` as :func:`fmt` prints it."""
+    if se is None or pd.isna(se) or pd.isna(value):
         return fmt(value)
-    return f"{fmt(value)} ± {fmt(se)}"
+    return fmt_pm(value, se, missing="—")
 
 
 def _pm(value: float, se: float) -> str:
-    """``+3.18 ± 0.21`` (four significant figures, the se two), or the value alone without an se."""
-    return f"{value:+.4g}" if pd.isna(se) else f"{value:+.4g} ± {se:.2g}"
+    """``+3.18 ± 0.21`` (a signed difference rounded to its se's two significant digits), or the value alone
+    (four significant digits) without an se."""
+    return fmt_pm(value, se, sign=True, missing="—")
 
 
 def _metric_docs(runs: list[RunData]) -> dict[str, MetricInfo]:
@@ -85,7 +89,9 @@ class Page:
 
     ``keep(fig, stem, title)`` saves a figure into ``fig_dir`` and describes it for the template
     (default :func:`_keeper`); ``labels`` names the metrics on the figures' axes, from this page's
-    documentation only; ``summary`` collects the summary table's rows as the sections add them.
+    documentation only; ``colours`` gives each run its one colour on every figure of the page
+    (``figures.run_colours``, by the runs' order); ``summary`` collects the summary table's rows as the
+    sections add them.
     """
 
     runs: list[RunData]
@@ -94,10 +100,12 @@ class Page:
     keep: Callable | None = None
     summary: list[dict] = field(default_factory=list)
     labels: figures.MetricLabels = field(init=False)
+    colours: dict[str, str] = field(init=False)
 
     def __post_init__(self):
         self.keep = self.keep or _keeper(self.fig_dir)
         self.labels = figures.MetricLabels.from_docs(self.docs)
+        self.colours = figures.run_colours(run.label for run in self.runs)
 
     @classmethod
     def of(cls, runs: list[RunData], fig_dir: Path) -> Page:
@@ -155,8 +163,22 @@ def trained_context_summary(windows: dict) -> str:
     return f"{trained} tokens"
 
 
+#: the runs' options that ask for each compared field: runs of one model whose options ask for different
+#: values vary the field on purpose (``sinks --inputs text|random|repeated`` varies the corpus, ``--bos`` the
+#: BOS policy); the field's own name counts too, as a condition or a ``group_by``.
+ASKED_BY: dict[str, tuple[str, ...]] = {"seq-len": ("seq_len",), "corpus": ("corpus", "inputs", "text_file", "dataset"),
+                                        "BOS policy": ("bos",)}
+
+
 def _differences(runs: list[RunData], skip: tuple[str, ...] = ()) -> list[str]:
-    """Warnings for a comparison of runs whose windows differ in seq-len, corpus or BOS policy."""
+    """Warnings for a comparison of runs whose windows differ in seq-len, corpus or BOS policy by accident.
+
+    A difference that is the comparison's own condition is not warned about (:func:`_varied_on_purpose`):
+    Gu et al.'s inputs experiment runs one model on natural text, random tokens and a repeated token, so
+    its runs differ in corpus by design. Two models on different corpora, or runs whose options agree
+    while their windows differ (``--bos auto`` adding BOS for one tokenizer only, a corpus file changed
+    between runs), are warned about.
+    """
     def windows(run):
         return run.manifest.get("windows") if isinstance(run.manifest.get("windows"), dict) else {}
 
@@ -171,10 +193,42 @@ def _differences(runs: list[RunData], skip: tuple[str, ...] = ()) -> list[str]:
         if name in skip:
             continue
         values = [value(r) for r in runs]
-        if len({str(v) for v in values}) > 1:
+        if len({str(v) for v in values}) > 1 and not _varied_on_purpose(runs, name):
             listed = "; ".join(f"{r.label}: {v}" for r, v in zip(runs, values))
             out.append(f"The runs differ in {name} ({listed}), so their numbers are not directly comparable.")
     return out
+
+
+def _varied_on_purpose(runs: list[RunData], field_name: str) -> bool:
+    """Whether the runs were made to differ in ``field_name`` (a key of :data:`ASKED_BY`): it is what the
+    comparison compares.
+
+    So when one of its names (``ASKED_BY``) is the comparison's declared condition: the runs were grouped by
+    it (``report --group-by``) or carry it as a run condition with different values; or when the runs
+    measure one model and their options ask for different values of it (``--inputs``, ``--text-file``,
+    ``--bos``, ``--seq-len``): then the model is held fixed and this field is what varies.
+    """
+    names = ASKED_BY[field_name]
+
+    def differ(values) -> bool:
+        return len({repr(v) for v in values}) > 1
+
+    for name in names:
+        if any((r.manifest.get("grouped") or {}).get("by") == name for r in runs):
+            return True
+        if differ([(r.manifest.get("conditions") or {}).get(name) for r in runs]):
+            return True
+    if differ([_model_identity(r) for r in runs]):
+        return False  # several models: a difference in their windows is one more difference between them
+    options = [r.manifest.get("options") if isinstance(r.manifest.get("options"), dict) else {} for r in runs]
+    return any(differ([o.get(name) for o in options]) for name in names)
+
+
+def _model_identity(run: RunData) -> tuple:
+    """What names a run's model: its source's kind, location, revision and label (the manifest's ``model.source``)."""
+    model = run.manifest.get("model") if isinstance(run.manifest.get("model"), dict) else {}
+    source = model.get("source") if isinstance(model.get("source"), dict) else {}
+    return tuple(str(source.get(key)) for key in ("kind", "location", "revision", "label"))
 
 
 def _attention_read(path: str, relative) -> str:

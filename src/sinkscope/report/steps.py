@@ -142,7 +142,8 @@ def series_section(runs: list, metrics: list[str], fig_dir: Path, keep,
         seq_len = _seq_len(runs[0])
         floor = uniform_p0(seq_len) if metric == "p0_mass" and seq_len else None
         fig = plots.metric_vs_step(lines, metric, floor=floor, x_labels=names, labels=labels,
-                                   title=f"{metric} against the {'revision' if names else 'training step'}")
+                                   title=f"{figures.metric_title(metric, labels)} against the "
+                                         f"{'revision' if names else 'training step'}")
         info = docs.get(metric, MetricInfo(metric, "", "", ""))
         entries.append({"metric": f"{metric}_vs_step",
                         "info": MetricInfo(f"{info.label or metric} against the step", info.unit, info.formula,
@@ -215,11 +216,13 @@ FORMATION_NOTE = ("The trainer's monitor (--monitor-every) measured these on the
 
 
 def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep,
-                      labels: figures.MetricLabels | None = None) -> list[dict]:
+                      labels: figures.MetricLabels | None = None, colours: dict[str, str] | None = None) -> list[dict]:
     """The training section's formation figures: per layer for one checkpoint, overlaid for several.
 
-    ``labels``: metric labels for the y axes (default: the metrics' names).
+    ``labels``: metric labels for the titles and y axes (default: the metrics' names); ``colours``: each
+    checkpoint's colour on the page (default: by the order of ``monitors``).
     """
+    colours = colours or figures.run_colours(monitors)
     drawn = []
     present = [m for m in FORMATION_METRICS if any((t["metric"] == m).any() for t, _ in monitors.values())]
     present += sorted({str(m) for t, _ in monitors.values() for m in t["metric"].unique()} - set(present))
@@ -235,13 +238,14 @@ def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep
             lines = curves(table, metric)
             if lines:
                 fig = plots.metric_vs_step(lines, metric, floor=floor, labels=labels,
-                                           title=f"{metric} through training ({label})")
+                                           title=f"{figures.metric_title(metric, labels)} through training ({label})")
                 drawn.append(keep(fig, f"formation_{stem}", f"{metric} against the step, per layer (monitor.csv)"))
             continue
         lines = {label: curves(table, metric).get(plots.MODEL_LINE) for label, (table, _) in monitors.items()}
         lines = {label: rows for label, rows in lines.items() if rows is not None}
         if lines:
-            fig = plots.metric_vs_step(lines, metric, floor=floor, labels=labels, title=f"{metric} through training")
+            fig = plots.metric_vs_step(lines, metric, floor=floor, labels=labels, colours=colours,
+                                       title=f"{figures.metric_title(metric, labels)} through training")
             drawn.append(keep(fig, f"formation_{stem}",
                               f"{metric} against the step, model value, one line per checkpoint (monitor.csv)"))
     return drawn
@@ -253,10 +257,11 @@ def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep
 def training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
     """Loss (and head-imbalance) curves of every checkpoint, a table of their losses, their formation curves."""
     keep = _keeper(fig_dir)
-    drawn = [keep(plots.loss_curves({t.label: t.log for t in logs}), "training_loss", "loss curves")]
+    colours = figures.run_colours(t.label for t in logs)  # a checkpoint is one colour in every figure
+    drawn = [keep(plots.loss_curves({t.label: t.log for t in logs}, colours), "training_loss", "loss curves")]
     with_cv = {t.label: t.log for t in logs if "load_imbalance" in t.log and t.log["load_imbalance"].notna().any()}
     if with_cv:  # logs written before the trainer logged it have no such column
-        drawn.append(keep(plots.imbalance_curves(with_cv), "training_imbalance",
+        drawn.append(keep(plots.imbalance_curves(with_cv, colours), "training_imbalance",
                           "head load imbalance (CV of head importance) at each evaluation"))
     rows = []
     for t in logs:
@@ -265,7 +270,7 @@ def training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
                      str(t.config.get("seed", "—")), str(int(t.log["step"].max())),
                      fmt(val["val_loss"].iloc[0]) if len(val) else "—", fmt(val["val_loss"].iloc[-1]) if len(val) else "—"])
     monitors = {t.label: m for t in logs if (m := read_monitor(t.path)) is not None}
-    formation = formation_figures(monitors, keep) if monitors else []
+    formation = formation_figures(monitors, keep, colours=colours) if monitors else []
     return {"figures": drawn, "formation": formation, "formation_note": FORMATION_NOTE,
             "table": {"columns": ["checkpoint", "variant", "tier", "seed", "steps", "first val loss", "last val loss"],
                       "rows": rows}}

@@ -15,8 +15,6 @@ documents (their first max(cache) tokens, read densely) beside it.
 
 from __future__ import annotations
 
-import math
-
 import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
@@ -25,6 +23,7 @@ from matplotlib.ticker import FormatStrFormatter
 from sinkscope.report import figures, stream_quant
 from sinkscope.report.page import Page
 from sinkscope.report.runs import RunData
+from sinkscope.stats.paired import fmt_pm
 
 NOTE = ("Each document is read once per condition through a key-value cache cut back to its budget after every chunk "
         "(SPEC.md \"Streaming\"). full is the dense reading; window keeps only the most recent keys; sinks keeps the "
@@ -90,6 +89,11 @@ def _kinds(rows: pd.DataFrame) -> list[tuple[str, int]]:
     return sorted(kinds, key=lambda k: (POLICY_ORDER.get(k[0], 9), k[1]))
 
 
+def _kind_colours(rows: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """One colour per policy (and sink-token count) over every panel of a figure, whichever a panel lacks."""
+    return {kind: f"C{i % 10}" for i, kind in enumerate(_kinds(rows))}
+
+
 def log_ppl_by_position(rows: pd.DataFrame, title: str) -> Figure:
     """Mean NLL (log perplexity) per position bucket: one panel per cache size, one line per policy.
 
@@ -101,6 +105,7 @@ def log_ppl_by_position(rows: pd.DataFrame, title: str) -> Figure:
     width = float(buckets["position_bucket"].drop_duplicates().sort_values().diff().min() or 1.0) \
         if buckets["position_bucket"].nunique() > 1 else 1.0
     full = buckets[buckets["policy"] == "full"].sort_values("position_bucket")
+    colours = _kind_colours(buckets)
     with matplotlib.rc_context(figures._STYLE):
         n = max(1, len(caches))
         fig = Figure(figsize=(min(4.2 * n, 13.0), 3.6), layout="constrained")
@@ -111,17 +116,18 @@ def log_ppl_by_position(rows: pd.DataFrame, title: str) -> Figure:
                 ax.plot(full["position_bucket"] + width / 2, full["value"], color="black", linestyle="--",
                         linewidth=1.2, label="full (dense)")
             mine = buckets[buckets["cache"] == cache]
-            for i, (policy, sinks) in enumerate(_kinds(mine)):
+            for policy, sinks in _kinds(mine):
                 line = mine[(mine["policy"] == policy) & (mine["sink_tokens"] == sinks)].sort_values("position_bucket")
                 ax.plot(line["position_bucket"] + width / 2, line["value"], marker="o", markersize=2.5,
-                        linewidth=1.3, color=f"C{i % 10}", label=_line_label(policy, sinks))
+                        linewidth=1.3, color=colours[(policy, sinks)], label=_line_label(policy, sinks))
             if cache is not None:
                 ax.axvline(cache, color="grey", linewidth=0.8, linestyle=":")
                 ax.set_title(f"cache {cache}")
             ax.set_xlabel("position (tokens)")
             ax.grid(True, linewidth=0.4, alpha=0.4)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(loc="best", fontsize=7)  # every panel: each reads on its own
         axes[0].set_ylabel("log perplexity (mean NLL, nats)")
-        axes[-1].legend(loc="best")
     return fig
 
 
@@ -135,9 +141,11 @@ def ppl_by_cache(rows: pd.DataFrame, title: str) -> Figure:
         full = overall[overall["policy"] == "full"]
         if not full.empty:
             ax.axhline(float(full["value"].iloc[0]), color="black", linestyle="--", linewidth=1.2, label="full (dense)")
-        for i, (policy, sinks) in enumerate(_kinds(overall)):
+        colours = _kind_colours(overall)
+        for policy, sinks in _kinds(overall):
             line = overall[(overall["policy"] == policy) & (overall["sink_tokens"] == sinks)].sort_values("cache")
-            style = dict(marker="o", markersize=3.5, linewidth=1.4, color=f"C{i % 10}", label=_line_label(policy, sinks))
+            style = dict(marker="o", markersize=3.5, linewidth=1.4, color=colours[(policy, sinks)],
+                         label=_line_label(policy, sinks))
             if line["se"].notna().any():
                 ax.errorbar(line["cache"], line["value"], yerr=line["se"].fillna(0.0).to_numpy(), capsize=2.5, **style)
             else:
@@ -157,9 +165,8 @@ def ppl_by_cache(rows: pd.DataFrame, title: str) -> Figure:
 
 
 def _pm(value: float, se: float) -> str:
-    if se is None or (isinstance(se, float) and math.isnan(se)):
-        return f"{value:.4g}"
-    return f"{value:.4g} ± {se:.2g}"
+    """``31.6 ± 1.2``: rounded where the se's second significant digit ends; the value alone without an se."""
+    return fmt_pm(value, se, missing="—")
 
 
 def _model_row(table: pd.DataFrame, metric: str) -> float | None:

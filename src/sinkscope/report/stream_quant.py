@@ -83,16 +83,30 @@ def ppl_by_bits(overall: pd.DataFrame, title: str, condition_label, p0: pd.DataF
         fig = Figure(figsize=(min(4.2 * n, 13.0), 3.6 if p0 is None else 6.4), layout="constrained")
         grid = fig.subplots(1 if p0 is None else 2, n, sharey="row", squeeze=False)
         fig.suptitle(title)
-        _draw(grid[0], panels, overall, x, bits, "perplexity", log=True)
+        colours = _line_colours(overall)
+        _draw(grid[0], panels, overall, x, bits, "perplexity", log=True, colours=colours)
         if p0 is not None:
-            _draw(grid[1], panels, p0, x, bits, "p0 mass through the cache", log=False)
+            _draw(grid[1], panels, p0, x, bits, "p0 mass through the cache", log=False, colours=colours)
         for ax in grid[0] if p0 is None else grid[1]:
             ax.set_xlabel("bits per cached key and value")
-        grid[0][-1].legend(loc="best", fontsize=7)
+        for ax in grid[0]:  # every panel: each reads on its own
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(loc="best", fontsize=7)
     return fig
 
 
-def _draw(axes, panels: list[str], rows: pd.DataFrame, x: dict, bits: list[int], what: str, log: bool) -> None:
+def _lines(quantised: pd.DataFrame) -> list[tuple]:
+    """The (scheme, group, protection) lines of quantised rows, in order of appearance."""
+    return list(dict.fromkeys((r["kv_scheme"], int(r["kv_group"]), protection(r)) for _, r in quantised.iterrows()))
+
+
+def _line_colours(rows: pd.DataFrame) -> dict[tuple, str]:
+    """One colour per scheme, group and protection over every panel, whichever a panel lacks."""
+    return {line: f"C{i % 10}" for i, line in enumerate(_lines(rows[rows["kv_bits"].fillna(16) != 16]))}
+
+
+def _draw(axes, panels: list[str], rows: pd.DataFrame, x: dict, bits: list[int], what: str, log: bool,
+          colours: dict[tuple, str] | None = None) -> None:
     """One row of :func:`ppl_by_bits`' panels: ``rows`` (one metric, a ``panel`` column) against bits."""
     for ax, panel in zip(axes, panels):
         mine = rows[rows["panel"] == panel]
@@ -101,8 +115,7 @@ def _draw(axes, panels: list[str], rows: pd.DataFrame, x: dict, bits: list[int],
         if reference is not None:
             ax.axhline(reference, color="black", linestyle="--", linewidth=1.0, label="16-bit")
         quantised = mine[mine["kv_bits"].fillna(16) != 16]
-        lines = list(dict.fromkeys((r["kv_scheme"], int(r["kv_group"]), protection(r)) for _, r in quantised.iterrows()))
-        for i, (scheme, group, guard) in enumerate(lines):
+        for i, (scheme, group, guard) in enumerate(_lines(quantised)):
             same = np.array([protection(r) == guard for _, r in quantised.iterrows()], dtype=bool)
             line = quantised[(quantised["kv_scheme"] == scheme).to_numpy() & (quantised["kv_group"] == group).to_numpy()
                              & same]
@@ -111,8 +124,8 @@ def _draw(axes, panels: list[str], rows: pd.DataFrame, x: dict, bits: list[int],
             ys = list(line["value"])
             if reference is not None:
                 xs, ys = [x[16], *xs], [reference, *ys]
-            ax.plot(xs, ys, marker="o", markersize=3.5, linewidth=1.4, color=f"C{i % 10}",
-                    label=f"{scheme} g{group}, {guard}")
+            colour = (colours or {}).get((scheme, group, guard), f"C{i % 10}")
+            ax.plot(xs, ys, marker="o", markersize=3.5, linewidth=1.4, color=colour, label=f"{scheme} g{group}, {guard}")
         ax.set_xticks(range(len(bits)), [str(b) for b in bits])
         ax.set_title(panel, fontsize=8)
         if log:

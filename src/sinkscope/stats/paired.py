@@ -144,19 +144,68 @@ def table2(losses) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["gate", *keys, "share", *(f"{k}_se" for k in keys), "n"])
 
 
-def fmt_pm(mean: float, se: float, digits: int | None = None) -> str:
-    """``0.0185 ± 0.0033`` (or the mean alone when the standard error is undefined).
+def _undefined(x) -> bool:
+    """None, NaN or pandas' NA: a number that is not there."""
+    return x is None or bool(pd.isna(x))
 
-    ``digits`` decimals; by default 4 (Wang 2026's tables), more when the standard error needs
-    them to show two significant figures (``0.000072 ± 0.000034``).
+
+def _four_figures(value: float, plus: str) -> str:
+    """A value alone: four significant digits, never an exponent for a large one (``12346``, not ``1.235e+04``)."""
+    if 1e4 <= abs(value) < 1e16:
+        return f"{value:{plus}.0f}"
+    return f"{value:{plus}.4g}"
+
+
+def fmt_pm(mean, se=None, *, sign: bool = False, missing: str = "–") -> str:
+    """``value ± se`` rounded where the standard error's second significant digit ends; how every table prints one.
+
+        fmt_pm(0.0348732, 2.02109e-05)  ->  "0.034873 ± 0.000020"
+        fmt_pm(3.18234, 0.2149)         ->  "3.18 ± 0.21"
+        fmt_pm(1234.5, 567.0)           ->  "1230 ± 570"
+
+    The se is rounded to two significant digits first (0.0999 -> 0.10), and the value to the same
+    decimal place. Without a standard error (None, NaN, infinite or negative) the value alone with four
+    significant digits (``0.0185``); a zero one (every window agrees) reads ``0.3333 ± 0``. ``sign``:
+    ``+`` on positive values (differences); ``missing``: what a missing value prints as (the report's
+    pages use an em dash).
     """
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "–"
-    missing = se is None or (isinstance(se, float) and math.isnan(se))
-    if digits is None:
-        digits = 4
-        if not missing and 0 < se < 1e-3:
-            digits = min(8, 1 - math.floor(math.log10(se)))
-    if missing:
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+    if _undefined(mean):
+        return missing
+    value = float(mean)
+    plus = "+" if sign else ""
+    if _undefined(se) or not math.isfinite(float(se)) or float(se) < 0 or not math.isfinite(value):
+        return _four_figures(value, plus)
+    if float(se) == 0:
+        return f"{_four_figures(value, plus)} ± 0"
+    rounded_se = float(f"{float(se):.2g}")
+    decimals = 1 - math.floor(math.log10(rounded_se))  # the place of the se's second significant digit
+    if decimals > 0:
+        shown = round(value, decimals) or 0.0  # no "-0.00"
+        return f"{shown:{plus}.{decimals}f} ± {rounded_se:.{decimals}f}"
+    step = 10.0 ** (-decimals)
+    shown = round(value / step) * step or 0.0
+    return f"{shown:{plus}.0f} ± {rounded_se:.0f}"
+
+
+# ---- differences between two runs (the comparison's ``compare.csv``; SPEC.md "Comparisons of runs") ----
+
+
+def paired_difference(a, b) -> tuple[float, float, int]:
+    """``b - a`` window by window: (mean difference, its standard error, windows); the windows must match.
+
+    ``a`` and ``b`` hold one value per window of two runs that measured the same windows, in the same
+    order; the standard error is the sd of the per-window differences (n - 1) over sqrt(n), so what
+    the two runs share (the windows' difficulty) cancels. NaN for fewer than 2 windows.
+    """
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"paired values need one value per window in both runs, not shapes {x.shape} and {y.shape}")
+    mean, se = mean_se(y - x)
+    return mean, se, int(x.size)
+
+
+def unpaired_se(se_a: float, se_b: float) -> float:
+    """The standard error of a difference of two independent means: sqrt(se_a^2 + se_b^2) (NaN if either is)."""
+    if se_a is None or se_b is None or pd.isna(se_a) or pd.isna(se_b):
+        return math.nan
+    return math.hypot(float(se_a), float(se_b))

@@ -37,3 +37,19 @@ def test_toy_figure_has_two_rows_per_condition():
                             "headroom_closed": [0.0, 0.0, 0.3, 0.4]})
     fig = lab_figures.toy_error_by_load(summary, {"blind": "channel-blind"})
     assert len(fig.axes) == 2 and fig.axes[0].get_title() == "channel-blind"
+
+
+def test_one_colour_per_variant_in_every_toy_panel_and_a_legend_on_each():
+    summary = pd.DataFrame({"condition": ["blind"] * 6 + ["visible"] * 6,
+                            "variant": ["baseline", "normgate", "sinklogit"] * 4,
+                            "load": [1, 1, 1, 2, 2, 2] * 2, "error": [0.5] * 12, "se": [0.01] * 12,
+                            "headroom_closed": [0.0, 0.3, 0.2] * 4})
+    fig = lab_figures.toy_error_by_load(summary, {})
+    colour = {}
+    for ax in fig.axes:
+        assert ax.get_legend() is not None
+        handles, labels = ax.get_legend_handles_labels()
+        for handle, label in zip(handles, labels):
+            line = handle.lines[0] if hasattr(handle, "lines") else handle  # an errorbar's data line
+            assert colour.setdefault(label, line.get_color()) == line.get_color()
+    assert len(set(colour.values())) == 3

@@ -1,7 +1,7 @@
 """``report/page.py``: how numbers print, how a figure is kept, the per-page context every section draws with.
 
 The reference for the numbers is the format written down here (6 significant digits, an em dash
-for NaN; ``value ± se``; a signed 4-digit value with a 2-digit se), for the documentation the
+for NaN; ``value ± se`` rounded to the se's two significant digits, signed for a difference), for the documentation the
 runs' manifests (one metric's first recording wins), for a kept figure the files on disk and the
 PNG embedded byte for byte.
 """
@@ -31,8 +31,10 @@ def run(label: str, manifest: dict) -> RunData:
 def test_numbers_print_with_six_digits_and_a_dash_for_nothing():
     assert fmt(1 / 3) == "0.333333" and fmt(12345678) == "1.23457e+07" and fmt(2) == "2"
     assert fmt(None) == fmt(math.nan) == fmt(pd.NA) == "—"
-    assert fmt_se(0.5, 0.01) == "0.5 ± 0.01" and fmt_se(0.5, math.nan) == fmt_se(0.5, None) == "0.5"
-    assert _pm(3.18234, 0.2149) == "+3.182 ± 0.21" and _pm(-0.5, math.nan) == "-0.5"
+    assert fmt_se(0.5, 0.01) == "0.500 ± 0.010" and fmt_se(0.5, math.nan) == fmt_se(0.5, None) == "0.5"
+    # the newcomer's cell (issue 61): the value rounded where the se's second significant digit ends
+    assert fmt_se(0.0348732, 2.02109e-05) == "0.034873 ± 0.000020" and fmt_se(math.nan, 0.1) == "—"
+    assert _pm(3.18234, 0.2149) == "+3.18 ± 0.21" and _pm(-0.5, math.nan) == "-0.5"
     assert COLLAPSE_ROWS == 16
 
 

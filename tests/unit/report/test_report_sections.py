@@ -110,7 +110,7 @@ def test_injection_draws_one_dose_response_per_junk_and_tabulates_every_conditio
     out = inject.entry(page, "inject_loss_delta")
     assert [stem for _, stem, _ in page.keep.kept] == ["dose_response_gaussian", "dose_response_copy"]
     assert out["info"].label == "Loss increase" and out["table"]["columns"] == ["junk", "cutoff", "eps=0.5", "eps=2"]
-    assert out["table"]["rows"][0] == ["gaussian", "median", "+0.5 ± 0.025", "+2 ± 0.1"]
+    assert out["table"]["rows"][0] == ["gaussian", "median", "+0.500 ± 0.025", "+2.00 ± 0.10"]
     assert len(out["table"]["rows"]) == 4
     assert out["table"]["caption"].endswith("over the 8 windows (each window's increase averaged over its 3 draws "
                                             "of the junk)")
@@ -123,7 +123,7 @@ def test_a_comparison_of_injections_has_a_run_column():
     page = page_of([run_of(injection_rows(), "a"), run_of(injection_rows(2.0), "b")], DOCS)
     out = inject.entry(page, "inject_loss_delta")
     assert out["table"]["columns"][0] == "run" and [r[0] for r in out["table"]["rows"]] == ["a"] * 4 + ["b"] * 4
-    assert out["table"]["rows"][4][3:] == ["+1 ± 0.025", "+4 ± 0.1"]
+    assert out["table"]["rows"][4][3:] == ["+1.000 ± 0.025", "+4.00 ± 0.10"]
 
 
 # ---- token tables --------------------------------------------------------------------------------------

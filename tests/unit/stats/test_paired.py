@@ -110,3 +110,27 @@ def test_format():
     assert fmt_pm(0.01851, 0.0033) == "0.0185 ± 0.0033"
     assert fmt_pm(0.0185, math.nan) == "0.0185"
     assert fmt_pm(7.216e-05, 3.417e-05) == "0.000072 ± 0.000034"  # small effects keep two figures of their error
+
+
+@pytest.mark.parametrize(("value", "se", "printed"), [
+    (0.0348732, 2.02109e-05, "0.034873 ± 0.000020"),  # the newcomer's table cell (issue 61)
+    (3.18234, 0.2149, "3.18 ± 0.21"),
+    (0.5, 0.0999, "0.50 ± 0.10"),  # the se rounds up to 0.10: two significant digits, not three
+    (1234.5, 567.0, "1230 ± 570"),  # an se above 10: the value rounds to tens
+    (-0.00001, 0.0033, "0.0000 ± 0.0033"),  # no "-0.0000"
+    (0.0348732, None, "0.03487"),  # no se: four significant digits
+    (0.0348732, 0.0, "0.03487 ± 0"),  # a zero se is an se: every window agrees
+    (0.0348732, math.inf, "0.03487"),
+    (12345.6, math.nan, "12346"),  # never an exponent for a large value
+    (None, 0.1, "–"),
+    (math.nan, 0.1, "–"),
+])
+def test_a_value_is_rounded_where_its_standard_errors_second_digit_ends(value, se, printed):
+    assert fmt_pm(value, se) == printed
+
+
+def test_a_difference_is_signed_and_a_page_names_its_own_dash():
+    assert fmt_pm(3.18234, 0.2149, sign=True) == "+3.18 ± 0.21"
+    assert fmt_pm(-3.18234, 0.2149, sign=True) == "-3.18 ± 0.21"
+    assert fmt_pm(0.5, None, sign=True) == "+0.5"
+    assert fmt_pm(pd.NA, 0.1, missing="—") == "—"

@@ -51,9 +51,14 @@
     return "rgb(" + LUT[i] + "," + LUT[i + 1] + "," + LUT[i + 2] + ")";
   }
 
-  // the 256 colours a weight can take: index 0 = nothing stored, 1..255 = t from 0 to 1. Weights
-  // run from light (small) to dark (large) so that the lightness grows monotonically from the white
-  // of an unstored cell; the heads grid keeps viridis the way round the report's figures draw it.
+  // The explorer's one colour scale, t in [0, 1] from low to high: viridis reversed, light = low and
+  // dark = high, in the heads grid, the pattern, the text view and both legends alike (and the
+  // report's heatmaps, viridis_r). Dark = high because a pattern is mostly near-zero weights: they
+  // stay light, next to the white of an unstored cell.
+  function scaleCss(t) { return lutCss(1 - t); }
+
+  // the 256 colours a weight can take: index 0 = nothing stored, 1..255 = t from 0 to 1, on the
+  // scale of scaleCss (light = small, dark = large).
   var PAL32 = new Uint32Array(256);
   var PAL_CSS = new Array(256);
   var PAL_TEXT = new Array(256);
@@ -63,7 +68,7 @@
     PAL_TEXT[0] = "";
     for (var i = 1; i < 256; i++) {
       var t = (i - 1) / 254;
-      var j = Math.round((1 - t) * 255) * 3;        // weights: viridis reversed (light = small)
+      var j = Math.round((1 - t) * 255) * 3;        // scaleCss(t): viridis reversed (light = small)
       var r = LUT[j], g = LUT[j + 1], b = LUT[j + 2];
       PAL32[i] = packRgb(r, g, b);
       PAL_CSS[i] = "rgb(" + r + "," + g + "," + b + ")";

@@ -43,7 +43,7 @@
         var v = row[h];
         if (typeof v === "number" && isFinite(v) && range) {
           var t = range[1] > range[0] ? (v - range[0]) / (range[1] - range[0]) : 0.5;
-          ctx.fillStyle = lutCss(t);
+          ctx.fillStyle = scaleCss(t);  // dark = high, as the pattern's weights
         } else {
           ctx.fillStyle = NULL_CSS;
         }
@@ -106,7 +106,7 @@
     var range = this._metricRange();
     var bar = el("div", "sx-legend-bar");
     var stops = [];
-    for (var i = 0; i <= 10; i++) stops.push(lutCss(i / 10) + " " + (i * 10) + "%");
+    for (var i = 0; i <= 10; i++) stops.push(scaleCss(i / 10) + " " + (i * 10) + "%");
     bar.style.background = "linear-gradient(to right, " + stops.join(", ") + ")";
     var lo = el("span", "sx-legend-min", range ? fmtMetric(range[0]) : "—");
     var hi = el("span", "sx-legend-max", range ? fmtMetric(range[1]) : "—");

@@ -5,7 +5,7 @@
     var line = el("div", "sx-legend-line");
     var bar = el("div", "sx-legend-bar sx-legend-ticked");
     var stops = [];
-    for (var i = 0; i <= 10; i++) stops.push(lutCss(1 - i / 10) + " " + (i * 10) + "%");
+    for (var i = 0; i <= 10; i++) stops.push(scaleCss(i / 10) + " " + (i * 10) + "%");
     bar.style.background = "linear-gradient(to right, " + stops.join(", ") + ")";
     var ticks;
     if (this.scaleMode === "log") {
