@@ -26,7 +26,7 @@ def report(
     Examples:
 
     \b
-        sinkscope report reports/20261129-150033-SmolLM2-135M-Instruct.Q4_1
+        sinkscope report reports/20261129-150033-sinks-SmolLM2-135M-Instruct.Q4_1-s0-3fa2c1
 
     \b
         sinkscope report runs/bos-none runs/bos-add --label "no BOS" --label "BOS" --out runs/bos-compare
@@ -59,18 +59,21 @@ def report(
 
 
 
-LISTINGS = ("probes", "hooks", "families", "commands")
+LISTINGS = ("probes", "hooks", "families", "commands", "runs")
+#: where ``ls runs`` looks without a FOLDER: where a run without --out is written.
+RUNS_FOLDER = "reports"
 
 
 @app.command("ls")
 @_friendly_errors
 def list_things(
-    what: Annotated[str, typer.Argument(help="probes | hooks | families | commands")] = "probes",
-    model: Annotated[Optional[str], typer.Argument(help="With hooks: a model whose hook points to list (hub id, folder, .gguf, checkpoint).", show_default=False)] = None,
+    what: Annotated[str, typer.Argument(help="probes | hooks | families | commands | runs")] = "probes",
+    model: Annotated[Optional[str], typer.Argument(metavar="[MODEL|FOLDER]", help="With hooks: a model whose hook points to list (hub id, folder, .gguf, checkpoint). With runs: the folder whose runs to list [default: reports].", show_default=False)] = None,
     plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A Python file that registers probes (repeatable).")] = None,
     trust_remote_code: TrustOpt = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With runs: the list as JSON (each run's folder, command, model, date and headline metrics).")] = False,
 ) -> None:
-    """List the probes (metrics, hook points, parameters), the hook points (of one model), the families or the commands.
+    """List the probes (metrics, hook points, parameters), the hook points (of one model), the families, the commands or the runs of a folder.
 
     Examples:
 
@@ -82,8 +85,15 @@ def list_things(
 
     \b
         sinkscope ls families
+
+    \b
+        sinkscope ls runs                                # every run under reports/: command, model, date, headline
     """
-    if what == "probes":
+    if as_json and what != "runs":
+        raise SinkscopeError(f"--json lists runs (sinkscope ls runs --json), not {what}.")
+    if what == "runs":
+        _list_runs(model or RUNS_FOLDER, as_json)
+    elif what == "probes":
         from sinkscope.probes import discover, load_plugin
 
         probes = discover()
@@ -106,6 +116,12 @@ def list_things(
                 typer.echo(f"{name:34s} {'absent':18s} {absent[name]}")
             else:
                 typer.echo(f"{name:34s} {point.shape:18s} {point.what}{mark}")
+        from sinkscope.forward.trace import DERIVED
+
+        typer.echo("and by TransformerLens's names, what sinkscope.trace(MODEL, text) also gives (read off the "
+                   "attention record and the residual stream):")
+        for name, (shape, what_it_is) in DERIVED.items():
+            typer.echo(f"{name:34s} {shape:18s} {what_it_is}")
     elif what == "families":
         from sinkscope.conformance.matrix import read_verified
 
@@ -123,6 +139,29 @@ def list_things(
         from sinkscope.errors import suggest
 
         raise SinkscopeError(f"unknown listing {what!r}{suggest(what, LISTINGS)}; use {', '.join(LISTINGS)}.")
+
+
+def _list_runs(folder: str, as_json: bool) -> None:
+    """``ls runs``: one line per run under ``folder`` (its runs, and the runs of its comparisons), oldest first."""
+    import json
+
+    from sinkscope.report.summary import format_listing, list_runs
+    from sinkscope.runtime.paths import user_path
+
+    path = Path(user_path(folder, "FOLDER"))
+    if not path.is_dir() and folder == RUNS_FOLDER:  # nothing run here yet: an empty list, not an error
+        typer.echo("[]" if as_json else f"no runs here: no folder {RUNS_FOLDER} (a command given no --out writes its "
+                                         "run there); name the folder that holds your runs: sinkscope ls runs FOLDER.")
+        return
+    if not path.is_dir():
+        raise SinkscopeError(f"no folder {folder} to list runs in.")
+    listed = list_runs(path)
+    if as_json:
+        typer.echo(json.dumps(listed, indent=1, allow_nan=False))
+    elif not listed:
+        typer.echo(f"no runs in {folder} (a run folder holds a manifest.json).")
+    else:
+        typer.echo(format_listing(listed))
 
 
 def _command_summaries() -> dict[str, str]:

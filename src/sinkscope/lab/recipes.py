@@ -111,7 +111,7 @@ def _train_options():
 def _measure(name: str):
     """The runner of a measuring command: its plan (made when the step runs, so a model an earlier step
     trains exists by then), then the pipeline; returns the run folder. ``name_prefix``: a step without
-    an ``out`` writes to ``reports/<time>-<recipe>-<model>-...``."""
+    an ``out`` writes to ``reports/<time>-<command>-<recipe>-<model>-...``."""
     def run(options, log=None, name_prefix=None, executor_options=None):
         from sinkscope.run.dispatch import execute, written_path
         from sinkscope.run.plan import plan

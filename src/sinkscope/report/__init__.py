@@ -4,7 +4,8 @@ Lives here: ``build.py`` (the page from sections), one section module per comman
 ``inject``, ``stream``, ...) and per kind of run (``generic``, ``lengths``, ``steps``, ``tokens``),
 ``figures.py`` and ``curves.py`` (the shared drawing), ``lab_figures.py`` (the sweep's and the toy task's
 figures), ``explorer_page.py`` and ``static/`` (the attention explorer), ``runs.py``, ``page.py``,
-``folder.py``. ``build_report`` and ``read_run`` are imported on first use, so that a light module
+``folder.py``; ``summary.py`` (the numbers a command prints, ``ls runs``) and ``compare.py`` (the
+differences between runs, ``compare.csv``; ``compare_section.py`` their table on a comparison page). ``build_report`` and ``read_run`` are imported on first use, so that a light module
 (``folder.py``) does not pay for matplotlib.
 May import: stats, data, models, store, runtime; never forward, probes or capture (a contract).
 Add here: a figure (in the section of the command that measures it).

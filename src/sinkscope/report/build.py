@@ -22,10 +22,14 @@ Runs of one model's checkpoints (a series: every run has a ``step`` or ``revisio
 all distinct; ``sinkscope sinks MODEL --revision A,B,...``) get a first section drawing every
 per-layer metric against the step (``report/steps.py``).
 
-With several runs every shared metric gets an overlay of its per-layer line (one line per run),
+With several runs a "Differences from <first run>" table gives each later run's model-level values
+minus the first's, ± the standard error of the difference, paired where the runs measured the same
+windows (``report/compare_section.py``; SPEC.md "Comparisons of runs"), and every shared metric gets an overlay of its per-layer line (one line per run),
 heatmaps on one shared colour scale, and a side-by-side per-layer table; metrics that not every
 run has are listed in a note and left out of the comparison, and runs that differ in seq-len,
-corpus or BOS policy get a warning (their numbers are not directly comparable).
+corpus or BOS policy get a warning (their numbers are not directly comparable), unless that is what
+the comparison varies (one model, options asking for different values: Gu et al.'s inputs;
+``page._differences``). Every run keeps one colour on every figure of the page (``Page.colours``).
 
 The page is put together here; what each metric looks like lives in the section modules, asked in
 order (:data:`SECTIONS`, the protocol in ``report/page.py``): ``inject.py`` (injection and
@@ -45,7 +49,7 @@ from sinkscope.version import __version__
 from sinkscope.errors import SinkscopeError
 from sinkscope.store.files import atomic_write_text, lock_folder, write_inventory
 from sinkscope.runtime.paths import user_path
-from sinkscope.report import circuit, explorer_page, generic, inject, lengths, steps, stream, tokens
+from sinkscope.report import circuit, compare_section, explorer_page, generic, inject, lengths, steps, stream, tokens
 from sinkscope.report.folder import (_beside, _check_report_folder, _fresh_folder, _install_report, _name,
                                      _remove_stale_temporaries, _same_folder, report_folder_legacy)
 from sinkscope.report.page import Page, Section, _differences, _run_info
@@ -227,6 +231,7 @@ def _render_page(runs: list[RunData], trainings: list[TrainingLog], several_leng
         title=title, runs=runs, trainings=trainings, training=training,
         run_info=_run_info(runs) if runs else None, summary=page.summary, sections=sections, notes=notes,
         aggregates_note=generic.aggregates_note(page.summary),
+        differences=None if several_lengths else compare_section.section(runs),
         warnings=_differences(runs, skip=("seq-len",) if several_lengths else ()) if len(runs) > 1 else [],
         generated=datetime.now().isoformat(timespec="seconds"), version=__version__,
         explorer=explorer_html, explorer_note=explorer_note,

@@ -72,8 +72,9 @@ class RunData:
         self.shown = self.shown or str(self.path)
 
 
-def read_run(path: str | Path, label: str | None = None) -> RunData:
-    """Read and check a run folder (one-sentence errors for anything that is not one)."""
+def read_run(path: str | Path, label: str | None = None, explorer: bool = True) -> RunData:
+    """Read and check a run folder (one-sentence errors for anything that is not one); ``explorer``: read its
+    explorer data too (a page draws it; the terminal's summary and the differences do not)."""
     folder = Path(path)
     if not folder.is_dir():
         raise SinkscopeError(f"{path} is not a folder.")
@@ -88,8 +89,8 @@ def read_run(path: str | Path, label: str | None = None) -> RunData:
             f"{path} was written with run format {version!r}; this sinkscope ({__version__}) reads format "
             f"{RUN_FORMAT_VERSION}: rerun the measurement with this version."
         )
-    explorer = ExplorerData.load(folder / EXPLORER_FILE) if (folder / EXPLORER_FILE).is_file() else None
-    return RunData(folder, label or folder.resolve().name, manifest, read_results(folder), explorer=explorer)
+    patterns = ExplorerData.load(folder / EXPLORER_FILE) if explorer and (folder / EXPLORER_FILE).is_file() else None
+    return RunData(folder, label or folder.resolve().name, manifest, read_results(folder), explorer=patterns)
 
 
 # ---- what a run holds --------------------------------------------------------------------------------

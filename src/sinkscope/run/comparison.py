@@ -19,8 +19,12 @@ the columns ``step`` (the checkpoint's own step, or the one the revision's name 
 ``steps.parquet`` are the runs' tables as one, and the page draws every metric against the step. A
 run that fails keeps the runs finished before it; ``resume`` continues from there.
 
+Every comparison of two runs or more also writes ``<out>/compare.csv``: each later run's rows minus
+the first run's, with the standard error of each difference, paired where the runs share their
+windows (``report/compare.py``; SPEC.md "Comparisons of runs").
+
 The folder follows every writer's rules (``plan.check_comparison_dir``); its own files (the page,
-``figures/``, a series' ``steps.*``) are recorded in its inventory (writer ``comparison``), at the
+``figures/``, ``compare.csv``, a series' ``steps.*``) are recorded in its inventory (writer ``comparison``), at the
 start and at the end.
 """
 
@@ -144,16 +148,21 @@ def finish_comparison(plans: list[Plan], failed: dict[str, str], log: Callable[[
         _check_same_windows(finished)
     if finished and comparison.series:
         write_series_table(parent, finished)
-    _record_comparison(parent)  # the table is the comparison's own (checked free of others' files before)
+    labels = ([label for label, child in zip(comparison.labels, children) if child.name not in failed]
+              if comparison.labels is not None else None)
+    write_comparison_differences(parent, finished, labels, comparison.group_by)
+    _record_comparison(parent)  # the tables are the comparison's own (checked free of others' files before)
     page = parent
     if finished and comparison.figures:
         from sinkscope.report import build_report
 
-        labels = ([label for label, child in zip(comparison.labels, children) if child.name not in failed]
-                  if comparison.labels is not None else None)
         # the parent was checked before: its own page is replaced (the report records the parent's files)
         page = build_report(finished, out=parent, labels=labels, group_by=comparison.group_by, overwrite=True)
         log(f"Wrote the comparison {page}" + (f" of the {len(finished)} runs that finished" if failed else ""))
+    if failed and not finished and _forget_comparison(parent):
+        raise SinkscopeError("every run failed: " + "; ".join(f"{name}: {why.rstrip('.')}" for name, why in failed.items())
+                             + f". Nothing was kept (the comparison's folder {parent} is removed again): fix the cause "
+                             "and rerun the same command.")
     if failed:
         which = "every run" if not finished else f"{len(failed)} of {len(children)} runs"
         raise SinkscopeError(f"{which} failed: " + "; ".join(f"{name}: {why.rstrip('.')}" for name, why in failed.items())
@@ -161,6 +170,19 @@ def finish_comparison(plans: list[Plan], failed: dict[str, str], log: Callable[[
                                 f"{parent}" if finished else "")
                              + f": rerun the same command with {option('resume', True)} to run only the failed ones.")
     return page
+
+
+def write_comparison_differences(parent: Path, finished: list[Path], labels: list[str] | None,
+                                 group_by: str | None) -> None:
+    """``<parent>/compare.csv``: every later run's rows minus the first's, with their standard errors
+    (``report.compare``, SPEC.md "Comparisons of runs"); with fewer than two runs finished, none (an
+    earlier one removed)."""
+    from sinkscope.report.compare import COMPARE_FILE, compare_folders, write_differences
+
+    if len(finished) < 2:
+        (parent / COMPARE_FILE).unlink(missing_ok=True)
+        return
+    write_differences(parent, compare_folders(finished, labels, group_by))
 
 
 def _check_same_windows(children: list[Path]) -> None:
@@ -209,6 +231,25 @@ def write_series_table(parent: Path, children: list[Path]):
     frame.to_parquet(buffer, index=False)
     atomic_write_bytes(parent / f"{SERIES_TABLE}.parquet", buffer.getvalue())
     return frame
+
+
+def _forget_comparison(parent: Path) -> bool:
+    """Every run failed and none was kept: remove what the comparison wrote into ``parent`` (its record and
+    inventory, and ``parent`` itself once empty), so the same command can be run again as it was. Only
+    when ``parent`` holds nothing else (a run folder, a job log, anyone's file): then it is kept whole
+    and False returned."""
+    from sinkscope.store.comparison_record import RECORD
+    from sinkscope.store.files import INVENTORY
+
+    ours = {RECORD, INVENTORY}
+    entries = list(parent.iterdir()) if parent.is_dir() else []
+    if any(entry.name not in ours or not entry.is_file() or entry.is_symlink() for entry in entries):
+        return False
+    for entry in entries:
+        entry.unlink()
+    with contextlib.suppress(OSError):
+        parent.rmdir()
+    return True
 
 
 def _record_comparison(parent: Path, plans: list[Plan] | None = None) -> None:

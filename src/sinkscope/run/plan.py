@@ -187,7 +187,7 @@ def plan(command: Command | str, options: RunOptions | dict, *, models: str | Se
         labels: several models: their names on the page, one per model.
         write: the runs will be written (their folders are checked here); False for the API's
             in-memory result of one run.
-        name_prefix: a run alone written without ``--out`` goes to ``reports/<time>-<prefix>-<model>-...``
+        name_prefix: a run alone written without ``--out`` goes to ``reports/<time>-<command>-<prefix>-<model>-...``
             (a recipe's name); the default folder is named here, once, whatever the prefix.
         model_object: a model handed over as an object (the Python API): the one model, its
             :func:`in_memory_source` (``models`` and ``revisions`` must not be given).
@@ -226,14 +226,21 @@ def plan(command: Command | str, options: RunOptions | dict, *, models: str | Se
                 _check_not_cwd(Path(options.out))
             else:
                 check_run_dir(Path(options.out), options.overwrite)
-        elif write:  # reports/<time>-[<prefix>-]<model>-s<seed>-<hex>: a fresh name
+        elif write:  # reports/<time>-<command>-[<prefix>-]<model>-s<seed>-<hex>: a fresh name
             from sinkscope.store.results import default_run_dir
 
             label = sources[0].label or sources[0].location
             options = replace(options, out=str(default_run_dir(f"{name_prefix}-{label}" if name_prefix else label,
-                                                               options.seed)))
+                                                               options.seed, command.name)))
         return [Plan(command.name, options, sources[0])]
     return _comparison_plans(command, options, sources, series, group_by, labels)
+
+
+def _comparison_label(sources: list[Source]) -> str:
+    """The model part of a comparison's default folder: the model of a series (one model's revisions), else
+    ``compare``."""
+    names = {source.label or source.location for source in sources}
+    return names.pop() if len(names) == 1 else "compare"
 
 
 def _comparison_plans(command: Command, options: RunOptions, sources: list[Source], series: bool,
@@ -243,7 +250,8 @@ def _comparison_plans(command: Command, options: RunOptions, sources: list[Sourc
     from sinkscope.store.results import default_run_dir, is_run_folder
 
     command.check_sources(options, sources)
-    parent = Path(options.out) if options.out else default_run_dir(command.name, options.seed)
+    parent = Path(options.out) if options.out else default_run_dir(_comparison_label(sources), options.seed,
+                                                                    command.name)
     if is_run_folder(parent):
         raise SinkscopeError(f"{option('out')} {parent} is a run folder; several models need a folder of their own "
                              "(each model's run goes into a subfolder).")

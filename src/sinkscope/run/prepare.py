@@ -129,7 +129,8 @@ def prepare(planned: Plan, inputs: Inputs | None = None, *, write: bool = True,
         raise SinkscopeError(f"{option('resume', True)} is not supported in a data-parallel (torchrun) run; run it in one process.")
     out_dir = None
     if write:
-        out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed)
+        out_dir = Path(options.out) if options.out else default_run_dir(source.label or source.location, options.seed,
+                                                                             command.name)
         if rank == 0:
             cleanup.enter_context(_locked(out_dir))
     # A trainer checkpoint measured without a text of the user's is measured on its own validation
