@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import fields
-from typing import Sequence
+from typing import Callable, Sequence
 
 from sinkscope.errors import SinkscopeError, suggest
 
@@ -54,9 +54,10 @@ def measure(
         texts: documents to cut into windows instead of the bundled corpus.
         windows: token ids (n_seqs, seq_len) to evaluate as they are.
         params: probe parameters when ``what`` names probes, ``{probe: {name: value}}``.
-        log: a function receiving progress messages (default: stderr).
+        log: a function receiving progress messages (default: stderr; none with ``progress=False``).
         **options: the command's options (``seq_len``, ``n_seqs``, ``seed``, ``bos``, ``device``,
-            ``dtype``, ``attention``, ``out``, ...), and where the runs go (docs/scaling.md):
+            ``dtype``, ``attention``, ``out``, ``progress`` (default True: a progress bar and each phase's
+            line on stderr; False runs silently), ...), and where the runs go (docs/scaling.md):
             ``executor="ray"`` or ``"slurm"``, ``jobs=N`` local processes, ``ray_address``,
             ``slurm_partition``, ... (``executors.settings.ExecutorOptions``; these write every run to
             ``out``, which they need, and the result is read back from it).
@@ -103,6 +104,7 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
             raise SinkscopeError(f"{command.name} has no option {key!r}{suggest(key, known)}.")
     inputs = Inputs(texts=[texts] if isinstance(texts, str) else (list(texts) if texts is not None else None),
                     windows=windows)
+    log = _say(log, options.get("progress", True))
     if not executor_options.in_process:
         return _on_executor(command, options, model, revisions, group_by, executor_options, texts, windows, tokenizer, log)
     if isinstance(model, (list, tuple, set)) or revisions is not None:
@@ -111,7 +113,7 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
             raise SinkscopeError("several models are compared by name (hub ids or paths, in a list); a loaded model "
                                  "is measured alone.")
         several = list(model) if isinstance(model, (list, tuple)) else model
-        run_options = command.options(**{"progress": False, **_as_tuples(command.options, options)})
+        run_options = command.options(**_as_tuples(command.options, options))
         return _compare(command, run_options, several, revisions, group_by, inputs, log)
     if isinstance(model, torch.nn.Module):
         _check_loaded(model)
@@ -122,8 +124,8 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
     elif tokenizer is not None:
         raise SinkscopeError("tokenizer= goes with a loaded model; a model named by path or id brings its own.")
     model = os.fspath(model) if isinstance(model, os.PathLike) else model
-    run_options = command.options(model=model, **{"progress": False, **_as_tuples(command.options, options)})
-    return measure_command(command, run_options, inputs, write=run_options.out is not None, log=log or (lambda _m: None))
+    run_options = command.options(model=model, **_as_tuples(command.options, options))
+    return measure_command(command, run_options, inputs, write=run_options.out is not None, log=log)
 
 
 def _on_executor(command, options, model, revisions, group_by, executor_options, texts, windows, tokenizer, log):
@@ -144,9 +146,9 @@ def _on_executor(command, options, model, revisions, group_by, executor_options,
         raise SinkscopeError("a run on an executor reads its model and text by name (hub ids or paths, text_file=); "
                              "loaded models, texts= and windows= are measured in this process.")
     several = list(model) if isinstance(model, (list, tuple)) else model
-    run_options = command.options(**{"progress": False, **_as_tuples(command.options, options)})
+    run_options = command.options(**_as_tuples(command.options, options))
     plans = plan(command, run_options, models=several, revisions=revisions, group_by=group_by)
-    execute_jobs(plans, executor_options, log=log or (lambda _m: None))
+    execute_jobs(plans, executor_options, log=log)
     results = [Result.load(p.options.out) for p in plans]
     comparison = plans[0].comparison
     if comparison is None:
@@ -168,8 +170,7 @@ def _compare(command, options, models, revisions, group_by, inputs, log):
     from sinkscope.run.result import ComparisonResult
 
     plans = plan(command, options, models=models, revisions=revisions, group_by=group_by, write=False)
-    say = log or (lambda _m: None)
-    results = [run_plan(p, inputs, write=False, log=say) for p in plans]
+    results = [run_plan(p, inputs, write=False, log=log) for p in plans]
     comparison = plans[0].comparison
     if comparison is None:  # one model, one revision: a run alone
         return results[0]
@@ -180,6 +181,18 @@ def _compare(command, options, models, revisions, group_by, inputs, log):
     if options.out:
         outcome.report(options.out, overwrite=options.overwrite)
     return outcome
+
+
+def _say(log, progress: bool):
+    """Where the run's messages go: ``log`` when given, else stderr (as the command line), or nowhere with
+    ``progress=False``."""
+    if log is not None:
+        return log
+    if not progress:
+        return lambda _message: None
+    import sys
+
+    return lambda message: print(message, file=sys.stderr, flush=True)
 
 
 def _check_what(what) -> None:
@@ -225,3 +238,65 @@ def _as_tuples(options_cls: type, options: dict) -> dict:
 
         out["seq_len"] = parse_seq_len(out["seq_len"])
     return out
+
+
+def trace(
+    model=None,
+    text_or_ids="The quick brown fox jumps over the lazy dog.",
+    tokenizer=None,
+    *,
+    names: str | Sequence[str] | Callable[[str], bool] | None = None,
+    attention: str = "fused",
+    device: str = "auto",
+    dtype: str = "float32",
+    bos: bool | None = None,
+    trust_remote_code: bool = False,
+):
+    """One prompt's internals, TransformerLens-style: attention patterns, scores, q/k/v, the residual stream.
+
+    The same capture the probes read (``forward.trace``), one forward pass, every tensor on the CPU
+    in float32 with a batch dimension of one and keyed by TransformerLens's hook names, as
+    ``run_with_cache`` returns them::
+
+        tr = sinkscope.trace("EleutherAI/pythia-160m", "The quick brown fox")
+        tr["blocks.3.attn.hook_pattern"]      # (1, H, T, T): a_ij, SPEC.md "Position-0 mass"
+        tr.pattern(3)[0, 1, :, 0]             # head 1's weight on key 0, per query
+        tr.tokens                             # the prompt's token ids (1, T), tr.str_tokens its pieces
+
+    Args:
+        model: a loaded transformers causal LM or trainer model, or what the command line takes as
+            MODEL (a hub id, a folder, a .gguf file, a trainer checkpoint; None: the bundled default).
+        text_or_ids: a text (tokenised with the model's tokenizer, its BOS by the tokenizer's own rule
+            unless ``bos`` says otherwise) or one prompt's token ids, (T,) or (1, T).
+        tokenizer: for a loaded model and a text.
+        names: the hook names to keep (a name, a list of names, or a predicate on names, as
+            TransformerLens's ``names_filter``); None keeps every name the model has
+            (``sinkscope ls hooks MODEL``). Patterns are (H, T, T) per layer: name what you need on long prompts.
+        attention: ``fused`` (the patterns recomputed from q and k exactly as the measurement reads them)
+            or ``eager`` (read from the model's own eager attention).
+        device: where a model named by path is loaded (``auto``: cuda if available, else cpu).
+        dtype: what a model named by path is loaded in (``float32``, ``bfloat16``/``bf16``, ...).
+        trust_remote_code: a model named by path may run its repository's code.
+
+    Returns:
+        a ``Trace``: a mapping from hook names to tensors, with ``tokens``, ``str_tokens`` and
+        ``pattern(layer)`` / ``scores(layer)``.
+    """
+    import torch
+
+    from sinkscope.forward.trace import as_ids, trace_ids
+
+    if isinstance(model, torch.nn.Module):
+        _check_loaded(model)
+        ids = as_ids(text_or_ids, tokenizer, bos)
+        return trace_ids(model, ids, tokenizer, names=names, attention=attention)
+    if tokenizer is not None:
+        raise SinkscopeError("tokenizer= goes with a loaded model; a model named by path or id brings its own.")
+    from sinkscope.models.resolve import resolve_source
+    from sinkscope.run.loaders import load_model
+
+    name = os.fspath(model) if isinstance(model, os.PathLike) else model
+    loaded = load_model(resolve_source(name), device=device, dtype=dtype,
+                        trust_remote_code=trust_remote_code, log=lambda _message: None)
+    ids = as_ids(text_or_ids, loaded.tokenizer, bos)
+    return trace_ids(loaded.model, ids, loaded.tokenizer, names=names, attention=attention)

@@ -36,6 +36,7 @@ import numpy as np
 
 from sinkscope.data.fetch import AUSTEN_NAMES, austen_filename, default_corpus_dir, is_complete_corpus
 from sinkscope.data.bos import BOS_POLICIES
+from sinkscope.data.token_cache import cached_ids
 from sinkscope.errors import SinkscopeError, check_seed, option
 from sinkscope.runtime.memory import ram_available
 
@@ -356,9 +357,16 @@ def tokenize_documents(tokenizer, documents: Sequence[str]) -> list[np.ndarray |
     for text in documents:
         if len(text) > SEGMENT_CHARS:
             out.append(SegmentedIds(tokenizer, _text_pieces(text)))
-        else:
-            out.append(np.asarray(_ids(tokenizer, text), dtype=np.int64))
+        else:  # read back when this text and tokenizer were seen before (data/token_cache.py)
+            out.append(cached_ids(tokenizer, text, lambda t: _ids(tokenizer, t), _vocab_size(tokenizer)))
     return out
+
+
+def _vocab_size(tokenizer) -> int | None:
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return None
 
 
 #: above this share of unknown tokens a text is refused; above UNKNOWN_WARN a warning is logged.
