@@ -189,7 +189,7 @@ def test_the_runner_and_the_trainer_use_the_quiet_bar():
     import sinkscope.forward.runner
     import sinkscope.train.loop
 
-    assert "progress_bar" in inspect.getsource(sinkscope.forward.runner.run_probes)
+    assert "progress_bar" in inspect.getsource(sinkscope.forward.runner._Bar)
     assert "tqdm.auto" not in inspect.getsource(sinkscope.forward.runner)
     assert "from sinkscope.runtime.progress import progress_bar" in inspect.getsource(sinkscope.train.loop)
 

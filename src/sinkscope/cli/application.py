@@ -15,9 +15,28 @@ import threading
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from sinkscope.errors import Interrupted, SinkscopeError
+
+
+class _Sinkscope(TyperGroup):
+    """The app's group: ``--debug``, a global option, is taken wherever it stands on the line (before a
+    ``--``): ``sinkscope sinks MODEL --debug`` is ``sinkscope --debug sinks MODEL``, for every command."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, debug_first(args))
+
+
+def debug_first(args: list[str]) -> list[str]:
+    """``args`` with every ``--debug`` before a ``--`` moved to the front, where the app's callback reads it."""
+    end = args.index("--") if "--" in args else len(args)
+    kept = [arg for arg in args[:end] if arg != "--debug"]
+    return list(args) if len(kept) == end else ["--debug", *kept, *args[end:]]
+
+
 app = typer.Typer(
+    cls=_Sinkscope,
     name="sinkscope",
     help="Measure attention sinks in causal language models.",
     no_args_is_help=True,
@@ -106,6 +125,8 @@ def _friendly_errors(func):
         try:
             with _stop_signals():
                 return func(*args, **kwargs)
+        except typer.Exit:  # the command's own exit code (an interrupted training's 130), already explained
+            raise
         except SinkscopeError as error:
             _echo_traceback(error)
             message, code = str(error), error.exit_code  # 1; 130 for an interrupted run (errors.Interrupted)

@@ -10,7 +10,9 @@ supports it, only the last position's.
 Per batch, the loop runs one forward pass per *pass label* the probes ask for (None, the clean
 pass, unless a probe asks for others, e.g. one pass per injection condition); a probe sees only
 the passes it lists, and its interventions act only in those. Nothing moves to the host inside
-the layer loop: the non-finite check is accumulated on the device and read once per batch.
+the layer loop: the non-finite check is accumulated on the device and read once per batch. The
+progress bar counts windows, or passes where a batch runs several (``inject``'s 25), so it moves
+within a batch.
 """
 
 from __future__ import annotations
@@ -174,6 +176,57 @@ def _passes(probes: Sequence[Probe]) -> list[str | None]:
     return sorted(labels, key=lambda p: (p is not None, "" if p is None else str(p)))
 
 
+class _Bar:
+    """The forward loop's progress bar: windows when each batch is one pass; passes when it is several.
+
+    A command whose probes ask for several passes per batch (``inject``: one clean pass and one per
+    junk type x cutoff x dose x draw; ``circuit``'s BOS experiments) counts each pass as it ends, so
+    the bar moves within a batch (one batch of 8 windows is 25 passes of ``inject``'s default); the
+    windows done are its postfix. Out of memory, the batch's counted passes are taken back and the
+    total follows the halved batch size.
+    """
+
+    def __init__(self, n: int, start: int, batch_size: int, passes: int, progress: bool):
+        self.n, self.passes, self.counted, self.index = n, passes, 0, start
+        if passes <= 1:
+            self.bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress,
+                                    file=sys.stderr, dynamic_ncols=True)
+            return
+        done = -(-start // batch_size) * passes  # the batches before ``start``, as whole batches of passes
+        self.bar = progress_bar(total=done + self._left(start, batch_size), initial=done,
+                                desc=f"passes ({passes} per batch)", unit="pass", disable=not progress,
+                                file=sys.stderr, dynamic_ncols=True)
+        self.bar.set_postfix_str(f"{start}/{n} windows", refresh=False)
+
+    def _left(self, index: int, batch_size: int) -> int:
+        return -(-(self.n - index) // batch_size) * self.passes
+
+    def passed(self) -> None:
+        """One pass of the batch has run."""
+        if self.passes > 1:
+            self.bar.update(1)
+            self.counted += 1
+
+    def retry(self, index: int, batch_size: int) -> None:
+        """The batch at ``index`` runs again at ``batch_size``: its passes are not counted twice."""
+        if self.passes > 1:
+            self.bar.n -= self.counted
+            self.bar.total = self.bar.n + self._left(index, batch_size)
+            self.bar.refresh()
+        self.counted = 0
+
+    def batch_done(self, index: int) -> None:
+        """The windows before ``index`` are measured."""
+        if self.passes > 1:
+            self.bar.set_postfix_str(f"{index}/{self.n} windows")
+        else:
+            self.bar.update(index - self.index)
+        self.counted, self.index = 0, index
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 def run_probes(
     model: torch.nn.Module,
     tokens: np.ndarray,
@@ -223,8 +276,7 @@ def run_probes(
     if not passes:  # every probe has what it needs already (a second stage that changes nothing): no forward
         return batch_size
     heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES)  # else glibc's heap fragments at long windows (runtime/heap.py)
-    bar = progress_bar(total=n, initial=start, desc="windows", unit="win", disable=not progress, file=sys.stderr,
-                       dynamic_ncols=True)
+    bar = _Bar(n, start, batch_size, len(passes), progress)
     switch = _PassSwitch([d for _, d in passes])
     # logits of every position only on the passes that read the loss (the others: the last position's)
     pass_kwargs = [{} if native else _forward_kwargs(model, need_logits=hp.LOSS in d.observed) for _, d in passes]
@@ -247,6 +299,7 @@ def run_probes(
                     _forward(model, _pass_inputs(dispatcher, label, ids), dispatcher, native=native,
                              attention=attention, kwargs=kwargs, switch=switch)
                     dispatcher.check_finite()
+                    bar.passed()
                 for probe in probes:
                     probe.end_batch()
             except torch.OutOfMemoryError:
@@ -262,11 +315,12 @@ def run_probes(
                         "evaluation batch, so the batch cannot be halved without changing the numbers: rerun with "
                         f"a smaller {option('eval_batch')}, a shorter {option('seq_len')} or a larger device.") from None
                 retried, batch_size = True, max(1, batch_size // 2)
+                bar.retry(index, batch_size)
                 _free_cache(device)
                 log(f"Out of memory; retrying with --batch-size {batch_size} (the numbers do not change).")
                 continue
             index += ids.shape[0]
-            bar.update(ids.shape[0])
+            bar.batch_done(index)
             if on_batch_done is not None:
                 on_batch_done(index)
     bar.close()

@@ -113,16 +113,22 @@ def measure(prepared: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float
     last_save = [time.monotonic()]
 
     def checkpointer(probes: list[Probe], stage: int, done: list[Probe]):
-        def checkpoint(next_window: int) -> None:
-            if progress_file is None or world_size > 1 or next_window >= stop:
+        def checkpoint(next_window: int, force: bool = False) -> None:
+            """Save the accumulators for --resume at most every --checkpoint-seconds; ``force``: now (a reader
+            interrupted at a point it can resume from: ``stream`` between two conditions)."""
+            if progress_file is None or world_size > 1 or (next_window >= stop and not force):
                 return
-            if time.monotonic() - last_save[0] < options.checkpoint_seconds:
+            if not force and time.monotonic() - last_save[0] < options.checkpoint_seconds:
                 return
             progress_file.parent.mkdir(parents=True, exist_ok=True)
             save_state(progress_file, {"probes": [p.state_dict() for p in probes],
                                        "done": [p.state_dict() for p in done]},
                        header={"fingerprint": fingerprint, "stage": stage, "next": next_window})
             last_save[0] = time.monotonic()
+            if not options.progress and not force and prepared.command.read_windows is None:
+                # no bar: one line per checkpoint says the run moves (stream's reader says each condition it reads)
+                log(f"Checkpoint: {next_window - first} of {stop - first} windows measured"
+                    + (f" (stage {stage + 1})" if stage else "") + ", kept for --resume.")
         return checkpoint
 
     def run_stage(probes: list[Probe], stage: int, done: list[Probe]) -> None:

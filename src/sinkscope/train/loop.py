@@ -60,7 +60,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from sinkscope.errors import SinkscopeError, option, whole_number
+from sinkscope.errors import SinkscopeError, option, phrase, whole_number
 from sinkscope.store.files import (atomic_write_text, check_inputs_outside, check_not_cwd, check_replaceable,
                               describe_entries, is_temporary_name, lock_folder, write_inventory)
 from sinkscope.models.checkpoint_folder import (WRITER, checkpoint_legacy, clean_leftovers, foreign_files, interrupted_save,
@@ -323,13 +323,56 @@ def imbalance_columns(importance: torch.Tensor) -> dict[str, str]:
     return cells
 
 
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during :func:`train`; ``advice`` says what ``--out`` keeps and the command that
+    continues from there (a KeyboardInterrupt still, for callers that catch one)."""
+
+    def __init__(self, advice: str):
+        super().__init__(advice)
+        self.advice = advice
+
+
+@dataclass
+class _Kept:
+    """What ``--out`` holds as a training goes, for the sentence of an interruption (:meth:`advice`)."""
+
+    out: Path
+    resume: bool
+    started: bool = False  # --out (or the replacement's sibling) was written to
+    replacing: bool = False  # --overwrite of a folder that holds something: it is unchanged until the first checkpoint
+    checkpoint: int | None = None  # the step of the checkpoint --out holds for this training
+    first_due: int | None = None  # the step of the first checkpoint
+
+    def advice(self) -> str:
+        if self.checkpoint is not None:
+            return (f"{self.out} keeps the checkpoint of step {self.checkpoint}; continue with the same command and "
+                    f"{option('resume', True)}")
+        if self.resume or not self.started:
+            return f"nothing in {self.out} was changed; rerun the same command"
+        due = f" (the first was due at step {self.first_due})" if self.first_due is not None else ""
+        if self.replacing:
+            return (f"no checkpoint was written yet{due}, so {self.out} still holds what it held before; rerun the "
+                    f"same command (with {option('overwrite', True)}) to start again")
+        return (f"no checkpoint was written yet{due}, so {self.out} holds only this run's log; start again with "
+                f"the same command and {option('overwrite', True)}")
+
+
 def train(options: TrainOptions, log: Callable[[str], None] | None = None) -> Path:
-    """Train (or resume) one model; returns the checkpoint folder. See the module docstring."""
+    """Train (or resume) one model; returns the checkpoint folder. See the module docstring.
+
+    Ctrl-C (or SIGTERM, which the command line turns into one) raises :class:`TrainingInterrupted`, whose
+    ``advice`` names what to run next from the state ``--out`` is left in.
+    """
     log = log or _stderr
     env = _init_dist(options.device)
+    kept = _Kept(Path(options.out).expanduser(), bool(options.resume))
     try:
         with contextlib.ExitStack() as held:  # --out's lock (rank 0) and the replacement's sibling, to the end
-            return _train(options, log, env, held)
+            return _train(options, log, env, held, kept)
+    except TrainingInterrupted:
+        raise
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(phrase(kept.advice())) from None
     finally:
         env.close()
 
@@ -339,7 +382,8 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: contextlib.ExitStack) -> Path:
+def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: contextlib.ExitStack,
+           left: _Kept) -> Path:
     from sinkscope.models.trainer_config import TIERS, GPTConfig
     from sinkscope.train.model import GPT
     from sinkscope.train.tasks import make_task
@@ -363,6 +407,10 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
             if restored is not None:
                 log(f"restored the checkpoint{restored[1]} that an interrupted save left at {restored[0]} to {out}")
             if not is_checkpoint(out):
+                if out.is_dir() and (out / "log.csv").is_file() and not foreign_files(out):
+                    raise SinkscopeError(f"{out} holds only the log of a training stopped before its first checkpoint, "
+                                         f"so there is nothing to resume; start again without {option('resume', True)} "
+                                         f"and with {option('overwrite', True)}.")
                 raise SinkscopeError(f"there is no trainer checkpoint to resume in {out}; run without {option('resume', True)} first.")
             _check_out(out, True)  # every save replaces the folder whole: nothing of anyone else's may be in it
 
@@ -477,6 +525,8 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
 
     # -- the folder and the log (rank 0) --
     last_ckpt = start if options.resume else None
+    left.checkpoint, left.replacing = last_ckpt, replacing
+    left.first_due = min(start + opts.checkpoint_every - start % opts.checkpoint_every, opts.stop_at or opts.steps)
     columns = log_columns(config.n_layer)
     log_dir = out  # where log.csv grows: --out, or the replacement's sibling until its first checkpoint
     if env.is_main:
@@ -504,6 +554,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
             f"seed {opts.seed} on {what}; "
             f"{opts.steps} steps x {tokens_per_step:,} tokens on {device}"
             f"{f' x {env.world_size} processes' if env.enabled else ''} -> {out}")
+    left.started = True  # --out, or the replacement's sibling, holds this run's log
     monitor = None
     if opts.monitor_every and env.is_main:  # sink formation: the same validation windows at every measured step
         from sinkscope.train.monitor import SinkMonitor
@@ -569,7 +620,7 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
                 log_dir = out
 
         _on_main(env, write)
-        last_ckpt = step
+        last_ckpt = left.checkpoint = step
 
     if not options.resume and monitor is not None:
         monitor.step(model, 0)
@@ -650,6 +701,9 @@ def _train(options: TrainOptions, log: Callable[[str], None], env: _Dist, held: 
                 save(step)
                 if monitor is not None:
                     monitor.out = log_dir  # the replacement's sibling became --out at its first checkpoint
+                if env.is_main and step != stop:  # one line per phase, bar or not (the last: the end's line)
+                    line = f"step {step}: checkpoint written to {out} (--resume continues from it)"
+                    bar.write(line, file=sys.stderr) if not bar.disable else log(line)
                 env.barrier()
     finally:
         bar.close()

@@ -21,6 +21,8 @@ tokens), protected tokens, and 8 or 3 bits (quanto's KV layer takes 2 and 4).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -39,9 +41,11 @@ def check_available() -> None:
                              f"or use {option('kv_backend')} sinkscope.")
 
 
-def read_quantised_cache(model: nn.Module, ids: Tensor, policy: Policy, cache_kwarg: str, *, chunk: int) -> Tensor:
+def read_quantised_cache(model: nn.Module, ids: Tensor, policy: Policy, cache_kwarg: str, *, chunk: int,
+                         on_chunk: Callable[[int], None] | None = None) -> Tensor:
     """Per-token NLL (L - 1,) float32 of ``ids`` (1, L) read ``chunk`` tokens at a time through
-    ``QuantizedCache(backend="quanto", nbits, axis 0, q_group_size, residual_length=1)``."""
+    ``QuantizedCache(backend="quanto", nbits, axis 0, q_group_size, residual_length=1)``;
+    ``on_chunk(tokens)`` after each chunk (a progress bar)."""
     from transformers import QuantizedCache
 
     from sinkscope.capture.attention import capture
@@ -66,4 +70,6 @@ def read_quantised_cache(model: nn.Module, ids: Tensor, policy: Policy, cache_kw
             targets = ids[0, t0 + 1:t0 + k + 1]  # (m,)
             nll.append(F.cross_entropy(out.logits[0, :targets.numel()].float(), targets, reduction="none"))
             del out
+            if on_chunk is not None:
+                on_chunk(k)
     return torch.cat(nll)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import inspect
 import zlib
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -351,6 +352,7 @@ class ChunkRead:
         cache: the live ``DynamicCache`` after the chunk (its layers' ``keys`` and ``values``).
         p0_sum, p0_count: with ``p0``, the position-0 share summed over the chunk's queries (from
             position 1 on) and heads of every layer that see position 0, and their count.
+        tokens: the tokens the chunk read (its length; what a progress bar counts).
     """
 
     start: int
@@ -360,6 +362,7 @@ class ChunkRead:
     cache: object = None
     p0_sum: float = 0.0
     p0_count: int = 0
+    tokens: int = 0
 
 
 def _p0_keys(slots: list[_Slots | None], layout: Layout, t0: int, n_cached: dict[int, int], copies: int) -> dict:
@@ -433,25 +436,37 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
             _evict(cache, slots, policy, layout, t0, k, positions, observer.columns, generator)
             observer.columns.clear()
             yield ChunkRead(t0, nll, [state.orig for state in slots], [state.exact for state in slots], cache,
-                            observer.p0_sum, observer.p0_count)
+                            observer.p0_sum, observer.p0_count, k)
             t0 += k
 
 
-def read_stream(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int) -> Tensor:
+def _counted(reads, on_chunk: Callable[[int], None] | None) -> list[ChunkRead]:
+    """Every chunk's :class:`ChunkRead`, ``on_chunk(tokens)`` called as each is read."""
+    out = []
+    for read in reads:
+        out.append(read)
+        if on_chunk is not None:
+            on_chunk(read.tokens)
+    return out
+
+
+def read_stream(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int,
+                on_chunk: Callable[[int], None] | None = None) -> Tensor:
     """Per-token NLL (L - 1,) float32 of ``ids`` (1, L) read ``chunk`` tokens at a time under ``policy``
-    (transformers' own quantised cache where the policy asks for it: ``stream.hf_quant``)."""
+    (transformers' own quantised cache where the policy asks for it: ``stream.hf_quant``);
+    ``on_chunk(tokens)`` after each chunk (a progress bar)."""
     if policy.kv_backend == "transformers":
         from sinkscope.forward.stream.hf_quant import read_quantised_cache
 
-        return read_quantised_cache(model, ids, policy, layout.cache_kwarg, chunk=chunk)
-    return torch.cat([read.nll for read in iter_chunks(model, ids, policy, layout, chunk=chunk)])
+        return read_quantised_cache(model, ids, policy, layout.cache_kwarg, chunk=chunk, on_chunk=on_chunk)
+    return torch.cat([read.nll for read in _counted(iter_chunks(model, ids, policy, layout, chunk=chunk), on_chunk)])
 
 
-def read_stream_p0(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int
-                   ) -> tuple[Tensor, float, int]:
+def read_stream_p0(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int,
+                   on_chunk: Callable[[int], None] | None = None) -> tuple[Tensor, float, int]:
     """:func:`read_stream` plus the position-0 share through the cache: (NLL (L - 1,), its sum over the
     queries from position 1 on, heads and layers that see position 0, and their count)."""
-    reads = list(iter_chunks(model, ids, policy, layout, chunk=chunk, p0=True))
+    reads = _counted(iter_chunks(model, ids, policy, layout, chunk=chunk, p0=True), on_chunk)
     return (torch.cat([r.nll for r in reads]), sum(r.p0_sum for r in reads), sum(r.p0_count for r in reads))
 
 

@@ -1,11 +1,17 @@
 """``sinkscope stream``'s window reader: what ``runner.run_probes`` is for the other commands (SPEC.md "Streaming").
 
-Same signature as ``run_probes``, so the pipeline's progress, checkpoints (one per window),
-``--resume``, Ctrl-C and torchrun (a share of the windows per process) all hold. Per window: the
-hook-reading probes (``p0_mass``, ``phantom_mass``) read its first ``max(cache)`` tokens densely
-through ``run_probes``; then the ``stream`` probe's every reading condition reads the whole window
+Same signature as ``run_probes``, so the pipeline's progress, checkpoints, ``--resume``, Ctrl-C
+and torchrun (a share of the windows per process) all hold. Per window: the hook-reading probes
+(``p0_mass``, ``phantom_mass``) read its first ``max(cache)`` tokens densely through
+``run_probes``; then the ``stream`` probe's every reading condition reads the whole window
 (``reader.read_stream``, or ``reader.read_masked`` in ``--mode mask``; a sinkscope trainer checkpoint,
 which keeps no cache, ``reader.read_native`` in ``--mode mask`` only).
+
+Progress: the bar counts tokens as each chunk is read. A checkpoint may be taken after every
+condition (``on_batch_done(window)``: the window in progress, whose read conditions the probe's
+state records), and on Ctrl-C or SIGTERM one is taken at once (``on_batch_done(window, force=True)``),
+so an interrupted run, even of one document, keeps the conditions it finished and ``--resume``
+reads the others (and skips the window's dense probes where one of its conditions was read).
 
 Before the first window two checks stop a run that would measure wrong, each in one sentence:
 the streaming reader with nothing evicted must give the model's own dense NLL on a prefix of the
@@ -147,27 +153,72 @@ def read_windows(
         log(f"note: under {policy.label} the {policy.cache - policy.sink_tokens} recent keys never fill a kivi group of "
             f"{policy.kv_group}, so once the cache is full only keys quantised before it filled stay quantised; "
             f"use a --kv-group of {policy.cache - policy.sink_tokens} or less, or per-token, to quantise the recent keys.")
-    bar = progress_bar(total=(n - start) * len(conditions) * L, desc="tokens", unit="tok", unit_scale=True,
-                       disable=not progress, file=sys.stderr, dynamic_ncols=True)
-    for index in range(start, n):
-        if dense_probes:
-            run_probes(model, tokens[index:index + 1, :dense_len], dense_probes, batch_size=1, device=device,
-                       progress=False, attention=attention, log=log, inference=inference)
-        ids = torch.from_numpy(np.ascontiguousarray(tokens[index:index + 1])).to(device)  # (1, L)
-        for c, policy in enumerate(conditions):
-            try:
-                with torch.inference_mode():
-                    if stream.quantises and read is read_stream:  # the sink metric of the quantised cache beside
-                        nll, p0_sum, p0_count = read_stream_p0(model, ids, policy, layout, chunk=stream.chunk)
-                        stream.add_p0(c, index, p0_sum, p0_count)
-                    else:
-                        nll = read(model, ids, policy, layout, chunk=stream.chunk)  # (L - 1,)
-            except torch.OutOfMemoryError:
-                raise SinkscopeError(f"out of memory reading {policy.label}; use a smaller {option('cache')} or {option('chunk')}, or "
-                                     f"leave full out of {option('policy')} for long texts.") from None
-            stream.add(c, index, nll)
-            bar.update(L)
-        if on_batch_done is not None:
-            on_batch_done(index + 1)
-    bar.close()
+    # a checkpoint taken within the window at ``start`` (after a condition): its conditions read, and its dense probes
+    resumed = stream.read[:, start] > 0 if start < n else torch.zeros(len(conditions), dtype=torch.bool)  # (C,)
+    if resumed.any():
+        log(f"{int(resumed.sum())} of {len(conditions)} conditions of window {start} were read before the interruption; "
+            f"reading the other {int((~resumed).sum())}.")
+    bar = progress_bar(total=(n - start) * len(conditions) * L, initial=int(resumed.sum()) * L, desc="tokens",
+                       unit="tok", unit_scale=True, disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    counted = [0]
+
+    def advance(tokens: int) -> None:  # the bar moves as each chunk is read, not once per condition
+        bar.update(tokens)
+        counted[0] += tokens
+
+    consistent = None  # the window a checkpoint taken now resumes at
+    before = None  # the dense probes before the window's, until one of its conditions is read
+    try:
+        for index in range(start, n):
+            consistent = index
+            done = stream.read[:, index] > 0  # (C,): read before a resume
+            if dense_probes and not done.any():
+                before = [p.snapshot() for p in dense_probes]
+                run_probes(model, tokens[index:index + 1, :dense_len], dense_probes, batch_size=1, device=device,
+                           progress=False, attention=attention, log=log, inference=inference)
+            ids = torch.from_numpy(np.ascontiguousarray(tokens[index:index + 1])).to(device)  # (1, L)
+            for c, policy in enumerate(conditions):
+                if done[c]:
+                    continue
+                counted[0] = 0
+                try:
+                    with torch.inference_mode():
+                        if stream.quantises and read is read_stream:  # the sink metric of the quantised cache beside
+                            nll, p0_sum, p0_count = read_stream_p0(model, ids, policy, layout, chunk=stream.chunk,
+                                                                   on_chunk=advance)
+                            stream.add_p0(c, index, p0_sum, p0_count)
+                        elif read is read_stream:
+                            nll = read(model, ids, policy, layout, chunk=stream.chunk, on_chunk=advance)  # (L - 1,)
+                        else:  # one dense pass
+                            nll = read(model, ids, policy, layout, chunk=stream.chunk)  # (L - 1,)
+                except torch.OutOfMemoryError:
+                    raise SinkscopeError(f"out of memory reading {policy.label}; use a smaller {option('cache')} or {option('chunk')}, or "
+                                         f"leave full out of {option('policy')} for long texts.") from None
+                stream.add(c, index, nll)
+                before = None  # a resume skips this window's dense probes now
+                bar.update(L - counted[0])
+                if not progress:  # no bar: one line per condition read says the run moves
+                    log(f"Read window {index + 1} of {n} under {policy.label} ({c + 1} of {len(conditions)} conditions).")
+                finished = bool((stream.read[:, index] > 0).all())
+                consistent = index + 1 if finished else index
+                if on_batch_done is not None:  # a checkpoint after every condition: an interrupted document keeps them
+                    on_batch_done(consistent)
+    except KeyboardInterrupt:
+        if consistent is not None and on_batch_done is not None and _takes_force(on_batch_done):
+            for probe, state in zip(dense_probes, before or ()):  # no condition of the window read: none of it kept
+                probe.restore(state)
+            on_batch_done(consistent, force=True)  # the conditions read before the interruption, kept for --resume
+        raise
+    finally:
+        bar.close()
     return 1
+
+
+def _takes_force(callback: Callable) -> bool:
+    """Whether ``callback`` (the pipeline's checkpoint) takes ``force=True``: save now, whenever the last save was."""
+    import inspect
+
+    try:
+        return "force" in inspect.signature(callback).parameters
+    except (TypeError, ValueError):
+        return False
