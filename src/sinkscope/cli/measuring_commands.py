@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 import typer
 
 from sinkscope.cli.application import _friendly_errors, app
-from sinkscope.cli.options import ModelArg, OutOpt, run_options
+from sinkscope.cli.options import DATA_PANEL, ModelArg, OutOpt, PanelledCommand, run_options
 
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
 @_friendly_errors
 @run_options("sinks")
 def sinks(
@@ -35,16 +35,16 @@ def sinks(
     Examples:
 
     \b
-        sinkscope sinks                                  # SmolLM2-135M on the bundled Austen corpus
+        sinkscope sinks                                  # SmolLM2-135M-Instruct (Q4_1) on the bundled Austen corpus
 
     \b
-        sinkscope sinks EleutherAI/pythia-1b --seq-len 1024 --n-seqs 64
+        sinkscope sinks EleutherAI/pythia-1b --seq-len 1024 --n-seqs 64     # needs: weights (a hub model)
 
     \b
         sinkscope sinks model.gguf --text-file book.txt --bos add --out runs/book
 
     \b
-        sinkscope sinks openai/gpt-oss-20b --device-map auto --dtype bfloat16
+        sinkscope sinks openai/gpt-oss-20b --device-map auto --dtype bfloat16    # needs: weights
 
     \b
         sinkscope sinks --massive-top-k 10 --massive-intervention zero   # Sun et al.: set them to 0, loss change
@@ -53,7 +53,7 @@ def sinks(
         sinkscope sinks --inputs random --seq-len 64 --n-seqs 64         # Gu et al.'s Table 1, random tokens
 
     \b
-        torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256
+        torchrun --nproc-per-node 4 -m sinkscope sinks EleutherAI/pythia-1b --n-seqs 256   # needs: weights
     """
     _run("sinks", {**locals(), **shared})
 
@@ -62,31 +62,58 @@ def _run(name: str, values: dict):
     """``execute(plan(...))``: the command's options built from its parameters (``options_of``: each one a
     field of the options dataclass, checked when this module was imported), its plans (every check before
     torch is imported, the models resolved once: ``run.plan.plan``), then the runs
-    (``run.dispatch.execute``); prints the run folder, or the comparison page of several models or
-    revisions (``MODEL...``, ``--revision A,B``). Returns what execute returned."""
+    (``run.dispatch.execute``); prints the summary of its headline metrics (``report.summary``: one row per
+    run for several models or revisions, ``MODEL...``, ``--revision A,B``) and then the run folder or the
+    comparison page (``explore`` prints its page itself); with ``--json`` the summary as JSON and nothing
+    else on stdout. Returns what execute returned."""
     from sinkscope.cli.options import options_of
     from sinkscope.executors.settings import choose_executor
     from sinkscope.run.plan import plan
 
+    as_json = bool(values.get("json"))
     fields, models, group_by, executor = options_of(name, values)
     executor_options = choose_executor(executor)
     plans = plan(name, fields, models=models, revisions=fields.get("revision"), group_by=group_by)
     from sinkscope.run.dispatch import execute, written_path
 
     outcome = execute(plans, executor_options=executor_options)
-    if outcome is not None and name != "explore":  # None on data-parallel processes other than 0
-        typer.echo(str(written_path(outcome)))
+    if outcome is None:  # data-parallel processes other than 0
+        return outcome
+    path = written_path(outcome)
+    _print_summary(path, as_json)
+    if not as_json and name != "explore":
+        typer.echo(str(path))
     return outcome
 
 
-@app.command()
+def _print_summary(path, as_json: bool) -> None:
+    """The headline table (or its JSON) of what was written at ``path``; a summary that cannot be read
+    (a folder changed under the run) is one line on stderr, never a failed command."""
+    import json
+
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.report.summary import format_summary, summarise
+
+    try:
+        summary = summarise(path)
+    except SinkscopeError as error:
+        typer.echo(f"note: no summary ({error})", err=True)
+        if as_json:
+            typer.echo(json.dumps({"path": str(path), "error": str(error)}))
+        return
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1, allow_nan=False))
+    else:
+        typer.echo(format_summary(summary))
+
+
+@app.command(cls=PanelledCommand)
 @_friendly_errors
 @run_options("selectivity", n_seqs=256)
 def selectivity(
     model: Annotated[Optional[list[str]], typer.Argument(metavar="MODEL", show_default=False, help="One or more gated models: trainer checkpoints with a value or output gate, or Hugging Face models with an output gate (Qwen3-Next). Several give one comparison page.")] = None,
     out: OutOpt = None,
     min_count: Annotated[int, typer.Option("--min-count", help="token_share_frequent (its min_count column) and the token tables count tokens seen at least K times.")] = 50,
-    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
 ) -> None:
     """Measure gates: selectivity, mean gate, token-identity share, per-token gates, output-gate statistics.
@@ -112,7 +139,7 @@ def selectivity(
     _run("selectivity", {**locals(), **shared})
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
 @_friendly_errors
 @run_options("heads")
 def heads(
@@ -124,7 +151,6 @@ def heads(
     sink_min_queries: Annotated[int, typer.Option("--sink-min-queries", help="--sink-set data: a key needs at least this many scoring queries (capped at half the window's).")] = 16,
     dormant_below: Annotated[float, typer.Option("--dormant-below", help="A head whose importance is below this is dormant.")] = 0.1,
     ablate_dormant: Annotated[bool, typer.Option("--ablate-dormant", help="Then zero the dormant heads (found on all windows) and report the loss change: a second pass, clean and ablated.")] = False,
-    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
 ) -> None:
     """Measure implicit gates, head importance, load imbalance (CV) and dormant heads (Fu et al. 2026).
@@ -135,13 +161,13 @@ def heads(
     Examples:
 
     \b
-        sinkscope heads                                          # SmolLM2-135M on the bundled corpus
+        sinkscope heads                                          # SmolLM2-135M-Instruct (Q4_1) on the bundled corpus
 
     \b
         sinkscope heads --ablate-dormant --dormant-below 0.2     # zero the dormant heads: loss change
 
     \b
-        sinkscope heads openai/gpt-oss-20b --sink-set first+phantom --device-map auto
+        sinkscope heads openai/gpt-oss-20b --sink-set first+phantom --device-map auto   # needs: weights
 
     \b
         sinkscope heads ckpt/base ckpt/lb --ablate-dormant --out runs/lb-vs-base
@@ -149,21 +175,20 @@ def heads(
     _run("heads", {**locals(), **shared})
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
 @_friendly_errors
 @run_options("inject", skip=("batch_size", "seed"), rename={"cutoff": "cutoffs"})
 def inject(
     model: ModelArg = None,
     out: OutOpt = None,
     eval_batch: Annotated[int, typer.Option("--eval-batch", help="Windows per evaluation batch: structured junk is drawn across it, so it is part of the measurement (recorded in the manifest, never halved); with structured junk --n-seqs must be a multiple of it (at least 2).")] = 8,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the window draw and of the junk (per batch and layer).")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the window draw and of the junk (per batch and layer).", rich_help_panel=DATA_PANEL)] = 0,
     junk: Annotated[list[str], typer.Option("--junk", help="Junk types, repeatable or comma-separated: structured, same-context, gaussian, random-direction, own-direction (projection-gate checkpoints).")] = ["structured", "same-context", "gaussian"],  # noqa: B006
     cutoff: Annotated[list[str], typer.Option("--cutoff", help="Quiet-read cutoffs, repeatable or comma-separated: median, q25.")] = ["median", "q25"],  # noqa: B006
     doses: Annotated[str, typer.Option("--doses", help="Doses eps, comma-separated: the junk's norm is eps x the head's median read norm.")] = "0.2,0.4,0.8,1.6",
     draws: Annotated[int, typer.Option("--draws", help="Seeded draws of the junk per condition (draw d seeded by seed, batch, layer and d): the table gives the mean over draws and windows and its standard error over windows; K corrupted passes per condition, one shared clean pass.")] = 1,
     junk_source: Annotated[str, typer.Option("--junk-source", help="Where each layer's quiet set, median read norm m_h and transplanted junk come from: clean (the clean forward pass of the same batch, SPEC.md) or corrupted (the reads the layer receives after the layers below were corrupted; the protocol before 2026-12).")] = "clean",
     exposure: Annotated[bool, typer.Option("--exposure/--no-exposure", help="Also measure quiet and phantom mass on the clean pass.")] = True,
-    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
 ) -> None:
     """Corrupt every value head's quiet reads with junk and measure the loss increase (Wang 2026 §5).
@@ -176,7 +201,7 @@ def inject(
     Examples:
 
     \b
-        sinkscope inject                                         # SmolLM2-135M: 3 junk types x 2 cutoffs x 4 doses
+        sinkscope inject                                         # SmolLM2-135M-Instruct: 3 junk types x 2 cutoffs x 4 doses
 
     \b
         sinkscope inject --junk gaussian --cutoff q25 --doses 0.4,0.8 --n-seqs 8 --seq-len 256
@@ -193,7 +218,7 @@ def inject(
     _run("inject", {**locals(), **shared})
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
 @_friendly_errors
 @run_options("circuit")
 def circuit(
@@ -208,7 +233,6 @@ def circuit(
     bos_experiments: Annotated[bool, typer.Option("--bos-experiments/--no-bos-experiments", help="Run the BOS experiments (Sink_0^eps with/without BOS, repeated first token): 2 x len(repeats) extra passes.")] = True,
     repeats: Annotated[Optional[list[int]], typer.Option("--repeats", help="How many times the first token is repeated (repeatable; 1 is the reference) [default: 1 2 4 8].")] = None,
     sink_epsilon: Annotated[float, typer.Option("--sink-epsilon", help="Gu et al.'s threshold eps of Sink_0^eps.")] = 0.3,
-    group_by: Annotated[Optional[str], typer.Option("--group-by", help="Several models: average runs sharing a condition (variant, seed, step, tier) on the comparison page.")] = None,
     **shared,
 ) -> None:
     """How the model makes position 0 special (the P0-sink study): norms, direction, attention output, MLP PCA, BOS.
@@ -222,7 +246,7 @@ def circuit(
     Examples:
 
     \b
-        sinkscope circuit                                  # SmolLM2-135M, bundled corpus
+        sinkscope circuit                                  # SmolLM2-135M-Instruct, bundled corpus
 
     \b
         sinkscope circuit --bos none --subtract-head 0.3   # one head removed
@@ -236,14 +260,14 @@ def circuit(
     _run("circuit", values)
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
 @_friendly_errors
-@run_options("stream", skip=("seq_len", "n_seqs", "batch_size"))
+@run_options("stream", skip=("seq_len", "n_seqs", "batch_size"))  # its own --seq-len (alias --length) and --n-seqs
 def stream(
     model: ModelArg = None,
     out: OutOpt = None,
-    length: Annotated[int, typer.Option("--length", help="Tokens per document (window), BOS included; may exceed the model's context.")] = 2048,
-    n_seqs: Annotated[int, typer.Option("--n-seqs", help="Documents (windows of --length tokens).")] = 1,
+    length: Annotated[int, typer.Option("--seq-len", "--length", help="Tokens per document (window), BOS included; one length, which may exceed the model's context (--length is the same option).", rich_help_panel=DATA_PANEL)] = 2048,
+    n_seqs: Annotated[int, typer.Option("--n-seqs", help="Documents (windows of --seq-len tokens).", rich_help_panel=DATA_PANEL)] = 1,
     cache: Annotated[str, typer.Option("--cache", help="Cache sizes, comma-separated: the keys a cache holds when a token arrives (its query sees them and itself; exact at any --chunk).")] = "256",
     sink_tokens: Annotated[str, typer.Option("--sink-tokens", help="The sinks policy's first tokens, comma-separated (0 = window).")] = "4",
     policy: Annotated[str, typer.Option("--policy", help="Policies, comma-separated: full (dense reference), window, sinks (StreamingLLM), h2o (heavy hitters + recent).")] = "full,window,sinks,h2o",
@@ -278,7 +302,7 @@ def stream(
         sinkscope stream --positions cache,original --n-seqs 4 --chunk 32
 
     \b
-        sinkscope stream openai/gpt-oss-20b --sink-tokens 0 --policy full,window --device-map auto
+        sinkscope stream openai/gpt-oss-20b --sink-tokens 0 --policy full,window --device-map auto   # needs: weights
 
     \b
         sinkscope stream --kv-bits 16,8,4,2 --protect-sinks 0,4 --policy full,window   # a quantised cache
@@ -286,13 +310,13 @@ def stream(
     _run("stream", {**locals(), **shared})
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
 @_friendly_errors
 @run_options("measure", rename={"probe": "probes", "param": "params", "plugin": "plugins"})
 def measure(
     model: ModelArg = None,
     probe: Annotated[list[str], typer.Option("--probe", "-p", help="A registered probe (repeatable; see `sinkscope ls probes`).")] = [],  # noqa: B006
-    param: Annotated[Optional[list[str]], typer.Option("--param", help="A probe parameter PROBE.NAME=VALUE (repeatable).")] = None,
+    param: Annotated[Optional[list[str]], typer.Option("--param", "--set", help="A probe parameter PROBE.NAME=VALUE (repeatable); --set, the name other commands give their key=value overrides, is the same option.")] = None,
     plugin: Annotated[Optional[list[str]], typer.Option("--plugin", help="A Python file that registers probes (repeatable).")] = None,
     out: OutOpt = None,
     **shared,
@@ -308,14 +332,14 @@ def measure(
         sinkscope measure ckpt/sinklogit --probe sink_rate --param sink_rate.epsilon=0.5
 
     \b
-        sinkscope measure model.gguf --plugin my_probes.py --probe my_probe
+        sinkscope measure model.gguf --plugin my_probes.py --probe resid_norm   # README.md's probe, saved as my_probes.py
     """
     _run("measure", {**locals(), **shared, "param": param or [], "plugin": plugin or []})
 
 
 
 
-@app.command()
+@app.command(cls=PanelledCommand)
 @_friendly_errors
 @run_options("explore", cli_only=("open_page",), n_seqs=1, explore_windows=1)
 def explore(
@@ -335,10 +359,10 @@ def explore(
         sinkscope explore --text "The quick brown fox jumps over the lazy dog."
 
     \b
-        sinkscope explore EleutherAI/pythia-1b --text-file essay.txt --explore-heads all --out runs/essay
+        sinkscope explore EleutherAI/pythia-1b --text-file essay.txt --explore-heads all --out runs/essay   # needs: weights
     """
     outcome = _run("explore", {**locals(), **shared})
-    if outcome is None:
+    if outcome is None or shared.get("json"):
         return
     from sinkscope.run.dispatch import written_path
 

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from sinkscope.models.resolve import Source
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the short names people type for them (PyTorch's and most tools' spellings).
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}
 #: the device types sinkscope runs on (its kernels and tests cover these).
 DEVICE_TYPES = ("cpu", "cuda")
 #: accelerate's placement strategies for --device-map (transformers' ``check_and_set_device_map``).
@@ -55,9 +57,10 @@ def check_device_map(device_map: str | dict | None, source: Source | None = None
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """``auto`` -> float32 on CPU, bfloat16 on GPU; otherwise float32/bfloat16/float16."""
+    """``auto`` -> float32 on CPU, bfloat16 on GPU; otherwise float32/bfloat16/float16 (or fp32, bf16, fp16, half)."""
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else torch.bfloat16
+    dtype = DTYPE_ALIASES.get(str(dtype).lower(), str(dtype).lower())
     if dtype not in DTYPES:
-        raise SinkscopeError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}.")
+        raise SinkscopeError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)} (or fp32, bf16, fp16).")
     return DTYPES[dtype]

@@ -458,7 +458,7 @@ def test_several_models_give_one_comparison(tiny_llama_dir, text_file, tmp_path,
                                  "16", "--n-seqs", "2", "--no-progress", "--out", str(out)])
     assert result.exit_code == 0, result.output
     first, second = out / tiny_llama_dir.name, out / "tiny-oss"  # one run folder per model, named after it
-    assert result.stdout.split() == [str(out / "report.html")]
+    assert result.stdout.strip().splitlines()[-1] == str(out / "report.html")  # the summary, then the page
     for folder, sink_set in ((first, "first"), (second, "phantom")):  # auto: what each model has
         manifest = json.loads((folder / "manifest.json").read_text())
         assert manifest["probes"]["head_importance"]["options"]["sink_set"] == sink_set

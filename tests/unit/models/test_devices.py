@@ -34,3 +34,19 @@ def test_device_maps_are_accelerates_and_not_for_checkpoints():
         check_device_map("everywhere")
     with pytest.raises(SinkscopeError, match="a trainer checkpoint runs on one --device"):
         check_device_map("auto", Source("checkpoint", "ck", "ck"))
+
+
+def test_the_short_dtype_names_are_aliases():
+    """issue 61, item 10: fp16/bf16 (and fp32, half) as PyTorch users type them."""
+    import torch
+
+    from sinkscope.errors import SinkscopeError
+    from sinkscope.models.devices import resolve_dtype
+
+    cpu = torch.device("cpu")
+    assert [resolve_dtype(name, cpu) for name in ("bf16", "fp16", "fp32", "half", "BF16")] == [
+        torch.bfloat16, torch.float16, torch.float32, torch.float16, torch.bfloat16]
+    import pytest
+
+    with pytest.raises(SinkscopeError, match="unknown dtype 'int8'; use auto, float32, bfloat16, float16 \\(or fp32"):
+        resolve_dtype("int8", cpu)

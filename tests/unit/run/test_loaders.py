@@ -257,7 +257,7 @@ def test_unknown_device(llama_folder):
     assert_one_sentence(str(info.value))
 
 
-@pytest.mark.parametrize("dtype", ["float64", "fp32", "int8"])
+@pytest.mark.parametrize("dtype", ["float64", "fp8", "int8"])
 def test_unknown_dtype(llama_folder, dtype):
     with pytest.raises(SinkscopeError) as info:
         load_model(resolve_source(str(llama_folder.folder)), device="cpu", dtype=dtype)
