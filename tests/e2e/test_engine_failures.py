@@ -102,7 +102,7 @@ def test_with_jobs_2_a_killed_run_fails_alone_and_resume_reruns_only_it(three_mo
             "--batch-size", "2", "--no-progress", "--trust-remote-code", "--jobs", "2", "--out", str(out)]
     result = runner.invoke(app, args)
     sentence = _one_sentence(result.output, result.exit_code)
-    assert "1 of 3 runs failed: beta: its process ended without a result (killed by SIGKILL" in sentence
+    assert "1 of 3 runs failed (beta: its process ended without a result (killed by SIGKILL" in sentence
     assert not (out / "beta").exists()
     kept = {name: (out / name / "results.csv").stat().st_mtime_ns for name in ("alpha", "gamma")}
 

@@ -113,7 +113,7 @@ def test_a_plan_that_raises_fails_alone_and_resume_reruns_only_it(executor_optio
     out = tmp_path / "cmp"
     result = _heads(models, out, text_file, *executor_options)
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "1 of 3 runs failed: beta:" in result.output and "--resume" in result.output
+    assert "1 of 3 runs failed (beta:" in result.output and "--resume" in result.output
     if executor_options:  # a job has a log, named in the sentence
         assert str(out / "engine" / "logs" / "beta.log") in result.output
     assert not (out / "beta").exists()  # nothing half-written

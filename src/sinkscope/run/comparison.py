@@ -159,16 +159,17 @@ def finish_comparison(plans: list[Plan], failed: dict[str, str], log: Callable[[
         # the parent was checked before: its own page is replaced (the report records the parent's files)
         page = build_report(finished, out=parent, labels=labels, group_by=comparison.group_by, overwrite=True)
         log(f"Wrote the comparison {page}" + (f" of the {len(finished)} runs that finished" if failed else ""))
-    if failed and not finished and _forget_comparison(parent):
-        raise SinkscopeError("every run failed: " + "; ".join(f"{name}: {why.rstrip('.')}" for name, why in failed.items())
-                             + f". Nothing was kept (the comparison's folder {parent} is removed again): fix the cause "
+    if not failed:
+        return page
+    why = "; ".join(f"{name}: {reason.rstrip('.')}" for name, reason in failed.items())
+    if not finished and _forget_comparison(parent):
+        raise SinkscopeError(f"every run failed, so nothing was kept ({parent} is removed again): {why}; fix the cause "
                              "and rerun the same command.")
-    if failed:
-        which = "every run" if not finished else f"{len(failed)} of {len(children)} runs"
-        raise SinkscopeError(f"{which} failed: " + "; ".join(f"{name}: {why.rstrip('.')}" for name, why in failed.items())
-                             + (f". The runs that finished ({describe_entries([c.name for c in finished])}) are kept in "
-                                f"{parent}" if finished else "")
-                             + f": rerun the same command with {option('resume', True)} to run only the failed ones.")
+    which = "every run" if not finished else f"{len(failed)} of {len(children)} runs"
+    kept = (f", and the runs that finished ({describe_entries([c.name for c in finished])}) are kept in {parent}"
+            if finished else "")
+    raise SinkscopeError(f"{which} failed ({why}){kept}: fix the cause and rerun the same command with "
+                         f"{option('resume', True)} to run only the failed ones.")
     return page
 
 

@@ -8,7 +8,7 @@ fragment it and the process's resident memory grows. ``mallopt(M_MMAP_THRESHOLD,
 threshold at n bytes, which also turns the dynamic adjustment off.
 
 - Every measuring run (``runner.run_probes``) fixes :data:`RUN_THRESHOLD_BYTES`, 4 MiB. Measured on
-  SmolLM2-135M with `benchmarks/bench_sinks.py --mmap-thresholds` (docs/costs.md, "Memory at long
+  SmolLM2-135M-Instruct with `benchmarks/bench_sinks.py --mmap-thresholds` (docs/costs.md, "Memory at long
   context"): glibc's own threshold let `heads` peak at 1.38x a plain forward at 8,192 tokens and
   `selectivity` at 1.25x; a fixed 16 MiB gave `sinks` 1.24x at 2,048 and 1.20x at 16,384 tokens;
   8 MiB, 1.18x at 2,048; 4 MiB kept every one within 1.01-1.08x. Below it (a window of 512
