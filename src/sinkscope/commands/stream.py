@@ -30,7 +30,7 @@ POLICIES = ("full", "window", "sinks", "h2o")  # cache.POLICIES, without importi
 POSITIONS = ("cache", "original")
 MODES = ("stream", "mask")
 KV_BITS = (16, 8, 4, 3, 2)  # kv_quant.BITS, without importing torch
-KV_SCHEMES = ("kivi", "per-token")  # kv_quant.SCHEMES
+KV_SCHEMES = ("kivi", "kivi-grouped", "per-token")  # kv_quant.SCHEMES
 #: the mask-based mode materialises an L x L mask: longer documents are refused.
 MASK_MODE_MAX_LENGTH = 4096
 
@@ -51,7 +51,8 @@ class StreamOptions(RunOptions):
         bucket: tokens per position bucket of the table and figures.
         kv_bits: bits of the cached keys and values (16 = not quantised; SPEC.md "Quantised KV caches").
         kv_group: elements per quantisation group.
-        kv_scheme: ``kivi`` and/or ``per-token`` (the group layout).
+        kv_scheme: ``kivi``, ``kivi-grouped`` and/or ``per-token`` (the group layout).
+        kv_residual: ``kivi``'s residual length R, a multiple of every ``kv_group`` (0: each group's size).
         protect_sinks: the document's first tokens kept in full precision.
         protect: keys kept in full precision by a rule, ``top-p0:N`` or ``random:N``.
         kv_backend: ``sinkscope`` (its quantiser) or ``transformers`` (``QuantizedCache`` where it serves).
@@ -70,6 +71,7 @@ class StreamOptions(RunOptions):
     kv_bits: tuple = (16,)
     kv_group: tuple = (64,)
     kv_scheme: tuple = ("kivi",)
+    kv_residual: int = 0
     protect_sinks: tuple = (0,)
     protect: tuple = ()
     kv_backend: str = "sinkscope"
@@ -171,6 +173,7 @@ def _check_quantisation(options: StreamOptions) -> None:
     if unknown or not schemes or len(set(schemes)) != len(schemes):
         raise SinkscopeError(f"{option('kv_scheme')} takes {' and/or '.join(KV_SCHEMES)} once each (got {options.kv_scheme!r}).")
     options.kv_scheme = tuple(schemes)
+    _check_residual(options)
     rules = split_values(options.protect) if options.protect else []
     for rule in rules:
         kind, _, count = str(rule).partition(":")
@@ -184,6 +187,19 @@ def _check_quantisation(options: StreamOptions) -> None:
         raise SinkscopeError(f"unknown {option('kv_backend')} {options.kv_backend!r}; use sinkscope or transformers.")
 
 
+def _check_residual(options: StreamOptions) -> None:
+    """``--kv-residual``: 0 (each group's size) or a multiple of every ``--kv-group`` (KIVI quantises whole groups)."""
+    residual = whole_number(options.kv_residual)
+    if residual is None or residual < 0:
+        raise SinkscopeError(f"{option('kv_residual')} takes a whole number of tokens, 0 for the group size "
+                             f"(got {options.kv_residual!r}).")
+    uneven = [g for g in options.kv_group if residual % g]
+    if uneven:
+        raise SinkscopeError(f"{option('kv_residual')} must be a multiple of the group size {uneven[0]} (got {residual}): "
+                             f"KIVI quantises whole groups of keys.")
+    options.kv_residual = residual
+
+
 def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:
     params = {"policies": tuple(options.policy), "caches": tuple(options.cache),
               "sink_tokens": tuple(options.sink_tokens), "positions": tuple(options.positions),
@@ -191,7 +207,8 @@ def _probes(options: StreamOptions, spec) -> list[tuple[str, dict]]:
               "bucket": options.bucket, "length": options.length, "n_windows": options.n_seqs,
               "kv_bits": tuple(options.kv_bits), "kv_group": tuple(options.kv_group),
               "kv_scheme": tuple(options.kv_scheme), "protect_sinks": tuple(options.protect_sinks),
-              "protect": tuple(options.protect), "kv_backend": options.kv_backend}
+              "protect": tuple(options.protect), "kv_backend": options.kv_backend,
+              "kv_residual": options.kv_residual}
     beside = [("p0_mass", {})] + ([("phantom_mass", {})] if spec.has_phantom else [])
     return [("stream", params), *beside]
 

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from sinkscope.errors import SinkscopeError, option, whole_number
+from sinkscope.kvcache.quant import check_residual
 
 POLICIES = ("full", "window", "sinks", "h2o")
 POSITIONS = ("cache", "original")
@@ -48,7 +49,9 @@ class Policy:
         recent: ``h2o``'s recent keys (the rest of the budget goes to heavy hitters).
         kv_bits: the bits each cached key and value is stored in (16: not quantised; ``kv_quant``).
         kv_group: elements per quantisation group.
-        kv_scheme: the group layout, ``kivi`` or ``per-token`` (``kv_quant``).
+        kv_scheme: the group layout, ``kivi``, ``kivi-grouped`` or ``per-token`` (``kv_quant``).
+        kv_residual: ``kivi``'s residual length R, a multiple of ``kv_group`` (0: the group size): keys wait in
+            full precision until R have gathered, and the values of the R most recent tokens stay exact.
         protect_sinks: the document's first tokens the cache keeps in full precision.
         protect: ``""``, or keys chosen to stay in full precision: ``top-p0:N`` (the N of highest
             accumulated attention, as KVSink proposes) or ``random:N`` (its control); per layer and
@@ -65,6 +68,7 @@ class Policy:
     kv_bits: int = 16
     kv_group: int = 64
     kv_scheme: str = "kivi"
+    kv_residual: int = 0
     protect_sinks: int = 0
     protect: str = ""
     kv_backend: str = "sinkscope"
@@ -79,6 +83,8 @@ class Policy:
                                  f"{self.cache} leaves no recent keys.")
         if self.protect and not parse_protect(self.protect):
             raise SinkscopeError(f"{option('protect')} takes top-p0:N or random:N with N >= 1 (got {self.protect!r}).")
+        if self.quantised and self.kv_scheme == "kivi":
+            check_residual(self.kv_residual, self.kv_group)
         if self.positions not in POSITIONS:
             raise SinkscopeError(f"unknown {option('positions')} {self.positions!r}; use cache, original or both.")
 
@@ -97,13 +103,20 @@ class Policy:
 
     @property
     def kv_label(self) -> str:
-        """``""`` at 16 bits; else ``, 4-bit kivi g64`` and ``, first 4 exact`` when tokens are protected."""
+        """``""`` at 16 bits; else ``, 4-bit kivi g64`` (``, 4-bit kivi g64 r128`` when kivi's residual length
+        is not the group size) and ``, first 4 exact`` when tokens are protected."""
         if not self.quantised:
             return ""
-        return f", {self.kv_bits}-bit {self.kv_scheme} g{self.kv_group}" + (
+        return f", {self.kv_bits}-bit {self.kv_scheme} g{self.kv_group}{self.residual_label}" + (
             f", first {self.protect_sinks} exact" if self.protect_sinks else "") + (
             f", {self.protect} exact" if self.protect else "") + (
             ", transformers QuantizedCache" if self.kv_backend == "transformers" else "")
+
+    @property
+    def residual_label(self) -> str:
+        """`` r128`` for ``kivi`` with a residual length other than the group size; else ``""``."""
+        shown = self.kv_scheme == "kivi" and self.kv_residual and self.kv_residual != self.kv_group
+        return f" r{self.kv_residual}" if shown else ""
 
     @property
     def protect_rule(self) -> tuple[str, int] | None:
@@ -118,6 +131,8 @@ class Policy:
             return columns
         return (*columns, ("kv_bits", self.kv_bits), ("kv_group", self.kv_group if self.quantised else None),
                 ("kv_scheme", self.kv_scheme if self.quantised else None),
+                ("kv_residual", (self.kv_residual or self.kv_group) if self.quantised and self.kv_scheme == "kivi"
+                 else None),
                 ("protect_sinks", self.protect_sinks if self.quantised else None),
                 ("protect", (self.protect or None) if self.quantised else None),
                 ("kv_backend", self.kv_backend if self.quantised else None))

@@ -12,15 +12,20 @@ computed in float32 and returned in the input's dtype. A group whose elements ar
 
 Group layouts (``scheme``), on a cache of shape (B, H_kv, S, D) (S slots, D channels):
 
-- ``kivi``: keys per channel along the token axis (each channel of ``g`` consecutive tokens is a
-  group: keys have outlier *channels*), values per token along the channel axis (``g``
-  consecutive channels of one token).
-- ``per-token``: keys and values both per token along the channel axis.
+- ``kivi`` (KIVI's cache, ``models/llama_kivi.py``, with a residual length ``R``, a multiple of
+  ``g``; default ``R = g``): keys per channel along the token axis (each channel of ``g``
+  consecutive tokens is a group: keys have outlier *channels*); new keys wait in full precision
+  until ``R`` have gathered, then those ``R`` are quantised (:func:`complete_groups`). Values per
+  token along the channel axis (``g`` consecutive channels of one token); the values of the ``R``
+  most recent tokens always stay in full precision, a sliding window, and a value is quantised
+  when it leaves it (``slots.quantise_slots``).
+- ``kivi-grouped`` (sinkscope's variant, the rule before KIVI's residual): keys as ``kivi`` with
+  ``R = g``, and each value is quantised together with its key, so just after a group completes no
+  recent value is exact.
+- ``per-token``: keys and values both per token along the channel axis, every token at once.
 
 Along the channel axis a group longer than D is the whole head (D channels); a D that ``g`` does
-not divide ends in one shorter group. Along the token axis only whole groups of ``g`` tokens are
-quantised: the reader keeps the newest ``< g`` keys in full precision until a group fills (KIVI's
-full-precision residual; :func:`complete_groups`). 16 bits means no quantisation.
+not divide ends in one shorter group. 16 bits means no quantisation.
 """
 
 from __future__ import annotations
@@ -30,23 +35,27 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from sinkscope.errors import SinkscopeError
+from sinkscope.errors import SinkscopeError, option
 
 #: the bit widths a run may ask for; 16 = not quantised (the reference).
 BITS = (16, 8, 4, 3, 2)
 #: group layouts (module docstring).
-SCHEMES = ("kivi", "per-token")
+SCHEMES = ("kivi", "kivi-grouped", "per-token")
+#: the layouts that group keys per channel along the token axis.
+ALONG_TOKENS = ("kivi", "kivi-grouped")
 #: 16 bits: the cache as the model keeps it.
 FULL_PRECISION = 16
 
 
 @dataclass(frozen=True)
 class KVQuant:
-    """One quantisation setting: ``bits`` per element, groups of ``group`` elements, the ``scheme`` layout."""
+    """One quantisation setting: ``bits`` per element, groups of ``group`` elements, the ``scheme`` layout,
+    and ``kivi``'s residual length ``residual`` (0: the group size)."""
 
     bits: int = FULL_PRECISION
     group: int = 64
     scheme: str = "kivi"
+    residual: int = 0
 
     def __post_init__(self):
         if self.bits not in BITS:
@@ -55,6 +64,21 @@ class KVQuant:
             raise SinkscopeError(f"a quantisation group holds at least 2 elements (got {self.group}).")
         if self.scheme not in SCHEMES:
             raise SinkscopeError(f"unknown quantisation scheme {self.scheme!r}; use {' or '.join(SCHEMES)}.")
+        if self.scheme == "kivi":
+            check_residual(self.residual, self.group)
+
+    @property
+    def residual_length(self) -> int:
+        """KIVI's ``R``: the full-precision keys that gather before a quantisation step, and the recent
+        values held exact (``kivi``); the group size for ``kivi-grouped``; 0 (none) for ``per-token``."""
+        if self.scheme == "kivi":
+            return self.residual or self.group
+        return self.group if self.scheme == "kivi-grouped" else 0
+
+    @property
+    def values_follow_keys(self) -> bool:
+        """``kivi-grouped`` and ``per-token`` quantise a value with its key; ``kivi`` by its own window."""
+        return self.scheme != "kivi"
 
     @property
     def active(self) -> bool:
@@ -64,11 +88,18 @@ class KVQuant:
     @property
     def keys_along_tokens(self) -> bool:
         """KIVI groups keys per channel along the token axis; ``per-token`` along the channels."""
-        return self.scheme == "kivi"
+        return self.scheme in ALONG_TOKENS
 
     @property
     def label(self) -> str:
         return "16-bit" if not self.active else f"{self.bits}-bit {self.scheme} g{self.group}"
+
+
+def check_residual(residual: int, group: int) -> None:
+    """KIVI's residual length is a whole number of key groups (0: the group size); else one sentence."""
+    if residual < 0 or residual % group:
+        raise SinkscopeError(f"kivi's residual length ({option('kv_residual')}) must be a multiple of the group size "
+                             f"{group} (got {residual}): KIVI quantises whole groups of keys.")
 
 
 def fake_quantize(x: Tensor, bits: int, group: int, dim: int = -1) -> Tensor:
@@ -156,9 +187,12 @@ def transformers_why_not(policy) -> str:
 def complete_groups(pending: int, setting: KVQuant) -> int:
     """How many of ``pending`` full-precision keys a quantisation step takes now (oldest first).
 
-    ``per-token``: all of them. ``kivi``: whole groups of ``group`` tokens only; the rest (fewer than
-    ``group``) stay in full precision until their group fills.
+    ``per-token``: all of them. ``kivi`` and ``kivi-grouped``: whole blocks of ``R`` keys
+    (:attr:`KVQuant.residual_length`) only, as KIVI's cache quantises its ``R`` residual keys once
+    they have gathered (or, on a first chunk of ``n`` tokens, all but the last ``n mod R``); the
+    rest (fewer than ``R``) stay in full precision. A block of ``R`` is ``R / g`` key groups.
     """
     if not setting.keys_along_tokens:
         return pending
-    return pending - pending % setting.group
+    return pending - pending % setting.residual_length
+

@@ -61,7 +61,7 @@ def _rules(values) -> str | None:
 def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tuple,
                        h2o_recent: float, kv_bits: tuple = (16,), kv_groups: tuple = (64,),
                        kv_schemes: tuple = ("kivi",), protect_sinks: tuple = (0,), protect: tuple = (),
-                       kv_backend: str = "sinkscope") -> list[Policy]:
+                       kv_backend: str = "sinkscope", kv_residual: int = 0) -> list[Policy]:
     """Every reading condition of a run, in table order: full once, then per positions and cache.
 
     ``sinks`` with 0 sink tokens is ``window``; a sink count that leaves no recent key (>= cache)
@@ -71,7 +71,7 @@ def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, posit
     (``kv_quant.transformers_serves``), else by sinkscope's quantiser.
     """
     conditions = _policies(policies, caches, sink_tokens, positions, h2o_recent)
-    settings = kv_quantisations(kv_bits, kv_groups, kv_schemes, protect_sinks, protect)
+    settings = kv_quantisations(kv_bits, kv_groups, kv_schemes, protect_sinks, protect, kv_residual)
     read = [replace(policy, **setting) for policy in conditions for setting in settings]
     if kv_backend == "transformers":
         read = [replace(p, kv_backend="transformers") if transformers_serves(p) else p for p in read]
@@ -79,13 +79,14 @@ def reading_conditions(policies: tuple, caches: tuple, sink_tokens: tuple, posit
 
 
 def kv_quantisations(kv_bits: tuple, kv_groups: tuple, kv_schemes: tuple, protect_sinks: tuple,
-                     protect: tuple = ()) -> list[dict]:
+                     protect: tuple = (), kv_residual: int = 0) -> list[dict]:
     """The cache quantisations of a run, as ``Policy`` fields: 16 bits once (nothing to group or
     protect), then every bits x scheme x group x protection, where the protections are each
-    ``protect_sinks`` count, then each ``protect`` rule (``top-p0:N``, ``random:N``)."""
+    ``protect_sinks`` count, then each ``protect`` rule (``top-p0:N``, ``random:N``). ``kivi``'s
+    residual length is ``kv_residual``, or each group's size when 0."""
     settings = [{}] if 16 in kv_bits else []
     guards = [dict(protect_sinks=n) for n in protect_sinks] + [dict(protect=rule) for rule in protect]
-    settings += [dict(kv_bits=bits, kv_group=group, kv_scheme=scheme, **guard)
+    settings += [dict(kv_bits=bits, kv_group=group, kv_scheme=scheme, kv_residual=kv_residual or group, **guard)
                  for bits in kv_bits if bits != 16 for scheme in kv_schemes for group in kv_groups
                  for guard in guards]
     return settings
@@ -147,6 +148,8 @@ def _policies(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tup
         Param("kv_bits", tuple, (16,), "bits of the cached keys and values (16 = not quantised)", check=_bits),
         Param("kv_group", tuple, (64,), "elements per quantisation group", check=_groups),
         Param("kv_scheme", tuple, ("kivi",), "quantisation group layout", choices=SCHEMES),
+        Param("kv_residual", int, 0, "kivi's residual length: keys gathered in full precision, recent values kept "
+              "exact (0 = the group size)", check=lambda v: None if v >= 0 else "must be >= 0"),
         Param("protect_sinks", tuple, (0,), "the document's first tokens kept in full precision", check=_counts),
         Param("protect", tuple, (), "keys kept in full precision by attention (top-p0:N) or at random (random:N)",
               check=_rules),
@@ -169,7 +172,8 @@ class StreamNLL(Probe):
         self.protect_sinks = tuple(int(n) for n in self.protect_sinks)
         self.conditions = reading_conditions(self.policies, self.caches, self.sink_tokens, self.positions,
                                              self.h2o_recent, self.kv_bits, self.kv_group, tuple(self.kv_scheme),
-                                             self.protect_sinks, tuple(self.protect), self.kv_backend)
+                                             self.protect_sinks, tuple(self.protect), self.kv_backend,
+                                             int(self.kv_residual))
         #: the run quantises: every row carries the quantisation's columns
         self.quantises = any(policy.quantised for policy in self.conditions)
         self.nll = torch.zeros(len(self.conditions), self.n_windows, self.length - 1)  # (C, N, L - 1) float32
@@ -237,5 +241,5 @@ class StreamNLL(Probe):
         return {**super().options(), "conditions": [
             {"policy": p.name, "cache": p.cache, "sink_tokens": p.sink_tokens, "positions": p.positions,
              "recent": p.recent, "kv_bits": p.kv_bits, "kv_group": p.kv_group, "kv_scheme": p.kv_scheme,
-             "protect_sinks": p.protect_sinks, "protect": p.protect, "kv_backend": p.kv_backend,
+             "kv_residual": p.kv_residual, "protect_sinks": p.protect_sinks, "protect": p.protect, "kv_backend": p.kv_backend,
              "label": p.label} for p in self.conditions]}

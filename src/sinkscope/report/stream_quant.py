@@ -20,7 +20,7 @@ from matplotlib.ticker import FormatStrFormatter
 
 from sinkscope.report import figures
 
-KV_COLUMNS = ("kv_bits", "kv_group", "kv_scheme", "protect_sinks", "protect", "kv_backend")
+KV_COLUMNS = ("kv_bits", "kv_group", "kv_scheme", "kv_residual", "protect_sinks", "protect", "kv_backend")
 
 
 def quantises(rows: pd.DataFrame) -> bool:
@@ -49,7 +49,16 @@ def setting(row) -> str:
         return ""
     guard = protection(row)
     backend = ", transformers QuantizedCache" if row.get("kv_backend") == "transformers" else ""
-    return f"{int(bits)}-bit {row['kv_scheme']} g{int(row['kv_group'])}" + ("" if guard == "none" else f", {guard}") + backend
+    return f"{int(bits)}-bit {row['kv_scheme']} g{int(row['kv_group'])}{_residual(row)}" + (
+        "" if guard == "none" else f", {guard}") + backend
+
+
+def _residual(row) -> str:
+    """`` r128`` when kivi's residual length (``kv_residual``) is not the group size; else ``""``."""
+    residual = row.get("kv_residual")
+    if residual is None or pd.isna(residual) or int(residual) == int(row["kv_group"]):
+        return ""
+    return f" r{int(residual)}"
 
 
 def key(row) -> tuple:

@@ -51,7 +51,7 @@ def test_16_bits_is_the_unquantised_reading_and_fewer_bits_change_it():
     assert not torch.equal(eight, dense) and (eight - dense).abs().max() < (two - dense).abs().max()
 
 
-@pytest.mark.parametrize("scheme", ["kivi", "per-token"])
+@pytest.mark.parametrize("scheme", ["kivi", "kivi-grouped", "per-token"])
 @pytest.mark.parametrize("positions", ["original", "cache"])
 def test_the_first_layers_cache_is_the_quantiser_applied_to_the_unquantised_one(scheme, positions):
     model, ids, layout = _setup()
@@ -63,20 +63,24 @@ def test_the_first_layers_cache_is_the_quantiser_applied_to_the_unquantised_one(
     assert torch.equal(read.kept[0], exact_read.kept[0])
     setting = KVQuant(4, group, scheme)
     reference, store = exact_read.cache.layers[0], read.cache.layers[0]
-    exact = read.exact[0][0]  # (S,): the slots held in full precision
+    exact = read.exact[0][0]  # (S,): the slots whose key is held in full precision
+    value_exact = read.value_exact[0][0]  # (S,): the slots whose value is
     kept = read.kept[0][0]  # (S,): their document positions
-    # the 40 tokens were cut to the 30 newest after the last chunk; kivi quantises whole groups of 16 in reading
+    # the 40 tokens were cut to the 30 newest after the last chunk; kivi quantises whole groups of 16 keys in reading
     # order as they fill (tokens 0..15 and 16..31; 32..39 wait), per-token every token after its chunk
-    expected_exact = kept >= 32 if scheme == "kivi" else torch.zeros_like(kept, dtype=torch.bool)
+    expected_exact = kept >= 32 if scheme != "per-token" else torch.zeros_like(kept, dtype=torch.bool)
     assert torch.equal(exact, expected_exact)
+    # kivi keeps the values of the 16 most recent tokens (24..39) exact; the others quantise a value with its key
+    assert torch.equal(value_exact, kept >= 24 if scheme == "kivi" else expected_exact)
     quantised = (~exact).nonzero().squeeze(1)
-    assert torch.equal(store.values[:, :, exact], reference.values[:, :, exact])
-    want_values = quantize_values(reference.values[:, :, quantised], setting)
-    assert torch.allclose(store.values[:, :, quantised], want_values, atol=1e-6)
+    values_quantised = (~value_exact).nonzero().squeeze(1)
+    assert torch.equal(store.values[:, :, value_exact], reference.values[:, :, value_exact])
+    want_values = quantize_values(reference.values[:, :, values_quantised], setting)
+    assert torch.allclose(store.values[:, :, values_quantised], want_values, atol=1e-6)
     if positions == "original" and scheme == "per-token":  # per token: each slot on its own
         want_keys = quantize_keys(reference.keys[:, :, quantised], setting)
         assert torch.allclose(store.keys[:, :, quantised], want_keys, atol=1e-6)
-    if positions == "original" and scheme == "kivi":  # per channel over each group of 16 tokens (positions 16..31 whole)
+    if positions == "original" and scheme != "per-token":  # per channel over each group of 16 tokens (positions 16..31 whole)
         whole = ((kept >= 16) & (kept < 32)).nonzero().squeeze(1)
         want_keys = quantize_keys(reference.keys[:, :, whole], setting)
         assert torch.allclose(store.keys[:, :, whole], want_keys, atol=1e-5)
@@ -275,3 +279,44 @@ def test_a_kivi_cache_too_small_for_one_group_is_named():
     model, ids, layout = _setup()
     last = list(iter_chunks(model, ids, Policy("sinks", 12, 2, "original", kv_bits=2, kv_group=16), layout, chunk=4))[-1]
     assert last.exact[0][:, 2:].all()
+
+
+_NOTHING = [Policy("window", 16, 0, "original", kv_bits=2, kv_group=64),        # group 64, cache 16 (issue 62)
+            Policy("full", kv_bits=2, kv_group=64),                              # 40 tokens: no block of 64
+            Policy("window", 8, 0, "original", kv_bits=2, kv_group=4, kv_scheme="per-token", protect="top-p0:8"),
+            Policy("sinks", 8, 2, "original", kv_bits=2, kv_group=4, kv_scheme="per-token", protect_sinks=1000),
+            Policy("full", kv_bits=2, kv_group=8, protect_sinks=34)]            # 6 quantisable keys < 8, values recent
+_SOME = [Policy("window", 16, 0, "original", kv_bits=2, kv_group=16),            # a cache of exactly one block
+         Policy("sinks", 12, 2, "original", kv_bits=2, kv_group=16),             # keys exact, the sinks' values not
+         Policy("window", 8, 0, "original", kv_bits=2, kv_group=4, kv_scheme="per-token", protect="top-p0:7")]
+
+
+@pytest.mark.parametrize("policy", _NOTHING + _SOME, ids=lambda p: p.label)
+def test_a_condition_named_as_quantising_nothing_reads_as_16_bits(policy):
+    """``kvcache.unquantised`` names exactly the conditions the reader leaves unquantised: their reading is
+    bit-identical to the 16-bit one, and the near misses' is not."""
+    from dataclasses import replace
+
+    from sinkscope.kvcache.unquantised import why_nothing_quantised
+
+    model, ids, layout = _setup()
+    quantised = read_stream(model, ids, policy, layout, chunk=4)
+    exact = read_stream(model, ids, replace(policy, kv_bits=16, protect="", protect_sinks=0), layout, chunk=4)
+    named = why_nothing_quantised(policy, L) is not None
+    assert named == (policy in _NOTHING)
+    assert torch.equal(quantised, exact) == named
+
+
+def test_the_run_prints_one_line_per_condition_that_quantises_nothing(tiny_llama_dir, text_file, tmp_path):
+    """group 64, cache 16 (the issue's case): window 16 and sinks 4+12 at 2 bits hold every key and value exact
+    over 40 tokens; one line each, keys and values, instead of the note that speaks of keys only. (A protection
+    that covers the whole cache is refused before reading: ``commands/stream.py``.)"""
+    result = CliRunner().invoke(app, ["stream", str(tiny_llama_dir), "--text-file", str(text_file), "--length", "40",
+                                      "--cache", "16", "--sink-tokens", "4", "--policy", "window,sinks", "--positions",
+                                      "original", "--chunk", "8", "--kv-bits", "16,2", "--kv-group", "64",
+                                      "--out", str(tmp_path / "run"), "--no-progress", "--no-figures"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "quantises nothing" in line]
+    assert len(lines) == 2, result.output
+    assert all("2-bit kivi g64" in line and "16-bit" in line and "value" in line for line in lines)
+    assert "never reach the residual length" not in result.output  # the keys-only note is not said as well

@@ -120,6 +120,7 @@ def test_the_mask_mode_takes_static_policies_at_original_positions():
     ({"policy": ("sinks",), "cache": (2, 16), "sink_tokens": (4,)}, ["--sink-tokens 4", "a cache of 2"]),  # not dropped
     ({"policy": ("h2o",), "cache": (1,)}, ["h2o", "--cache 2 or more"]),
     ({"policy": ("window", "h2o"), "cache": (1, 64)}, ["h2o", "--cache 2 or more"]),
+    ({"kv_bits": "2", "kv_group": "32,64", "kv_residual": 96}, ["--kv-residual", "64"]),
 ])
 def test_an_option_mistake_is_one_sentence_naming_the_option(options, words):
     with pytest.raises(SinkscopeError) as caught:
@@ -147,7 +148,7 @@ def test_the_probe_list_is_the_stream_probe_and_the_sink_metrics_beside_it(has_p
     assert params == {"policies": ("full", "sinks", "h2o"), "caches": (8, 16), "sink_tokens": (2,),
                       "positions": ("original",), "chunk": 4, "mode": "stream", "h2o_recent": 0.25, "bucket": 10,
                       "length": 40, "n_windows": 3, "kv_bits": (16,), "kv_group": (64,), "kv_scheme": ("kivi",),
-                      "protect_sinks": (0,), "protect": (), "kv_backend": "sinkscope"}
+                      "protect_sinks": (0,), "protect": (), "kv_backend": "sinkscope", "kv_residual": 0}
     declared = get_probe("stream").params
     assert set(params) == {p.name for p in declared}  # every parameter the probe declares, and no other
     assert get_probe("stream").resolve_params(params) == params

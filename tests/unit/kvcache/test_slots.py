@@ -19,21 +19,24 @@ def _cache(S: int = 20, D: int = 8):
 def test_per_token_quantises_every_unprotected_slot_once():
     keys, values, orig, exact = _cache()
     policy = Policy("full", kv_bits=2, kv_group=8, kv_scheme="per-token", protect_sinks=3)
-    k, v, _, left = quantise_slots(keys, values, None, orig, exact, policy, 0)
+    k, v, _, left, values_left = quantise_slots(keys, values, None, orig, exact, policy, 0)
+    assert torch.equal(values_left, left)  # per-token: a value with its key
     assert left[:, :3].all() and not left[:, 3:].any()
     assert torch.equal(k[:, :, :3], keys[:, :, :3]) and torch.equal(v[:, :, :3], values[:, :, :3])
     setting = KVQuant(2, 8, "per-token")
     assert torch.allclose(k[:, :, 3:], quantize_keys(keys[:, :, 3:], setting), atol=1e-6)
     assert torch.allclose(v[:, :, 3:], quantize_values(values[:, :, 3:], setting), atol=1e-6)
-    again, _, _, _ = quantise_slots(k, v, None, orig, left, policy, 0)
+    again, _, _, _, _ = quantise_slots(k, v, None, orig, left, policy, 0, value_exact=values_left)
     assert torch.equal(again, k)  # nothing is quantised twice
 
 
 def test_kivi_takes_whole_groups_oldest_first_and_leaves_the_rest_exact():
     keys, values, orig, exact = _cache(S=20)
     policy = Policy("full", kv_bits=4, kv_group=8, kv_scheme="kivi")
-    k, _, _, left = quantise_slots(keys, values, None, orig, exact, policy, 0)
+    k, v, _, left, values_left = quantise_slots(keys, values, None, orig, exact, policy, 0)
     assert not left[:, :16].any() and left[:, 16:].all()  # two groups of 8; 4 wait
+    assert not values_left[:, :12].any() and values_left[:, 12:].all()  # the values of the 8 newest stay exact
+    assert torch.equal(v[:, :, 12:], values[:, :, 12:])
     assert torch.allclose(k[:, :, 8:16], quantize_keys(keys[:, :, 8:16], KVQuant(4, 8, "kivi")), atol=1e-6)
     assert torch.equal(k[:, :, 16:], keys[:, :, 16:])
 

@@ -172,9 +172,10 @@ class _Slots:
     orig: Tensor  # (H_kv, S) int64
     pre: Tensor | None = None  # (1, H_kv, S, R) float32
     score: Tensor | None = None  # (H_kv, S) float64
-    exact: Tensor | None = None  # (H_kv, S) bool: not quantised (yet, or protected)
+    exact: Tensor | None = None  # (H_kv, S) bool: key not quantised (yet, or protected)
     mass: Tensor | None = None  # (H_kv, S) float64: accumulated attention (--protect top-p0)
     guard: Tensor | None = None  # (H_kv, S) bool: held exact by --protect's rule now
+    value_exact: Tensor | None = None  # (H_kv, S) bool: value not quantised (kivi: its own window)
 
 
 def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
@@ -321,15 +322,18 @@ def _evict(cache, slots: list[_Slots | None], policy: Policy, layout: Layout, t0
             score = None if score is None else score.gather(1, keep)
             mass = None if mass is None else mass.gather(1, keep)
             held = None if held is None else held.gather(1, keep)
-        exact = guard = None
+        exact = guard = value_exact = None
         if policy.quantised:
             fresh = torch.ones(n_kv, k, dtype=torch.bool, device=keys.device)  # (H_kv, k): the chunk, exact
             exact = fresh if state is None or state.exact is None else torch.cat([state.exact, fresh], dim=1)
+            value_exact = fresh if state is None or state.value_exact is None else \
+                torch.cat([state.value_exact, fresh], dim=1)
             if keep is not None:
-                exact = exact.gather(1, keep)
+                exact, value_exact = exact.gather(1, keep), value_exact.gather(1, keep)
             if rule is not None:
                 guard = guard_slots(rule, exact, orig, policy.protect_sinks, mass, held, generator)
-            keys, values, pre, exact = quantise_slots(keys, values, pre, orig, exact, policy, R, guard)
+            keys, values, pre, exact, value_exact = quantise_slots(keys, values, pre, orig, exact, policy, R, guard,
+                                                                   value_exact)
         S = orig.shape[1]
         if W is None:
             n_full_after = S
@@ -337,7 +341,7 @@ def _evict(cache, slots: list[_Slots | None], policy: Policy, layout: Layout, t0
             target = torch.arange(S, device=keys.device) + (0 if W is None else n_full_after - S)  # (S,)
             keys = torch.cat([rotary.rotate(pre, target, layout.inv_freq).to(keys.dtype), keys[..., R:]], dim=-1)
         store.keys, store.values = keys.contiguous(), values.contiguous()
-        slots[layer] = _Slots(orig, pre, score, exact, mass, guard)
+        slots[layer] = _Slots(orig, pre, score, exact, mass, guard, value_exact)
 
 
 @dataclass
@@ -348,11 +352,13 @@ class ChunkRead:
         start: the chunk's first token (original position).
         nll: the NLL of the tokens the chunk predicts, (m,) float32 (m = the chunk's length, one less at the end).
         kept: per layer, the original positions the cache holds after the chunk, (H_kv, S) int64.
-        exact: per layer, which of them are held in full precision, (H_kv, S) bool; None unquantised.
+        exact: per layer, which of them hold their key in full precision, (H_kv, S) bool; None unquantised.
         cache: the live ``DynamicCache`` after the chunk (its layers' ``keys`` and ``values``).
         p0_sum, p0_count: with ``p0``, the position-0 share summed over the chunk's queries (from
             position 1 on) and heads of every layer that see position 0, and their count.
         tokens: the tokens the chunk read (its length; what a progress bar counts).
+        value_exact: per layer, which of them hold their value in full precision (as ``exact``; ``kivi``
+            keeps the values of its residual window's tokens exact, SPEC.md "Quantised KV caches").
     """
 
     start: int
@@ -363,6 +369,7 @@ class ChunkRead:
     p0_sum: float = 0.0
     p0_count: int = 0
     tokens: int = 0
+    value_exact: list[Tensor | None] | None = None
 
 
 def _p0_keys(slots: list[_Slots | None], layout: Layout, t0: int, n_cached: dict[int, int], copies: int) -> dict:
@@ -436,7 +443,7 @@ def iter_chunks(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
             _evict(cache, slots, policy, layout, t0, k, positions, observer.columns, generator)
             observer.columns.clear()
             yield ChunkRead(t0, nll, [state.orig for state in slots], [state.exact for state in slots], cache,
-                            observer.p0_sum, observer.p0_count, k)
+                            observer.p0_sum, observer.p0_count, k, [state.value_exact for state in slots])
             t0 += k
 
 
