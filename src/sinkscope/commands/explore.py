@@ -4,8 +4,8 @@ The window is the text itself (``--text`` or ``--text-file``; its first ``--seq-
 4,096 by default or the model's context if shorter; BOS by ``--bos``), measured as every command
 is (a run folder with its table, manifest and tokens.npy) with the probes that colour the
 explorer's heads grid: position-0 mass, phantom mass and the value-norm ratio. Its report is the
-explorer page: the patterns of ``--explore-heads`` (auto: the top heads by position-0 mass plus a
-seeded sample) on that one window.
+explorer page: the patterns of ``--explore-heads`` (auto: a seeded sample, then the other heads of
+highest position-0 mass) on that one window.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class RunOptions:
         device_map: shard a large model over devices through accelerate (``auto``,
             ``balanced``, ``sequential``); probes run on each layer's device.
         explore_heads: the heads whose attention patterns the report's explorer keeps (``auto``:
-            the top ones by position-0 mass plus a seeded sample; ``all``; ``none``; ``L.H,...``).
+            a seeded sample, then the others of highest position-0 mass; ``all``; ``none``; ``L.H,...``).
         explore_windows: how many of the first windows the explorer keeps (0: none).
         explore_max_mb: the explorer's data budget in the page, in MB (patterns past it are left
             out, window 0's top heads last); None: no budget.

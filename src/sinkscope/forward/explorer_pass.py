@@ -102,7 +102,7 @@ def explore(model, tokenizer, spec, tokens: np.ndarray, *, heads: str, windows: 
         "max_mb": max_mb,
         "threshold": THRESHOLD,
         "precision": f"weights below {data.threshold:g} not kept; the rest as uint16 codes of 1/65535 "
-                     f"(error <= {data.scale / 2:.1e})",
+                     f"(error <= {data.scale / 2:.1e} against the model's computed weights)",
         "heads_rule": heads,
         "ranked_by": ranked_by if kind == "auto" else None,
     }

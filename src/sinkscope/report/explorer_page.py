@@ -76,8 +76,8 @@ def head_metrics(table: pd.DataFrame, manifest: dict, data: ExplorerData) -> lis
 def payload(label: str, table: pd.DataFrame, manifest: dict, data: ExplorerData) -> dict:
     """The JSON the page's script reads (``static/explorer/``; the block layout in ``store/explorer_format.py``)."""
     notes = [f"Weights below {data.threshold:g} are not stored (they read as 0); the others are held as multiples "
-             f"of 1/65,535 (error at most {data.scale / 2:.1e}): every weight shown is within {data.threshold:g} of "
-             "the model's.",
+             f"of 1/65,535 (within {data.scale / 2:.1e} of the weight the model computed, in its own precision): "
+             f"every weight shown is within {data.threshold:g} of the model's.",
              "Heads kept: " + "; ".join(f"{sum(1 for c in data.chosen if c == kind)} {CHOSEN[kind]}"
                                         for kind in CHOSEN if kind in set(map(str, data.chosen))) + "."]
     if data.left_out:

@@ -14,11 +14,14 @@ Resolution of the MODEL argument (``resolve_source``, in the torch-free ``models
 GGUF models load dequantised to float32 but transformers flags them as quantised
 (``hf_quantizer``), which blocks ``.to(dtype)`` and ``save_pretrained``. We clear the flag and
 cache the float32 conversion (never bf16: that drifts by up to 0.2 logits on SmolLM2) under
-``<cache>/gguf/<name>-<key>/`` so the next load takes about a second.
+``<cache>/gguf/<name>-<key>/`` so the next load takes about a second. That folder's config.json is
+made portable (``portable_config``: the rope settings also in transformers 4's form, no null
+``quantization_config``), so other tools and older transformers load it as the same model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -69,6 +72,7 @@ def _load_gguf(path: Path, log, device_map: str | None = None, tokenizer=None,
 
     cache = gguf_cache_dir(path)
     if _gguf_cached(cache):
+        _make_portable(cache)  # a cache written before the folder was portable is rewritten in place
         try:
             model = AutoModelForCausalLM.from_pretrained(cache, dtype=dtype, attn_implementation="eager",
                                                          device_map=device_map, trust_remote_code=False)
@@ -111,6 +115,7 @@ def _write_cache(model, tokenizer, cache: Path, log=print) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _make_portable(tmp)
         (tmp / "SINKSCOPE_COMPLETE").write_text("float32 conversion written by sinkscope\n")
         shutil.rmtree(cache, ignore_errors=True)
         os.replace(tmp, cache)
@@ -120,6 +125,45 @@ def _write_cache(model, tokenizer, cache: Path, log=print) -> None:
         reason = getattr(error, "strerror", None) or _short(error)
         log(f"warning: could not cache the float32 conversion in {cache} ({reason}); going on with the model in "
             "memory (the next run dequantises again; set SINKSCOPE_CACHE to a writable folder to keep it).")
+
+
+#: top-level config entries whose null older transformers cannot read (4.33 and 4.46 crash on
+#: ``quantization_config: null``), dropped from the cached folder's config.json.
+NULL_ENTRIES_DROPPED = ("quantization_config",)
+
+
+def portable_config(config: dict) -> dict:
+    """``config`` (a config.json as transformers 5 writes it) in a form older transformers read as the same model.
+
+    Drops the null entries of :data:`NULL_ENTRIES_DROPPED`, and writes a flat ``rope_parameters`` in both forms:
+    transformers 5's ``rope_parameters`` stays, and the old top-level ``rope_theta`` (and, for a rope type
+    other than ``default``, ``rope_scaling``: the parameters less ``rope_theta``) is added, so that 4.x does
+    not fall back to its default base of 10,000. transformers 5 reads the added entries back into the same
+    ``rope_parameters``. Nested (per layer type) rope parameters are left as they are.
+    """
+    out = {key: value for key, value in config.items() if not (key in NULL_ENTRIES_DROPPED and value is None)}
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("rope_theta"), (int, float)):
+        out["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default":
+            out["rope_scaling"] = {key: value for key, value in rope.items() if key != "rope_theta"}
+    return out
+
+
+def _make_portable(folder: Path) -> None:
+    """Rewrite ``folder``'s config.json with :func:`portable_config` (atomically; left as it is if unwritable)."""
+    path = folder / "config.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+        portable = portable_config(config)
+        if portable == config:
+            return
+        tmp.write_text(json.dumps(portable, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except (OSError, ValueError, AttributeError):  # unreadable or read-only: sinkscope reads either form
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 # ---- folders and hub ids ------------------------------------------------------------------------

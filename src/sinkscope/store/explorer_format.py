@@ -4,7 +4,8 @@ A run keeps, for a few windows and a few heads, the attention pattern a_qj the m
 (the weights Hugging Face's eager attention returns: normalised over the real keys and any
 learned phantom, so that sum_j a_qj + phi_q = 1), sparse and at reduced precision:
 
-    stored weight  = round(a_qj / scale) * scale,  scale = 1 / 65,535   (uint16 codes; error <= scale / 2)
+    stored weight  = round(a_qj / scale) * scale,  scale = 1 / 65,535   (uint16 codes; error <= scale / 2
+                     against the a_qj the model computed, in its own precision)
     dropped        a_qj < threshold (1e-3) is not stored and reads as 0  (error < threshold)
 
 so every weight the page holds is within ``max(threshold, scale / 2)`` = 1e-3 of the model's.
@@ -62,7 +63,7 @@ FILE = "explorer.npz"
 THRESHOLD = 1e-3
 #: one uint16 code is this much weight.
 SCALE = 1.0 / 65535
-#: the heads ``auto`` keeps: the top ones by position-0 mass, plus a seeded sample of the rest.
+#: the heads ``auto`` keeps: a seeded sample drawn first, then the top ones of the rest by position-0 mass.
 AUTO_TOP, AUTO_SAMPLE = 8, 4
 #: the page's explorer data budget by default (report.html stays under 5 MB with its figures).
 DEFAULT_MAX_MB = 3.5

@@ -129,3 +129,20 @@ def test_a_rolled_back_batch_leaves_nothing():
     probe.attention(0, make_layer(0, B=1, T=8).record)
     probe.restore(saved)
     assert probe.data(_labels(1, 8)) is None
+
+
+@pytest.mark.parametrize("kind", ["explicit", "weights_only"])
+def test_stored_weights_are_within_half_a_code_of_the_weights_given(kind):
+    """The guarantee docs/explorer.md states: each kept weight is within scale / 2 (7.6e-6) of the float32
+    weight the record holds (the model's own precision), with nothing added; an exact reference adds the
+    record's float32 rounding on top (test_kept_patterns_equal_the_reference's + 1e-6)."""
+    layer = make_layer(0, B=2, H=4, T=16, seed=31, weights_only=kind == "weights_only")
+    probe = Explorer(spec(n_layers=1, n_heads=4), heads="all")
+    probe.attention(0, layer.record)
+    data = probe.data(_labels(2, 16))
+    given = layer.record.weights.double().numpy()  # (B, H, T, T) float32 weights, as the model computed them
+    for b in range(2):
+        for h in range(4):
+            kept = given[b, h] >= THRESHOLD
+            error = np.abs(data.dense(b, 0, h) - given[b, h])[kept]
+            assert error.max() <= SCALE / 2 * (1 + 1e-9)

@@ -7,6 +7,7 @@ that at most twice (once in the module fixture, once when rebuilding a damaged c
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from pathlib import Path
@@ -366,6 +367,9 @@ def test_gguf_first_load_dequantises_into_the_cache(smollm2):
     for name in (COMPLETE, "model.safetensors", "tokenizer.json", "config.json"):
         assert (cache / name).is_file(), name
     assert any("Dequantising" in line for line in smollm2.first_log)
+    config = json.loads((cache / "config.json").read_text(encoding="utf-8"))  # portable: 4.x reads base 100,000
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 100000.0
+    assert "quantization_config" not in config
     # the temporary sibling folder was renamed away, not left behind
     assert [p.name for p in cache.parent.iterdir()] == [cache.name]
 
@@ -441,3 +445,71 @@ def test_gguf_damaged_cache_is_rebuilt(smollm2_env):
     assert _cached_dtypes(cache) == {"F32"}
     assert torch.equal(_logits(loaded.model), smollm2_env.first_logits)
     assert [p.name for p in cache.parent.iterdir()] == [cache.name]
+
+
+# ---- the cached conversion's config.json: portable to older transformers (issue 62) ---------------
+
+
+def _llama_with_rope(rope_parameters: dict) -> LlamaForCausalLM:
+    """tiny_llama with other rope parameters, flagged as a dequantised GGUF is (a null quantization_config)."""
+    config = LlamaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, max_position_embeddings=512,
+                         rope_parameters=dict(rope_parameters))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("eager")
+    model.config.quantization_config = None  # what _load_gguf leaves on a dequantised model
+    return model
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "default", "rope_theta": 123456.0},
+                                  {"rope_type": "linear", "rope_theta": 50000.0, "factor": 2.0}],
+                         ids=["default", "linear"])
+def test_the_cached_conversion_is_portable_and_loads_as_the_same_model(tmp_path, rope):
+    """The config.json has the rope settings in both forms (transformers 5's rope_parameters, 4.x's top-level
+    rope_theta and, for a scaled rope, rope_scaling) and no null quantization_config (4.33 and 4.46 crash on
+    it); transformers 5 loads the folder back as the same model, logits equal."""
+    from transformers import AutoModelForCausalLM
+
+    from sinkscope.run import loaders
+
+    model = _llama_with_rope(rope)
+    cache = tmp_path / "gguf" / "tiny-0123456789abcdef"
+    loaders._write_cache(model, tiny_tokenizer(), cache, log=pytest.fail)
+    config = json.loads((cache / "config.json").read_text(encoding="utf-8"))
+    assert "quantization_config" not in config
+    assert config["rope_theta"] == model.config.rope_parameters["rope_theta"] == rope["rope_theta"]
+    assert config["rope_parameters"]["rope_theta"] == rope["rope_theta"]
+    if rope["rope_type"] == "default":
+        assert "rope_scaling" not in config
+    else:
+        assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    back = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32, attn_implementation="eager")
+    assert back.config.rope_parameters == model.config.rope_parameters
+    assert torch.equal(_logits(back), _logits(model))
+
+
+def test_a_cache_written_in_transformers_5_form_alone_is_rewritten_in_place(tmp_path):
+    """A conversion cached before the folder was portable (the same content key) is rewritten, not rebuilt."""
+    from sinkscope.run import loaders
+
+    model = _llama_with_rope({"rope_type": "default", "rope_theta": 100000.0})
+    model.save_pretrained(tmp_path)
+    old = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
+    assert old["quantization_config"] is None and "rope_theta" not in old  # transformers 5's own form
+    loaders._make_portable(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
+    assert config == {**{k: v for k, v in old.items() if k != "quantization_config"}, "rope_theta": 100000.0}
+    mtime = (tmp_path / "config.json").stat().st_mtime_ns
+    loaders._make_portable(tmp_path)  # already portable: left alone
+    assert (tmp_path / "config.json").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("config", [{"rope_parameters": {"full_attention": {"rope_theta": 1e6}}},
+                                    {"model_type": "opt", "sliding_window": None}])
+def test_portable_config_leaves_what_it_does_not_know_alone(config):
+    """Nested (per layer type) rope parameters and other null entries (which a config may read differently
+    from a missing one) are kept as they are."""
+    from sinkscope.run.loaders import portable_config
+
+    assert portable_config(config) == config

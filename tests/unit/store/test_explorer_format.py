@@ -5,7 +5,7 @@ inflates to exactly the little-endian layout ``explorer.js`` reads (int32 indptr
 norms and phantom, uint32 keys, uint16 codes), independently decoded here with numpy; ``fit``
 keeps a prefix of window 0's heads first within the byte budget and names what it left out;
 ``parse_heads`` and ``check_heads_exist`` accept auto/all/none/L.H and refuse the rest in one
-sentence.
+sentence; ``choose_heads`` draws auto's sample first, then the top heads of the rest.
 """
 
 from __future__ import annotations
@@ -18,7 +18,17 @@ import pytest
 
 from sinkscope.errors import SinkscopeError
 from explorer_fixtures import synthetic
-from sinkscope.store.explorer_format import SCALE, ExplorerData, check_heads_exist, fit, labels_bytes, parse_heads
+from sinkscope.store.explorer_format import (
+    AUTO_SAMPLE,
+    AUTO_TOP,
+    SCALE,
+    ExplorerData,
+    check_heads_exist,
+    choose_heads,
+    fit,
+    labels_bytes,
+    parse_heads,
+)
 
 
 def test_the_file_reads_back_equal(tmp_path):
@@ -250,3 +260,22 @@ def test_explore_max_mb_accepts_numbers_and_none():
 def test_explore_heads_takes_ascii_digits_only(value):
     with pytest.raises(SinkscopeError, match="takes auto, all, none or LAYER.HEAD pairs"):
         parse_heads(value)
+
+
+def test_auto_draws_its_sample_first_then_the_top_heads_of_the_rest():
+    """SPEC.md "The explorer" and docs/explorer.md: AUTO_SAMPLE heads drawn with the seed, then the AUTO_TOP others
+    of highest p0, so a drawn head may be one of the highest (not "the top 8 plus 4 drawn from the rest")."""
+    p0 = np.arange(4 * 9, dtype=float).reshape(4, 9) / 36  # 36 heads, p0 rising with (layer, head)
+    by_p0 = sorted(np.ndindex(4, 9), key=lambda key: -p0[key])
+    for seed in range(200):
+        chosen = choose_heads(p0, seed)
+        sampled = {key for key, why in chosen.items() if why == "sample"}
+        if sampled & set(by_p0[:AUTO_TOP]):  # a drawn head among the 8 highest
+            break
+    else:
+        pytest.fail("no seed in 200 draws a top head")
+    tops = [key for key, why in chosen.items() if why == "top"]
+    assert len(sampled) == AUTO_SAMPLE and len(tops) == AUTO_TOP
+    assert tops == [key for key in by_p0 if key not in sampled][:AUTO_TOP]  # the 8 highest of the rest
+    assert tops != by_p0[:AUTO_TOP]
+

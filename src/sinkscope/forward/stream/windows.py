@@ -35,6 +35,7 @@ from sinkscope.capture.discover import input_device
 from sinkscope.forward.runner import CHECK_TOLERANCE, is_native, run_probes
 from sinkscope.forward.stream import rotary
 from sinkscope.kvcache.policies import Policy
+from sinkscope.kvcache.unquantised import nothing_quantised_note
 from sinkscope.forward.stream.reader import (first_layer_keys, layout_of, plain_nll, read_masked, read_native, read_stream,
                                      read_stream_p0)
 
@@ -98,10 +99,16 @@ def _prepare(model: torch.nn.Module, stream: Probe, tokens: np.ndarray, device: 
 
 
 def residual_only(conditions) -> list:
-    """The ``kivi`` conditions of a bounded cache whose recent keys never fill a group (SPEC.md "Quantised KV
-    caches"): ``window`` and ``sinks`` keep ``cache - sink_tokens`` recent keys, fewer than ``kv_group``."""
-    return [p for p in conditions if p.quantised and p.kv_scheme == "kivi" and p.name in ("window", "sinks")
-            and p.cache - p.sink_tokens < p.kv_group]
+    """The ``kivi`` (and ``kivi-grouped``) conditions of a bounded cache whose recent keys never reach the residual
+    length (SPEC.md "Quantised KV caches"): ``window`` and ``sinks`` keep ``cache - sink_tokens`` recent keys, fewer
+    than R (``kv_residual``, or ``kv_group``)."""
+    return [p for p in conditions if p.quantised and p.kv_scheme in ("kivi", "kivi-grouped")
+            and p.name in ("window", "sinks") and p.cache - p.sink_tokens < _residual_length(p)]
+
+
+def _residual_length(policy) -> int:
+    """The full-precision keys a ``kivi`` condition gathers before quantising them (``kv_quant.KVQuant``)."""
+    return (policy.kv_residual or policy.kv_group) if policy.kv_scheme == "kivi" else policy.kv_group
 
 
 def _say_backends(conditions, log) -> None:
@@ -149,10 +156,16 @@ def read_windows(
         + "; ".join(p.label for p in conditions) + f" (chunks of {stream.chunk}) ...")
     if getattr(stream, "kv_backend", "sinkscope") == "transformers":
         _say_backends(conditions, log)
+    idle = [note for note in (nothing_quantised_note(policy, L) for policy in conditions) if note]
+    for note in idle:  # one line per quantised condition that holds every key and value exact
+        log(note)
     for policy in residual_only(conditions):
-        log(f"note: under {policy.label} the {policy.cache - policy.sink_tokens} recent keys never fill a kivi group of "
-            f"{policy.kv_group}, so once the cache is full only keys quantised before it filled stay quantised; "
-            f"use a --kv-group of {policy.cache - policy.sink_tokens} or less, or per-token, to quantise the recent keys.")
+        if nothing_quantised_note(policy, L):
+            continue  # said above: nothing at all is quantised
+        log(f"note: under {policy.label} the {policy.cache - policy.sink_tokens} recent keys never reach the residual "
+            f"length of {_residual_length(policy)} that kivi gathers before quantising, so once the cache is full only "
+            f"keys quantised before it filled stay quantised; use a --kv-group (and --kv-residual) of "
+            f"{policy.cache - policy.sink_tokens} or less, or per-token, to quantise the recent keys.")
     # a checkpoint taken within the window at ``start`` (after a condition): its conditions read, and its dense probes
     resumed = stream.read[:, start] > 0 if start < n else torch.zeros(len(conditions), dtype=torch.bool)  # (C,)
     if resumed.any():
