@@ -37,6 +37,7 @@ TOUR = [
     'explore --text "The quick brown fox jumps over the lazy dog."',
     "run recipes/sinks-smollm2.toml --set n_seqs=4 --set out=runs/recipe",
     "report runs/smollm2 runs/recipe --label default --label recipe --out runs/compare",
+    "ls runs runs",
     "ls probes",
 ]
 #: the longer runs README names that this script times (after train); inject's 16 x 256 (26 min), circuit's 16 x 256

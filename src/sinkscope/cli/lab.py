@@ -16,7 +16,7 @@ from sinkscope.cli.options import (DATA_PANEL, EXECUTOR_PANEL, MODEL_PANEL, OUTP
 def train(
     variant: Annotated[Optional[str], typer.Option("--variant", help="baseline | offbyone | sinklogit | sinktoken | normgate | projgate | sink+norm | sink+proj | routing-norm | outgate [default: baseline].")] = None,
     task: Annotated[Optional[str], typer.Option("--task", help="text (the corpus) | trigger (SPEC.md's trigger-conditional task, generated) [default: text].")] = None,
-    tier: Annotated[Optional[str], typer.Option("--tier", help="micro (~1 min on CPU) | tiny (~3 min) | 10M | 50M | 124M | 350M [default: micro for --task trigger, tiny for text].")] = None,
+    tier: Annotated[Optional[str], typer.Option("--tier", help="micro (~1 min on CPU) | tiny (~4 min on 2 idle cores) | 10M | 50M | 124M | 350M [default: micro for --task trigger, tiny for text].")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Initialisation and batch order (shared across variants) [default: 0].")] = None,
     out: Annotated[str, typer.Option("--out", "-o", help="Checkpoint folder.", rich_help_panel=OUTPUT_PANEL)] = "ckpt",
     steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (the cosine schedule's length) [default: the tier's; 600 for tiny, 1000 for micro].")] = None,
