@@ -75,6 +75,7 @@ def checks_only(folder: Path):
     from sinkscope.probes import PROBES
 
     (folder / "recipes").exists() or (folder / "recipes").symlink_to(REPO / "recipes")
+    (folder / "runs").mkdir(exist_ok=True)  # what the lines before a page's `ls runs runs` wrote
     for name in PLUGIN_FILES:
         (folder / name).write_text(_probe_example(), encoding="utf-8")
     for name, text in _toml_blocks().items():

@@ -381,7 +381,7 @@ def test_ablate_dormant_chooses_on_all_windows_then_ablates(tiny_llama_dir, text
     """Stage one finds the dormant heads on every window (batch size does not matter), the manifest
     records them, stage two's loss change equals zeroing those heads' W_O columns."""
     args = [str(tiny_llama_dir), "--text-file", str(text_file), "--seq-len", "20", "--n-seqs", "5", "--no-progress",
-            "--no-figures"]
+            "--no-figures", "--explore-windows", "0"]
     plain = runner.invoke(app, ["heads", *args, "--out", str(tmp_path / "plain")])
     assert plain.exit_code == 0, plain.output
     imp = pd.read_csv(tmp_path / "plain" / "results.csv")
