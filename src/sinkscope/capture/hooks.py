@@ -129,3 +129,18 @@ class HookSink(Protocol):
     def emit(self, template: str, layer: int | None, value) -> None: ...
 
     def replace(self, template: str, layer: int, value: Tensor) -> Tensor: ...
+
+
+#: the names ``sinkscope.trace`` derives from the attention record and the residual stream, by TransformerLens's
+#: names, with their shape and what each is (``sinkscope ls hooks``; ``forward/trace.py`` gives them)
+TRACE_DERIVED = {
+    "blocks.{l}.attn.hook_q": ("(B, T, H, D)", "queries after RoPE, from the attention record (sinkscope.trace)"),
+    "blocks.{l}.attn.hook_k": ("(B, S, Hkv, D)", "keys after RoPE, from the attention record (sinkscope.trace)"),
+    "blocks.{l}.attn.hook_v": ("(B, S, Hkv, D)", "values before any gate, from the attention record (sinkscope.trace)"),
+    "blocks.{l}.attn.hook_attn_scores": ("(B, H, T, S)", "scale q.k plus the mask, -inf where hidden (sinkscope.trace)"),
+    "blocks.{l}.attn.hook_pattern": ("(B, H, T, S)", "the attention weights over the real keys (sinkscope.trace)"),
+    "blocks.{l}.attn.hook_phantom": ("(B, H, T)", "a learned sink's share of each row, where there is one "
+                                                  "(sinkscope.trace)"),
+    "blocks.{l}.hook_mlp_out": ("(B, T, C)", "what the MLP adds to the residual stream: resid_post - resid_mid "
+                                             "(sinkscope.trace)"),
+}

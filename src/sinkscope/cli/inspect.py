@@ -116,11 +116,11 @@ def list_things(
                 typer.echo(f"{name:34s} {'absent':18s} {absent[name]}")
             else:
                 typer.echo(f"{name:34s} {point.shape:18s} {point.what}{mark}")
-        from sinkscope.forward.trace import DERIVED
+        from sinkscope.capture.hooks import TRACE_DERIVED
 
         typer.echo("and by TransformerLens's names, what sinkscope.trace(MODEL, text) also gives (read off the "
                    "attention record and the residual stream):")
-        for name, (shape, what_it_is) in DERIVED.items():
+        for name, (shape, what_it_is) in TRACE_DERIVED.items():
             typer.echo(f"{name:34s} {shape:18s} {what_it_is}")
     elif what == "families":
         from sinkscope.conformance.matrix import read_verified

@@ -47,18 +47,6 @@ TRACE_NAMES: dict[str, str] = {
     "mlp.hook_pre": hp.MLP_PRE, "mlp.hook_pre_linear": hp.MLP_PRE_LINEAR, "hook_mlp_out": hp.RESID_POST,
     "hook_resid_post": hp.RESID_POST,
 }
-#: what each derived name is (``sinkscope ls hooks``)
-DERIVED = {
-    "blocks.{l}.attn.hook_q": ("(B, T, H, D)", "queries after RoPE, from the attention record (sinkscope.trace)"),
-    "blocks.{l}.attn.hook_k": ("(B, S, Hkv, D)", "keys after RoPE, from the attention record (sinkscope.trace)"),
-    "blocks.{l}.attn.hook_v": ("(B, S, Hkv, D)", "values before any gate, from the attention record (sinkscope.trace)"),
-    "blocks.{l}.attn.hook_attn_scores": ("(B, H, T, S)", "scale q.k plus the mask, -inf where hidden (sinkscope.trace)"),
-    "blocks.{l}.attn.hook_pattern": ("(B, H, T, S)", "the attention weights over the real keys (sinkscope.trace)"),
-    "blocks.{l}.attn.hook_phantom": ("(B, H, T)", "a learned sink's share of each row, where there is one "
-                                                  "(sinkscope.trace)"),
-    "blocks.{l}.hook_mlp_out": ("(B, T, C)", "what the MLP adds to the residual stream: resid_post - resid_mid "
-                                             "(sinkscope.trace)"),
-}
 
 
 class Trace(Mapping):
