@@ -17,7 +17,7 @@ from sinkscope.cli.options import PANELS, ROUTES, options_of
 runner = CliRunner()
 MEASURING = sorted(ROUTES)
 #: each measuring command's --n-seqs default, sized to its cost (docs/commands/sinks.md's table)
-N_SEQS = {"sinks": 16, "selectivity": 256, "heads": 16, "inject": 16, "circuit": 16, "stream": 1, "measure": 16,
+N_SEQS = {"sinks": 16, "selectivity": 256, "heads": 16, "inject": 16, "circuit": 16, "stream": "(1, or 4 with --kv-bits)", "measure": 16,
           "explore": 1}
 
 

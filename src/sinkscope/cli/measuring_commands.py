@@ -267,7 +267,7 @@ def stream(
     model: ModelArg = None,
     out: OutOpt = None,
     length: Annotated[int, typer.Option("--seq-len", "--length", help="Tokens per document (window), BOS included; one length, which may exceed the model's context (--length is the same option).", rich_help_panel=DATA_PANEL)] = 2048,
-    n_seqs: Annotated[int, typer.Option("--n-seqs", help="Documents (windows of --seq-len tokens).", rich_help_panel=DATA_PANEL)] = 1,
+    n_seqs: Annotated[Optional[int], typer.Option("--n-seqs", help="Documents (windows of --seq-len tokens); 4 by default when --kv-bits quantises, so each quantised row has a standard error over documents.", rich_help_panel=DATA_PANEL, show_default="1, or 4 with --kv-bits")] = None,
     cache: Annotated[str, typer.Option("--cache", help="Cache sizes, comma-separated: the keys a cache holds when a token arrives (its query sees them and itself; exact at any --chunk).")] = "256",
     sink_tokens: Annotated[str, typer.Option("--sink-tokens", help="The sinks policy's first tokens, comma-separated (0 = window).")] = "4",
     policy: Annotated[str, typer.Option("--policy", help="Policies, comma-separated: full (dense reference), window, sinks (StreamingLLM), h2o (heavy hitters + recent).")] = "full,window,sinks,h2o",

@@ -33,6 +33,14 @@ KV_BITS = (16, 8, 4, 3, 2)  # kv_quant.BITS, without importing torch
 KV_SCHEMES = ("kivi", "kivi-grouped", "per-token")  # kv_quant.SCHEMES
 #: the mask-based mode materialises an L x L mask: longer documents are refused.
 MASK_MODE_MAX_LENGTH = 4096
+#: documents read by default when ``--kv-bits`` quantises: a quantised perplexity moves with the last bit of
+#: its input (SPEC.md "Quantised KV caches", noise), so each quantised row gets a standard error over documents.
+QUANTISED_DOCUMENTS = 4
+
+
+def quantises(kv_bits) -> bool:
+    """Whether ``--kv-bits`` asks for a quantised cache (any value but 16; unparsable values are left to the check)."""
+    return any(value != "16" for value in split_values(kv_bits))
 
 
 @dataclass
@@ -40,6 +48,8 @@ class StreamOptions(RunOptions):
     """``RunOptions`` plus the reading conditions (``--seq-len`` is ``--length``; one document per batch).
 
     Attributes:
+        n_seqs: documents; None: 1, or ``QUANTISED_DOCUMENTS`` (4) when ``kv_bits`` quantises, so every
+            quantised row has a standard error over documents.
         length: tokens per document (window), BOS included; may exceed the model's context.
         cache: cache sizes (the keys a cache holds when a token arrives; exact at any --chunk).
         sink_tokens: the ``sinks`` policy's first tokens (0 = ``window``).
@@ -58,7 +68,7 @@ class StreamOptions(RunOptions):
         kv_backend: ``sinkscope`` (its quantiser) or ``transformers`` (``QuantizedCache`` where it serves).
     """
 
-    n_seqs: int = 1
+    n_seqs: int | None = None
     length: int = 2048
     cache: tuple = (256,)
     sink_tokens: tuple = (4,)
@@ -77,6 +87,8 @@ class StreamOptions(RunOptions):
     kv_backend: str = "sinkscope"
 
     def __post_init__(self):
+        if self.n_seqs is None:  # 1 document, or QUANTISED_DOCUMENTS when the cache is quantised
+            self.n_seqs = QUANTISED_DOCUMENTS if quantises(self.kv_bits) else 1
         super().__post_init__()
         self.batch_size = 1
 

@@ -14,7 +14,9 @@ windows of the per-window means) and ``stream_ppl = exp(stream_nll)``; the same 
 bucket (``position_bucket`` = the first position of a bucket of ``bucket`` tokens, the position of
 a value being that of the token it predicts, 1 .. L - 1). ``n`` is the windows (documents) read, the
 unit of ``se`` on every row (SPEC.md "Tables"), not the predicted tokens: those are ``n x (L - 1)``
-(``n`` times the bucket's tokens on a bucket row).
+(``n`` times the bucket's tokens on a bucket row). A run that quantises adds, per condition read by
+sinkscope's quantiser, ``stream_p0_mass`` (the sink through the cache) and ``stream_quantised_share``
+(the share of the cache held in reduced precision; SPEC.md "Quantised KV caches").
 """
 
 from __future__ import annotations
@@ -128,6 +130,13 @@ def _policies(policies: tuple, caches: tuple, sink_tokens: tuple, positions: tup
             SOURCE + "; SPEC.md Quantised KV caches",
             "does the sink survive the cache? far below the 16-bit row = quantisation moved attention off "
             "the first token", per="model"),
+        "stream_quantised_share": MetricInfo(
+            "share of the cache quantised", "share of cached keys and values",
+            "after every chunk, the keys and values the cache holds in reduced precision over all it holds (a key "
+            "and its value counted apart, every layer, key-value head and slot), pooled over the reading",
+            "SPEC.md Quantised KV caches",
+            "0 = the condition quantised nothing and its rows equal the 16-bit reading's; the rest of the cache "
+            "(protected, kivi's residual window, keys waiting for a whole group) stays exact", per="model"),
         "stream_ppl": MetricInfo(
             "perplexity under a bounded cache", "", "exp(stream_nll)", SOURCE,
             "lower = better; window-only far above full = the model needs its sink tokens", per="model"),
@@ -181,6 +190,9 @@ class StreamNLL(Probe):
         # the position-0 share through the cache (runs that quantise): sums and counts per condition and window
         self.p0_sum = torch.zeros(len(self.conditions), self.n_windows, dtype=torch.float64)
         self.p0_count = torch.zeros(len(self.conditions), self.n_windows, dtype=torch.float64)
+        # the keys and values held in reduced precision (runs that quantise): sums over chunks per condition and window
+        self.reduced_sum = torch.zeros(len(self.conditions), self.n_windows, dtype=torch.float64)
+        self.held_sum = torch.zeros(len(self.conditions), self.n_windows, dtype=torch.float64)
 
     def add(self, condition: int, window: int, nll: Tensor) -> None:
         """Window ``window``'s per-token NLL (L - 1,) under condition ``condition``."""
@@ -191,6 +203,12 @@ class StreamNLL(Probe):
         """Window ``window``'s position-0 share under ``condition``: its sum over queries, heads and layers, and their count."""
         self.p0_sum[condition, window] = total
         self.p0_count[condition, window] = count
+
+    def add_quantised(self, condition: int, window: int, quantised: int, held: int) -> None:
+        """Window ``window``'s reduced-precision count under ``condition``: the keys and values its cache held quantised
+        after each chunk, and all it held, summed over chunks (``reader.QuantisedReading``)."""
+        self.reduced_sum[condition, window] = quantised
+        self.held_sum[condition, window] = held
 
     def per_token(self) -> Tensor:
         """(C, N, L - 1) float32: every condition's NLL per window and predicted position."""
@@ -221,6 +239,8 @@ class StreamNLL(Probe):
                     else math.nan
                 rows.append(Row(self.name, "stream_p0_mass", None, None, share, int(counted.sum()), conditions,
                                 spread))
+            if policy.quantised:
+                rows += self._quantised_share_rows(c, conditions)
             for start in torch.unique(buckets).tolist():
                 inside = buckets == start
                 values = nll[:, inside]  # (n, b)
@@ -231,6 +251,19 @@ class StreamNLL(Probe):
                          Row(self.name, "stream_ppl", None, None, math.exp(bucket_mean), n_docs, at,
                              math.exp(bucket_mean) * bucket_se)]
         return rows
+
+    def _quantised_share_rows(self, c: int, conditions: tuple) -> list[Row]:
+        """``stream_quantised_share``: the share of the keys and values the cache held in reduced precision,
+        after every chunk, pooled over the reading (SPEC.md "Quantised KV caches"); ``se`` over documents.
+        0 says the condition quantised nothing: its rows are the 16-bit reading's."""
+        counted = self.held_sum[c] > 0  # (N,)
+        if not counted.any():
+            return []
+        per_window = self.reduced_sum[c][counted] / self.held_sum[c][counted]  # (n,)
+        share = float(self.reduced_sum[c].sum() / self.held_sum[c].sum())
+        spread = float(per_window.std(unbiased=True) / math.sqrt(per_window.numel())) if per_window.numel() > 1 \
+            else math.nan
+        return [Row(self.name, "stream_quantised_share", None, None, share, int(counted.sum()), conditions, spread)]
 
     def arrays(self) -> dict:
         """``stream_nll``: (conditions, windows, L - 1) float32, every token's NLL (the manifest lists the conditions)."""

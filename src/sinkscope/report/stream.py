@@ -213,18 +213,24 @@ def _entry(page: Page) -> dict:
                 conditions.append(key)
     quantised = any(stream_quant.quantises(ppl) for ppl in per_run.values())
     columns = ["condition", "cache", "positions"] + (["cache quantisation"] if quantised else []) + [r.label for r in runs]
+    shares = {run.label: points(run.table, "stream_quantised_share") for run in runs} if quantised else {}
+
+    def of_condition(rows: pd.DataFrame, p, c, n, w, kv) -> pd.DataFrame:
+        rows = rows[rows["position_bucket"].isna() & (rows["policy"] == p) & (rows["sink_tokens"] == n)]
+        if p != "full":
+            rows = rows[(rows["cache"] == c) & (rows["positions"] == w)]
+        return rows[[stream_quant.key(r) == kv for _, r in rows.iterrows()]] if len(rows) else rows
+
     rows = []
     for p, c, n, w, kv in conditions:
         cells, named = [], ""
         for run in runs:
-            overall = per_run[run.label]
-            overall = overall[overall["position_bucket"].isna() & (overall["policy"] == p)
-                              & (overall["sink_tokens"] == n)]
-            if p != "full":
-                overall = overall[(overall["cache"] == c) & (overall["positions"] == w)]
-            overall = overall[[stream_quant.key(r) == kv for _, r in overall.iterrows()]] if len(overall) else overall
-            if len(overall):
+            overall = of_condition(per_run[run.label], p, c, n, w, kv)
+            if len(overall) and not named:
                 named = stream_quant.setting(overall.iloc[0]) or "16-bit"
+                share = of_condition(shares[run.label], p, c, n, w, kv) if kv != (16,) and len(shares[run.label]) else []
+                if len(share):
+                    named += f"; {stream_quant.share_text(float(share['value'].iloc[0]))}"
             cells.append(_pm(float(overall["value"].iloc[0]), float(overall["se"].iloc[0])) if len(overall) else "—")
         rows.append([_label(p, c, n) if p != "sinks" else f"sinks ({n} tokens)", "" if c is None else str(c), w,
                      *([named] if quantised else []), *cells])

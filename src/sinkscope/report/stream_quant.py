@@ -61,6 +61,13 @@ def _residual(row) -> str:
     return f" r{int(residual)}"
 
 
+def share_text(share: float) -> str:
+    """A condition's ``stream_quantised_share`` in the table: ``62% of the cache quantised``, or ``quantises nothing``."""
+    if share == 0:
+        return "quantises nothing (rows = 16-bit)"
+    return f"{100 * share:.0f}% of the cache quantised" if share >= 0.01 else f"{100 * share:.2g}% of the cache quantised"
+
+
 def key(row) -> tuple:
     """The quantisation part of a condition's identity (16-bit rows: ``(16,)``)."""
     bits = row.get("kv_bits")

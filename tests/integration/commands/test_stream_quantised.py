@@ -246,6 +246,8 @@ def test_the_run_says_which_backend_read_each_condition(tiny_llama_dir, text_fil
     assert [c["kv_backend"] for c in conditions] == ["transformers", "sinkscope"]  # full, window 16 (4 bits only)
     table = pd.read_csv(out / "results.csv")
     assert set(table.kv_backend.dropna()) == {"sinkscope", "transformers"}
+    # the transformers-read condition went through its QuantizedCache, which exposes no per-slot precision
+    assert table[table.metric == "stream_quantised_share"].kv_backend.tolist() == ["sinkscope"]
 
 
 def test_p0_mass_through_the_cache_is_the_eager_weight_on_position_0():
@@ -257,13 +259,16 @@ def test_p0_mass_through_the_cache_is_the_eager_weight_on_position_0():
     model, ids, layout = _setup()
     eager = torch.stack(model(input_ids=ids, output_attentions=True).attentions)[:, 0, :, :, 0]  # (layers, H, L): a_i0
     n_layers, H = eager.shape[:2]
-    _, total, count = read_stream_p0(model, ids, Policy("full"), layout, chunk=8)
+    reading = read_stream_p0(model, ids, Policy("full"), layout, chunk=8)
+    total, count = reading.p0_sum, reading.p0_count
     assert count == n_layers * H * (L - 1)
     assert total / count == pytest.approx(float(eager[:, :, 1:].double().mean()), rel=1e-4)
-    _, total, count = read_stream_p0(model, ids, Policy("window", 6, 0, "original"), layout, chunk=8)
+    reading = read_stream_p0(model, ids, Policy("window", 6, 0, "original"), layout, chunk=8)
+    total, count = reading.p0_sum, reading.p0_count
     assert count == n_layers * H * 6
     assert total / count == pytest.approx(float(eager[:, :, 1:7].double().mean()), rel=1e-4)
-    _, total, count = read_stream_p0(model, ids, Policy("sinks", 12, 2, "cache", kv_bits=2, kv_group=8), layout, chunk=8)
+    reading = read_stream_p0(model, ids, Policy("sinks", 12, 2, "cache", kv_bits=2, kv_group=8), layout, chunk=8)
+    total, count = reading.p0_sum, reading.p0_count
     assert count == n_layers * H * (L - 1) and 0 < total / count < 1
 
 
@@ -305,6 +310,58 @@ def test_a_condition_named_as_quantising_nothing_reads_as_16_bits(policy):
     named = why_nothing_quantised(policy, L) is not None
     assert named == (policy in _NOTHING)
     assert torch.equal(quantised, exact) == named
+    from sinkscope.forward.stream.reader import read_stream_p0
+
+    reading = read_stream_p0(model, ids, policy, layout, chunk=4)  # the measured share says the same
+    assert torch.equal(reading.nll, quantised)
+    assert (reading.quantised == 0) == named and reading.held > 0
+
+
+def _chunk_ends(chunk: int) -> list[int]:
+    return [min(t, L) for t in range(chunk, L + chunk, chunk)]
+
+
+@pytest.mark.parametrize("chunk", [8, 4, 3])
+def test_the_quantised_share_counts_what_the_rule_quantises(chunk):
+    """``stream_quantised_share``'s counts against the rule worked out by hand on a full cache of t tokens after
+    each chunk (SPEC.md "Quantised KV caches"): per-token with the first P exact quantises max(0, t - P) keys and as many
+    values; kivi with R = g quantises the keys of whole blocks, t - (t mod R), and every value but the R newest,
+    max(0, t - R). Every layer and key-value head holds the same slots, so the share is the per-slot ratio."""
+    from sinkscope.forward.stream.reader import read_stream_p0
+
+    model, ids, layout = _setup()
+    slots = model.config.num_hidden_layers * model.config.num_key_value_heads
+    ends = _chunk_ends(chunk)
+    P, R = 5, 8
+    for policy, quantised in ((Policy("full", kv_bits=2, kv_group=4, kv_scheme="per-token", protect_sinks=P),
+                               [2 * max(0, t - P) for t in ends]),
+                              (Policy("full", kv_bits=2, kv_group=R, kv_scheme="kivi"),
+                               [t - t % R + max(0, t - R) for t in ends])):
+        reading = read_stream_p0(model, ids, policy, layout, chunk=chunk)
+        assert reading.held == slots * sum(2 * t for t in ends)
+        assert reading.quantised == slots * sum(quantised), policy.label
+
+
+def test_a_quantised_run_reads_four_documents_by_default_and_reports_the_share(tiny_llama_dir, text_file, tmp_path):
+    """--kv-bits without --n-seqs reads 4 documents (a standard error on every quantised row); --n-seqs 1 is
+    honoured with a note on the last-bit noise; each quantised condition has a stream_quantised_share row."""
+    common = ["stream", str(tiny_llama_dir), "--text-file", str(text_file), "--length", "24", "--policy", "full",
+              "--chunk", "8", "--kv-bits", "16,2", "--kv-group", "8", "--no-progress", "--no-figures"]
+    result = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "four")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "four" / "manifest.json").read_text())["options"]["n_seqs"] == 4
+    table = pd.read_csv(tmp_path / "four" / "results.csv")
+    ppl = table[(table.metric == "stream_ppl") & table.position_bucket.isna()]
+    assert (ppl.n == 4).all() and ppl.se.notna().all()
+    share = table[table.metric == "stream_quantised_share"]
+    assert len(share) == 1 and share.kv_bits.tolist() == [2] and 0 < share.value.iloc[0] < 1 and share.n.iloc[0] == 4
+    assert "one document gives" not in result.output
+    one = CliRunner().invoke(app, [*common, "--n-seqs", "1", "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    assert "one document gives the quantised rows no standard error" in one.output and "--n-seqs 4" in one.output
+    plain = CliRunner().invoke(app, [*common[:-6], "--no-progress", "--no-figures", "--out", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    assert json.loads((tmp_path / "plain" / "manifest.json").read_text())["options"]["n_seqs"] == 1
 
 
 def test_the_run_prints_one_line_per_condition_that_quantises_nothing(tiny_llama_dir, text_file, tmp_path):
@@ -320,3 +377,21 @@ def test_the_run_prints_one_line_per_condition_that_quantises_nothing(tiny_llama
     assert len(lines) == 2, result.output
     assert all("2-bit kivi g64" in line and "16-bit" in line and "value" in line for line in lines)
     assert "never reach the residual length" not in result.output  # the keys-only note is not said as well
+
+
+@pytest.mark.slow  # draws the report's figures
+def test_the_report_names_each_conditions_share_of_the_cache_quantised(tiny_llama_dir, text_file, tmp_path):
+    """The stream table's quantisation cell carries stream_quantised_share: a condition that quantises nothing
+    (group 64 over 40 tokens of window 16) says so, the others give their share."""
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["stream", str(tiny_llama_dir), "--text-file", str(text_file), "--length", "40",
+                                      "--n-seqs", "2", "--cache", "16", "--sink-tokens", "0", "--policy", "full,window",
+                                      "--positions", "original", "--chunk", "8", "--kv-bits", "16,2", "--kv-group",
+                                      "64,8", "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "results.csv")
+    share = table[table.metric == "stream_quantised_share"].set_index(["policy", "kv_group"]).value
+    assert share[("window", 64)] == 0 and share[("full", 64)] == 0 and 0 < share[("window", 8)] < 1
+    page = (out / "report.html").read_text()
+    assert "2-bit kivi g64; quantises nothing (rows = 16-bit)" in page
+    assert f"2-bit kivi g8; {100 * share[('window', 8)]:.0f}% of the cache quantised" in page

@@ -49,3 +49,9 @@ def test_the_p0_row_draws_the_sink_share_through_the_same_caches():
     lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[1].get_lines()}
     assert lines["kivi g64, none"] == [0.40, 0.39, 0.12] and lines["kivi g64, first 4 exact"] == [0.40, 0.40, 0.38]
     assert figure.axes[1].get_ylabel() == "p0 mass through the cache"
+
+
+def test_the_share_of_the_cache_quantised_reads_as_words():
+    assert stream_quant.share_text(0.0) == "quantises nothing (rows = 16-bit)"
+    assert stream_quant.share_text(0.6249) == "62% of the cache quantised"
+    assert stream_quant.share_text(0.004) == "0.4% of the cache quantised"

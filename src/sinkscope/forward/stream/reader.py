@@ -371,6 +371,21 @@ class ChunkRead:
     tokens: int = 0
     value_exact: list[Tensor | None] | None = None
 
+    def reduced_precision(self) -> tuple[int, int]:
+        """How many of the keys and values the cache holds after this chunk are quantised, and how many it holds:
+        ``(quantised, held)`` summed over layers, key-value heads and slots, a key and its value counted apart
+        (SPEC.md "Quantised KV caches", ``stream_quantised_share``). A layer with no precision record
+        (``exact`` None: nothing quantised) counts its slots as held exact."""
+        quantised = held = 0
+        values = self.value_exact or [None] * len(self.exact)
+        for kept, exact, value_exact in zip(self.kept, self.exact, values):
+            if kept is None:
+                continue
+            held += 2 * kept.numel()
+            if exact is not None:
+                quantised += int((~exact).sum()) + int((~(exact if value_exact is None else value_exact)).sum())
+        return quantised, held
+
 
 def _p0_keys(slots: list[_Slots | None], layout: Layout, t0: int, n_cached: dict[int, int], copies: int) -> dict:
     """Where document position 0 is among each layer's keys for the next pass (``_ColumnMass.p0_keys``)."""
@@ -469,12 +484,39 @@ def read_stream(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *
     return torch.cat([read.nll for read in _counted(iter_chunks(model, ids, policy, layout, chunk=chunk), on_chunk)])
 
 
+@dataclass
+class QuantisedReading:
+    """One document read through a quantised cache (:func:`read_stream_p0`).
+
+    Attributes:
+        nll: per-token NLL (L - 1,) float32.
+        p0_sum, p0_count: the position-0 share summed over the queries from position 1 on, heads and
+            layers that see position 0, and their count.
+        quantised, held: after every chunk, the keys and values the cache holds in reduced precision and
+            all it holds, summed over chunks (:meth:`ChunkRead.reduced_precision`): their ratio is the
+            reading's ``stream_quantised_share``.
+    """
+
+    nll: Tensor
+    p0_sum: float
+    p0_count: int
+    quantised: int
+    held: int
+
+
 def read_stream_p0(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int,
-                   on_chunk: Callable[[int], None] | None = None) -> tuple[Tensor, float, int]:
-    """:func:`read_stream` plus the position-0 share through the cache: (NLL (L - 1,), its sum over the
-    queries from position 1 on, heads and layers that see position 0, and their count)."""
-    reads = _counted(iter_chunks(model, ids, policy, layout, chunk=chunk, p0=True), on_chunk)
-    return (torch.cat([r.nll for r in reads]), sum(r.p0_sum for r in reads), sum(r.p0_count for r in reads))
+                   on_chunk: Callable[[int], None] | None = None) -> QuantisedReading:
+    """:func:`read_stream` plus the position-0 share through the cache and the share of the cache held in reduced
+    precision (:class:`QuantisedReading`)."""
+    nll, p0_sum, p0_count, quantised, held = [], 0.0, 0, 0, 0
+    for read in iter_chunks(model, ids, policy, layout, chunk=chunk, p0=True):
+        nll.append(read.nll)
+        p0_sum, p0_count = p0_sum + read.p0_sum, p0_count + read.p0_count
+        reduced, cached = read.reduced_precision()
+        quantised, held = quantised + reduced, held + cached
+        if on_chunk is not None:
+            on_chunk(read.tokens)
+    return QuantisedReading(torch.cat(nll), p0_sum, p0_count, quantised, held)
 
 
 def read_masked(model: nn.Module, ids: Tensor, policy: Policy, layout: Layout, *, chunk: int) -> Tensor:

@@ -35,6 +35,7 @@ from sinkscope.capture.discover import input_device
 from sinkscope.forward.runner import CHECK_TOLERANCE, is_native, run_probes
 from sinkscope.forward.stream import rotary
 from sinkscope.kvcache.policies import Policy
+from sinkscope.kvcache.quant import LAST_BIT_SENSITIVITY
 from sinkscope.kvcache.unquantised import nothing_quantised_note
 from sinkscope.forward.stream.reader import (first_layer_keys, layout_of, plain_nll, read_masked, read_native, read_stream,
                                      read_stream_p0)
@@ -156,6 +157,10 @@ def read_windows(
         + "; ".join(p.label for p in conditions) + f" (chunks of {stream.chunk}) ...")
     if getattr(stream, "kv_backend", "sinkscope") == "transformers":
         _say_backends(conditions, log)
+    if stream.quantises and n == 1:
+        log(f"note: one document gives the quantised rows no standard error, and a quantised perplexity moves by up to "
+            f"{LAST_BIT_SENSITIVITY} when its input moves by one float32 ulp (SPEC.md \"Quantised KV caches\"); read "
+            "--n-seqs 4 or more before calling a smaller difference an effect.")
     idle = [note for note in (nothing_quantised_note(policy, L) for policy in conditions) if note]
     for note in idle:  # one line per quantised condition that holds every key and value exact
         log(note)
@@ -196,10 +201,12 @@ def read_windows(
                 counted[0] = 0
                 try:
                     with torch.inference_mode():
-                        if stream.quantises and read is read_stream:  # the sink metric of the quantised cache beside
-                            nll, p0_sum, p0_count = read_stream_p0(model, ids, policy, layout, chunk=stream.chunk,
-                                                                   on_chunk=advance)
-                            stream.add_p0(c, index, p0_sum, p0_count)
+                        if stream.quantises and read is read_stream and policy.kv_backend != "transformers":
+                            # the sink metric and the reduced-precision share of sinkscope's quantised cache beside
+                            reading = read_stream_p0(model, ids, policy, layout, chunk=stream.chunk, on_chunk=advance)
+                            stream.add_p0(c, index, reading.p0_sum, reading.p0_count)
+                            stream.add_quantised(c, index, reading.quantised, reading.held)
+                            nll = reading.nll
                         elif read is read_stream:
                             nll = read(model, ids, policy, layout, chunk=stream.chunk, on_chunk=advance)  # (L - 1,)
                         else:  # one dense pass
