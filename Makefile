@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 # the slowest tests are listed at the end, so the tiers' time can be kept in view
 PYTEST_ARGS ?= --durations=10
 
-.PHONY: setup corpus browser docs-deps engines-deps docs demo test test-all clean
+.PHONY: setup corpus browser docs-deps engines-deps tl3-deps docs demo test test-all clean
 
 setup: $(VENV)/.installed corpus
 
@@ -53,6 +53,14 @@ docs: docs-deps
 	$(BIN)/python -m mkdocs build --strict -d site
 
 # Debian's chromium for the report's headless-browser test (skipped with a reason if this fails).
+# TransformerLens 3 (HookedTransformer) beside the installed TransformerLens 4, in its own folder: the tests of
+# capture/hooked.py run it in a subprocess with .tl3 first on the path (tests/integration/test_hooked_transformer.py).
+tl3-deps: .tl3/.installed
+
+.tl3/.installed: $(VENV)/.installed
+	@if $(BIN)/python -m pip install -q --no-deps --target .tl3 "transformer-lens==3.9.0" better-abc fancy-einsum; \
+	  then touch $@; else echo "note: could not install TransformerLens 3; the HookedTransformer tests will be skipped"; fi
+
 browser:
 	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 \
 	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
@@ -67,8 +75,8 @@ test: setup
 
 # Every test: -m "" lifts the default deselection; --real-figures draws and encodes every figure
 # (the fast tier writes placeholders outside tests/unit/: tests/conftest.py).
-test-all: setup browser docs-deps engines-deps
+test-all: setup browser docs-deps engines-deps tl3-deps
 	$(BIN)/python -m pytest -m "" --real-figures --durations=25
 
 clean:
-	rm -rf $(VENV) build site src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .tl3 build site src/*.egg-info .pytest_cache

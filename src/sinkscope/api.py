@@ -9,7 +9,9 @@
 ``measure`` takes a command name (``"sinks"``, see ``sinkscope ls commands``) or one or more
 probe names; a model as a hub id, a folder, a ``.gguf`` file, a trainer checkpoint, an
 already-loaded transformers model (with its tokenizer), or a TransformerLens
-``TransformerBridge`` (measured through the Hugging Face model it wraps); and text as the
+``TransformerBridge`` (measured through the Hugging Face model it wraps), a TransformerLens 3
+``HookedTransformer`` or SAELens ``HookedSAETransformer`` (through its own hooks:
+``capture/hooked.py``); and text as the
 bundled corpus (default), ``texts=[...]``, a ``text_file=``, or token ids ``windows=`` of
 shape (n_seqs, seq_len). Every other keyword is the command's option of the same name (the
 CLI's ``--seq-len`` is ``seq_len``). Nothing is written unless ``out=`` is given or the
@@ -45,7 +47,8 @@ def measure(
     Args:
         what: a command name such as ``"sinks"``, or a probe name, or a list of probe names.
         model: hub id, folder, GGUF file, checkpoint folder, None (the bundled SmolLM2), or a
-            loaded ``torch.nn.Module`` (transformers model, trainer model, ``TransformerBridge``);
+            loaded ``torch.nn.Module`` (transformers model, trainer model, ``TransformerBridge``,
+            ``HookedTransformer``);
             a list of names compares several models (as ``sinkscope sinks A B``).
         revisions: hub revisions of one model (``["step0", "step1000"]`` or ``"step0,step1000"``): its
             checkpoints through training, compared (as ``--revision step0,step1000``).
@@ -77,6 +80,7 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
     from sinkscope.run.dispatch import measure_command
     from sinkscope.run.prepare import Inputs
     from sinkscope.probes import get_probe
+    from sinkscope.models.nnsight_model import is_nnsight_model, unwrapped
 
     commands = discover()
     _check_what(what)
@@ -115,6 +119,9 @@ def _measure(what, model, tokenizer, *, texts, windows, params, revisions, group
         several = list(model) if isinstance(model, (list, tuple)) else model
         run_options = command.options(**_as_tuples(command.options, options))
         return _compare(command, run_options, several, revisions, group_by, inputs, log)
+    if is_nnsight_model(model):  # measured through the transformers model it wraps (models/nnsight_model.py)
+        model, own_tokenizer = unwrapped(model)
+        tokenizer = tokenizer if tokenizer is not None else own_tokenizer
     if isinstance(model, torch.nn.Module):
         _check_loaded(model)
         inputs.model, inputs.tokenizer = model, tokenizer

@@ -41,6 +41,8 @@ ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Sho
 FiguresOpt = Annotated[bool, typer.Option("--figures/--no-figures", help="Draw heatmaps and per-layer plots and write report.html; --no-figures writes neither (add them later with `sinkscope report RUN`).", rich_help_panel=OUTPUT_PANEL)]
 AttentionOpt = Annotated[str, typer.Option("--attention", help="fused (linear memory) | explicit (eager weights, the reference).", rich_help_panel=MODEL_PANEL)]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run into the same --out.", rich_help_panel=OUTPUT_PANEL)]
+LoaderOpt = Annotated[str, typer.Option("--loader", help="transformers (the model as it is) | transformer-lens (a TransformerLens 3 HookedTransformer built from it, measured through its hooks).", rich_help_panel=MODEL_PANEL)]
+LoaderOptionOpt = Annotated[Optional[list[str]], typer.Option("--loader-option", help="--loader transformer-lens: TransformerLens's weight processing, KEY=true|false (fold_ln, center_writing_weights, center_unembed, fold_value_biases, refactor_factored_attn_matrices; repeatable) [default: its from_pretrained's].", rich_help_panel=MODEL_PANEL)]
 DeviceMapOpt = Annotated[Optional[str], typer.Option("--device-map", help="Shard the model with accelerate: auto | balanced | sequential.", rich_help_panel=MODEL_PANEL)]
 ExploreHeadsOpt = Annotated[str, typer.Option("--explore-heads", help="The heads whose attention patterns the report's explorer keeps: auto (4 drawn with --seed, then the 8 others of highest position-0 mass, the run's p0_mass where it has one) | all | none | LAYER.HEAD,... (3.1,5.0).", rich_help_panel=OUTPUT_PANEL)]
 ExploreWindowsOpt = Annotated[int, typer.Option("--explore-windows", help="The explorer keeps the first N windows of tokens.npy (0: no explorer).", rich_help_panel=OUTPUT_PANEL)]
@@ -72,7 +74,8 @@ DATA_OPTIONS = (("text_file", TextFileOpt, None), ("dataset", DatasetOpt, None),
                 ("n_seqs", NSeqsOpt, 16), ("seed", SeedOpt, 0), ("bos", BosOpt, "auto"))
 MODEL_OPTIONS = (("device", DeviceOpt, "auto"), ("dtype", DtypeOpt, "auto"), ("device_map", DeviceMapOpt, None),
                  ("attention", AttentionOpt, "fused"), ("batch_size", BatchOpt, 4), ("revision", RevisionOpt, None),
-                 ("trust_remote_code", TrustOpt, False))
+                 ("trust_remote_code", TrustOpt, False), ("loader", LoaderOpt, "transformers"),
+                 ("loader_option", LoaderOptionOpt, None))
 OUTPUT_OPTIONS = (("overwrite", OverwriteOpt, False), ("resume", ResumeOpt, False), ("figures", FiguresOpt, True),
                   ("progress", ProgressOpt, True), ("json", JsonOpt, False), ("group_by", GroupByOpt, None),
                   ("checkpoint_seconds", CheckpointSecondsOpt, 30.0), ("explore_heads", ExploreHeadsOpt, "auto"),

@@ -54,6 +54,9 @@ class RunOptions:
         explore_windows: how many of the first windows the explorer keeps (0: none).
         explore_max_mb: the explorer's data budget in the page, in MB (patterns past it are left
             out, window 0's top heads last); None: no budget.
+        loader: ``transformers`` (the model as it is) or ``transformer-lens`` (a TransformerLens 3
+            ``HookedTransformer`` built from it, measured through its hooks: ``run/hooked_loader.py``).
+        loader_option: ``KEY=true|false`` pairs of TransformerLens's weight processing (``fold_ln``, ...).
     """
 
     model: str | None = None
@@ -79,6 +82,8 @@ class RunOptions:
     explore_heads: str = "auto"
     explore_windows: int = 2
     explore_max_mb: float | None = 3.5
+    loader: str = "transformers"
+    loader_option: tuple = ()
 
     def __post_init__(self):
         check_field_values(self)  # every number of its type and finite, whoever made the options
@@ -131,6 +136,22 @@ def check_options(options: RunOptions) -> None:
         raise SinkscopeError(f"{option('seq_len')} must be at least 2 (got {min(lengths)}).")
     if lengths is not None and len(lengths) > 1 and options.resume:
         raise SinkscopeError(f"{option('resume', True)} is not supported with several {option('seq_len')} values; run them without it.")
+    if options.loader_option is None:
+        options.loader_option = ()
+    options.loader_option = tuple(options.loader_option) if not isinstance(options.loader_option, str) \
+        else split_values(options.loader_option)
+    if options.loader not in ("transformers", "transformer-lens"):
+        raise SinkscopeError(f"unknown {option('loader')} {options.loader!r}; use transformers or transformer-lens.")
+    if options.loader_option and options.loader != "transformer-lens":
+        raise SinkscopeError(f"{option('loader_option')} sets TransformerLens's weight processing; it goes with "
+                             f"{option('loader')} transformer-lens.")
+    if options.loader == "transformer-lens":
+        from sinkscope.capture.hooked import processing_options
+
+        processing_options(options.loader_option)  # a bad KEY=VALUE is one sentence before anything loads
+        if options.device_map:
+            raise SinkscopeError(f"{option('loader')} transformer-lens builds the model on one device; drop "
+                                 f"{option('device_map')}.")
     if options.n_seqs < 1:
         raise SinkscopeError(f"{option('n_seqs')} must be at least 1 (got {options.n_seqs}).")
     if options.batch_size < 1:

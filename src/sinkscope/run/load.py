@@ -14,11 +14,13 @@ from sinkscope.data import corpus as corpus_mod
 from sinkscope.data.corpus import given_windows as _given_windows
 from sinkscope.errors import SinkscopeError
 from sinkscope.forward.runner import check_capture
+from sinkscope.capture.hooked import HookedModel, attached_saes, is_hooked_transformer
 from sinkscope.models.bridge import is_bridge, unbridged
 from sinkscope.models.model_config import vocab_size
 from sinkscope.models.resolve import Source
 from sinkscope.models.trained_context import learned_positions, require_positions, warn_past_context
 from sinkscope.probes import get_probe
+from sinkscope.run.hooked_loader import load_hooked
 from sinkscope.run.loaders import embedding_rows, load_model, load_tokenizer, LoadedModel, remote_code_note
 from sinkscope.run.prepare import _model_context, Prepared
 
@@ -88,6 +90,13 @@ def load(prepared: Prepared, log) -> Loaded:
         if is_bridge(model):
             model = prepared.cleanup.enter_context(unbridged(model))
             tokenizer = tokenizer if tokenizer is not None else getattr(inputs.model, "tokenizer", None)
+        elif is_hooked_transformer(model):  # measured through its own hooks (capture/hooked.py)
+            saes = attached_saes(model)
+            if saes:
+                log(f"note: SAEs are attached at {', '.join(saes)}; the measurement sees the model as it runs, SAEs "
+                    "included.")
+            model = HookedModel(model)
+            tokenizer = tokenizer if tokenizer is not None else getattr(inputs.model, "tokenizer", None)
         if windows is None and tokenizer is None:
             raise SinkscopeError("texts need a tokenizer: pass tokenizer=..., or token ids as windows=...")
         prepared.cleanup.callback(model.train, model.training)  # a caller's model leaves in the mode it came in
@@ -108,8 +117,14 @@ def load(prepared: Prepared, log) -> Loaded:
         _check_same_windows(prepared, windows)  # before the model loads, when the tokenizer came first
         log(f"Loading {prepared.source.label or prepared.source.location} ...")
         _warn_if_unfinished(prepared.source, log)
-        loaded = load_model(prepared.source, device=prepared.device, dtype=options.dtype, device_map=options.device_map,
-                            trust_remote_code=options.trust_remote_code, tokenizer=tokenizer, log=log)
+        if options.loader == "transformer-lens":  # a HookedTransformer built by TransformerLens (run/hooked_loader.py)
+            loaded = load_hooked(prepared.source, device=prepared.device, dtype=options.dtype,
+                                 loader_option=options.loader_option, trust_remote_code=options.trust_remote_code,
+                                 tokenizer=tokenizer, log=log)
+        else:
+            loaded = load_model(prepared.source, device=prepared.device, dtype=options.dtype,
+                                device_map=options.device_map, trust_remote_code=options.trust_remote_code,
+                                tokenizer=tokenizer, log=log)
     load_s = time.perf_counter() - started
     spec = ModelSpec.from_model(loaded.model)  # also rejects unsupported families
     trained = _model_context(loaded.model)

@@ -445,7 +445,10 @@ def model_config_summary(model: torch.nn.Module) -> dict:
     """The model's config as a JSON-safe dict (for the manifest)."""
     import dataclasses
 
-    if dataclasses.is_dataclass(model.config):  # the bundled trainer's GPTConfig
+    if dataclasses.is_dataclass(model.config):  # the bundled trainer's GPTConfig, TransformerLens's config
         return dataclasses.asdict(model.config)
+    if not hasattr(model.config, "to_json_string"):  # a config of another kind: its fields as text
+        return {key: value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+                for key, value in vars(model.config).items()}
     return json.loads(model.config.to_json_string(use_diff=False))
 

@@ -309,7 +309,8 @@ def versions() -> dict[str, str | None]:
     import importlib.metadata as md
 
     out: dict[str, str | None] = {"python": platform.python_version(), "platform": platform.platform()}
-    for package in ["sinkscope", "torch", "transformers", "numpy", "pandas", "gguf", "tokenizers", "accelerate"]:
+    for package in ["sinkscope", "torch", "transformers", "numpy", "pandas", "gguf", "tokenizers", "accelerate",
+                    "transformer-lens", "nnsight", "sae-lens"]:
         try:
             out[package] = md.version(package)
         except md.PackageNotFoundError:
