@@ -271,8 +271,10 @@ def trace(
         tr.tokens                             # the prompt's token ids (1, T), tr.str_tokens its pieces
 
     Args:
-        model: a loaded transformers causal LM or trainer model, or what the command line takes as
-            MODEL (a hub id, a folder, a .gguf file, a trainer checkpoint; None: the bundled default).
+        model: a loaded transformers causal LM or trainer model, an nnsight ``LanguageModel`` (the model it
+            wraps), or what the command line takes as MODEL (a hub id, a folder, a .gguf file, a trainer
+            checkpoint; None: the bundled default). A HookedTransformer is one sentence: its own
+            ``run_with_cache`` gives these names.
         text_or_ids: a text (tokenised with the model's tokenizer, its BOS by the tokenizer's own rule
             unless ``bos`` says otherwise) or one prompt's token ids, (T,) or (1, T).
         tokenizer: for a loaded model and a text.
@@ -291,8 +293,16 @@ def trace(
     """
     import torch
 
+    from sinkscope.capture.hooked import is_hooked_transformer
     from sinkscope.forward.trace import as_ids, trace_ids
+    from sinkscope.models.nnsight_model import is_nnsight_model, unwrapped
 
+    if is_hooked_transformer(model):
+        raise SinkscopeError("a HookedTransformer's own run_with_cache gives these names; sinkscope.trace reads "
+                             "transformers models and trainer checkpoints (sinkscope.measure takes a HookedTransformer).")
+    if is_nnsight_model(model):  # the transformers model it wraps
+        model, own_tokenizer = unwrapped(model)
+        tokenizer = tokenizer if tokenizer is not None else own_tokenizer
     if isinstance(model, torch.nn.Module):
         _check_loaded(model)
         ids = as_ids(text_or_ids, tokenizer, bos)

@@ -75,6 +75,11 @@ def attached_saes(model) -> list[str]:
     return sorted(getattr(model, "acts_to_saes", {}) or {})
 
 
+def is_wrapped(model) -> bool:
+    """A :class:`HookedModel` (a HookedTransformer as sinkscope runs it)."""
+    return isinstance(model, HookedModel)
+
+
 class HookedModel(nn.Module):
     """A HookedTransformer in the trainer model's protocol (module docstring); ``tl`` is the model as given."""
 

@@ -107,3 +107,14 @@ def test_p0_mass_and_value_norms_are_the_models_own_pattern_and_values():
         assert torch.allclose(torch.tensor(mine.to_numpy(), dtype=torch.float32), ratio, atol=1e-5)
     assert model.training is False  # the model leaves in the mode it came in
 
+
+
+def test_what_a_hooked_model_cannot_give_is_one_sentence():
+    from sinkscope.errors import SinkscopeError
+
+    model = _TinyHooked()
+    with pytest.raises(SinkscopeError, match="key-value cache, which a HookedTransformer does not expose"):
+        sinkscope.measure("stream", model, windows=_ids()[:1], length=T, policy="full,window", cache=4,
+                          positions="original", mode="mask", progress=False)
+    with pytest.raises(SinkscopeError, match="own run_with_cache gives these names"):
+        sinkscope.trace(model, _ids()[:1])

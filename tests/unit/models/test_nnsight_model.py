@@ -43,3 +43,11 @@ def test_weights_not_loaded_yet_are_one_sentence(tiny_llama_dir):
         vars(wrapped)["_module"] = type(bare)(bare.config)
     with pytest.raises(SinkscopeError, match="not loaded yet"):
         sinkscope.measure("sinks", wrapped, texts=TEXTS, seq_len=24, n_seqs=2, progress=False)
+
+
+def test_trace_reads_the_wrapped_model(tiny_llama_dir):
+    wrapped, bare, tokenizer = _language_model(tiny_llama_dir)
+    ids = torch.arange(3, 19).unsqueeze(0)  # (1, 16)
+    through = sinkscope.trace(wrapped, ids, names=["blocks.1.attn.hook_pattern"])
+    direct = sinkscope.trace(bare, ids, names=["blocks.1.attn.hook_pattern"])
+    assert torch.equal(through["blocks.1.attn.hook_pattern"], direct["blocks.1.attn.hook_pattern"])

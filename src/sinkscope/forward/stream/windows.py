@@ -32,6 +32,7 @@ from sinkscope.errors import SinkscopeError, option
 from sinkscope.probes.base import Probe
 from sinkscope.runtime.progress import progress_bar
 from sinkscope.capture.discover import input_device
+from sinkscope.capture.hooked import is_wrapped as is_hooked
 from sinkscope.forward.runner import CHECK_TOLERANCE, is_native, run_probes
 from sinkscope.forward.stream import rotary
 from sinkscope.kvcache.policies import Policy
@@ -71,7 +72,12 @@ def _check_reader(model: torch.nn.Module, ids: torch.Tensor, layout) -> None:
 
 
 def _check_native(model: torch.nn.Module, stream: Probe, length: int) -> None:
-    """A sinkscope trainer model is read mask-based (``reader.read_native``) within its context, or not at all."""
+    """A sinkscope trainer model is read mask-based (``reader.read_native``) within its context, or not at all; a
+    TransformerLens HookedTransformer (``capture/hooked.py``) is not read at all."""
+    if is_hooked(model):
+        raise SinkscopeError("stream reads a model through its key-value cache, which a HookedTransformer does not "
+                             "expose to sinkscope; measure stream on the transformers model (a TransformerBridge or "
+                             "the model it was converted from).")
     if stream.mode != "mask":
         raise SinkscopeError(f"a sinkscope trainer checkpoint keeps no key-value cache, so stream reads it with "
                              f"{option('mode')} mask (the exact mask-based reading, original positions); add {option('mode')} mask.")
