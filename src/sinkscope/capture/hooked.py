@@ -112,6 +112,11 @@ class HookedModel(nn.Module):
             missing_hooks=missing,
             attention_path="interface" if self._qk else "transformer_lens_weights")
 
+    def record(self) -> dict:
+        """What the manifest says of the model (``model.transformer_lens``): its class, and the hook names an SAE
+        was attached at (SAELens), which the measurement saw."""
+        return {"class": type(self.tl).__name__, "saes_at": attached_saes(self.tl)}
+
     @property
     def config(self):
         """``cfg`` (what ``run/`` reads a context from: ``n_ctx``)."""

@@ -56,6 +56,7 @@ def assemble(prepared: Prepared, loaded: Loaded, probes: list[Probe], run_s: flo
             "config": model_config_summary(model.model),
             "device_map": getattr(model.model, "hf_device_map", None),
             "layer_windows": windows_per_layer,
+            **({"transformer_lens": model.model.record()} if hasattr(model.model, "record") else {}),
         },
         conditions=conditions,
         dtype=str(model.dtype).removeprefix("torch."),

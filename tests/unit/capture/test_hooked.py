@@ -118,3 +118,11 @@ def test_what_a_hooked_model_cannot_give_is_one_sentence():
                           positions="original", mode="mask", progress=False)
     with pytest.raises(SinkscopeError, match="own run_with_cache gives these names"):
         sinkscope.trace(model, _ids()[:1])
+
+
+def test_the_manifest_names_the_class_and_the_hooks_an_sae_sits_at(tmp_path):
+    model = _TinyHooked()
+    model.acts_to_saes = {"blocks.1.hook_resid_pre": object()}  # as SAELens's HookedSAETransformer keeps them
+    result = sinkscope.measure("sinks", model, windows=_ids(), progress=False, figures=False, out=str(tmp_path / "run"))
+    assert result.manifest["model"]["transformer_lens"] == {"class": "_TinyHooked",
+                                                             "saes_at": ["blocks.1.hook_resid_pre"]}
