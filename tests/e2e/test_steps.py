@@ -428,3 +428,58 @@ def test_ctrl_c_in_a_series_names_the_runs_kept(offline_hub, text_file, tmp_path
     assert result.exit_code == 130 and calls == ["step0", "step10"]
     assert "the runs finished before it (step0) are kept" in result.output and "--resume" in result.output
     assert (out / "step0" / "results.csv").is_file() and not (out / "step10").exists()
+
+
+def test_a_revision_serving_another_revisions_weights_is_flagged(offline_hub, hub_cache, tokenizer, text_file,
+                                                                 tmp_path):
+    """Issue 58, item 1 (EleutherAI/pythia#205): step30 serves step10's weights under another commit. The
+    manifests' weight hashes agree, the series warns naming both and leaves step30 out of the emergence estimate;
+    --strict-revisions makes it an error that keeps the runs."""
+    import json
+
+    _snapshot(hub_cache, "step30", 2, tokenizer)  # step10 was built with seed 2: the same weights, another commit
+    out = tmp_path / "series"
+    result = _sinks(REPO, "--revision", "step0,step10,step30", "--text-file", str(text_file), "--out", str(out),
+                    "--no-figures")
+    assert result.exit_code == 0, result.output
+    assert "warning: step30 has the same weights as step10" in result.output
+    digests = {r: json.loads((out / r / "manifest.json").read_text())["model"]["weights_sample_sha256"]
+               for r in ("step0", "step10", "step30")}
+    assert digests["step10"] == digests["step30"] != digests["step0"] and len(digests["step0"]) == 64
+    from sinkscope.report import build_report
+
+    page = build_report([out / r for r in ("step0", "step10", "step30")], out=tmp_path / "page").read_text()
+    assert "left out as duplicates of an earlier checkpoint&#39;s weights: step30 (= step10)" in page \
+        or "left out as duplicates of an earlier checkpoint's weights: step30 (= step10)" in page
+    strict = _sinks(REPO, "--revision", "step0,step10,step30", "--text-file", str(text_file), "--out",
+                    str(tmp_path / "strict"), "--no-figures", "--strict-revisions")
+    assert strict.exit_code == 1 and "Traceback" not in strict.output
+    error = [line for line in strict.output.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "step30 has the same weights as step10" in error[0], strict.output
+    assert (tmp_path / "strict" / "step30" / "results.csv").is_file()  # its runs are kept
+
+
+def test_the_page_gives_each_metrics_emergence_step_from_the_windows(series_run):
+    """Issue 58, item 2: every run keeps its per-window values (window_values.npy), whose model row averages to the
+    table's model value; the page's emergence step is stats.emergence on them, with its interval."""
+    import json
+
+    from sinkscope.store.results import read_results
+    from sinkscope.stats.emergence import emergence
+
+    model_rows = []
+    for revision in REVISIONS:
+        listed = json.loads((series_run / revision / "manifest.json").read_text())["window_values"]["metrics"]
+        values = np.load(series_run / revision / "window_values.npy")  # (M, L + 1, n_w)
+        assert values.shape[-1] == 4 and {"p0_mass", "sink_rate"} <= set(listed)
+        model = values[listed.index("p0_mass"), -1]
+        table = read_results(series_run / revision)
+        plain = table[(table.metric == "p0_mass") & table["layer"].isna() & table["head"].isna()]
+        plain = plain[plain["layer_type"].isna()] if "layer_type" in plain else plain
+        assert model.mean() == pytest.approx(plain["value"].iloc[0], rel=1e-6)
+        model_rows.append(model)
+    found = emergence(np.array(STEPS, dtype=float), np.stack(model_rows))
+    page = (series_run / "report.html").read_text()
+    assert "p0_mass_emergence" in page or "emergence step" in page
+    if not np.isnan(found.step):
+        assert f"{found.step:,.0f}" in page and f"{found.threshold:.4g}" in page

@@ -35,6 +35,7 @@ BosOpt = Annotated[str, typer.Option("--bos", help="auto | add | none: prepend t
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda | cuda:N.", rich_help_panel=MODEL_PANEL)]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="auto (float32 on CPU, bfloat16 on GPU) | float32 (fp32) | bfloat16 (bf16) | float16 (fp16, half).", rich_help_panel=MODEL_PANEL)]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Hub revision (branch, tag or commit); several, comma-separated (step0,step1000,...), measure each on the same windows into one folder with a step column.", rich_help_panel=MODEL_PANEL)]
+StrictRevisionsOpt = Annotated[bool, typer.Option("--strict-revisions", help="A series (--revision A,B,... or checkpoints) in which two revisions load the same weights is an error, not a warning.", rich_help_panel=MODEL_PANEL)]
 TrustOpt = Annotated[bool, typer.Option("--trust-remote-code", help="Allow code from the model repository to run.", rich_help_panel=MODEL_PANEL)]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Replace an existing non-empty run folder.", rich_help_panel=OUTPUT_PANEL)]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.", rich_help_panel=OUTPUT_PANEL)]
@@ -74,6 +75,7 @@ DATA_OPTIONS = (("text_file", TextFileOpt, None), ("dataset", DatasetOpt, None),
                 ("n_seqs", NSeqsOpt, 16), ("seed", SeedOpt, 0), ("bos", BosOpt, "auto"))
 MODEL_OPTIONS = (("device", DeviceOpt, "auto"), ("dtype", DtypeOpt, "auto"), ("device_map", DeviceMapOpt, None),
                  ("attention", AttentionOpt, "fused"), ("batch_size", BatchOpt, 4), ("revision", RevisionOpt, None),
+                 ("strict_revisions", StrictRevisionsOpt, False),
                  ("trust_remote_code", TrustOpt, False), ("loader", LoaderOpt, "transformers"),
                  ("loader_option", LoaderOptionOpt, None))
 OUTPUT_OPTIONS = (("overwrite", OverwriteOpt, False), ("resume", ResumeOpt, False), ("figures", FiguresOpt, True),

@@ -54,6 +54,8 @@ class RunOptions:
         explore_windows: how many of the first windows the explorer keeps (0: none).
         explore_max_mb: the explorer's data budget in the page, in MB (patterns past it are left
             out, window 0's top heads last); None: no budget.
+        strict_revisions: a series in which two revisions or checkpoints load the same weights stops with an
+            error instead of a warning (``run/comparison.py``, ``models/fingerprint.py``).
         loader: ``transformers`` (the model as it is) or ``transformer-lens`` (a TransformerLens 3
             ``HookedTransformer`` built from it, measured through its hooks: ``run/hooked_loader.py``).
         loader_option: ``KEY=true|false`` pairs of TransformerLens's weight processing (``fold_ln``, ...).
@@ -82,6 +84,7 @@ class RunOptions:
     explore_heads: str = "auto"
     explore_windows: int = 2
     explore_max_mb: float | None = 3.5
+    strict_revisions: bool = False
     loader: str = "transformers"
     loader_option: tuple = ()
 

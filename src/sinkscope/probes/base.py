@@ -396,9 +396,27 @@ class HeadMeans(Accumulator):
             out[layer] = (variance / n).sqrt()
         return out
 
+    def window_matrix(self) -> Tensor | None:
+        """(L + 1, n_w) float64: each window's mean over a layer's heads (NaN on a layer not seen), then each
+        window's model value (the mean over the layers seen, as the model row's se reads it); None when the
+        window means are not all kept (a fixed layer, a merged or older state) or fewer than 2 windows."""
+        layers = [layer for layer in range(self.n_layers) if self.seen[layer]]
+        columns = [self._window_layer_means(layer) for layer in layers]
+        if not columns or any(c is None for c in columns) or len({c.shape[0] for c in columns}) != 1 \
+                or columns[0].shape[0] < 2:
+            return None
+        out = torch.full((self.n_layers + 1, columns[0].shape[0]), float("nan"), dtype=torch.float64)
+        for layer, column in zip(layers, columns):
+            out[layer] = column
+        out[-1] = torch.stack(columns).mean(dim=0)
+        return out
+
     def rows(self, probe: str, metric: str, *, layers: list[int] | None = None) -> list[Row]:
         """Per-head rows, per-layer means over heads, one model mean over the layers seen (each with ``se``;
-        ``n`` the windows, see the class docstring)."""
+        ``n`` the windows, see the class docstring). Remembers ``metric`` (``rows_metric``), the name its
+        per-window values are saved under (``run/write.py``, ``window_values.npy``)."""
+        if layers is None:
+            self.rows_metric = metric
         out: list[Row] = []
         layer_values: list[float] = []
         included: list[int] = []

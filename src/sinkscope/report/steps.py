@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from sinkscope.report import curves as plots
@@ -144,17 +145,134 @@ def series_section(runs: list, metrics: list[str], fig_dir: Path, keep,
         fig = plots.metric_vs_step(lines, metric, floor=floor, x_labels=names, labels=labels,
                                    title=f"{figures.metric_title(metric, labels)} against the "
                                          f"{'revision' if names else 'training step'}")
+        found = emergence_of(runs, xs, metric) if metric in EMERGENCE_METRICS else None
+        if found is not None:
+            _mark_emergence(fig, found["model"])
         info = docs.get(metric, MetricInfo(metric, "", "", ""))
         entries.append({"metric": f"{metric}_vs_step",
                         "info": MetricInfo(f"{info.label or metric} against the step", info.unit, info.formula,
                                            info.source, info.direction),
-                        "note": None,
+                        "note": None if found is None else _emergence_note(found, names),
                         "figures": [keep(fig, f"steps_{figures._file_stem(metric)}",
                                          "per layer and the model value against the step")],
                         "table": _steps_table(lines, names)})
+        if found is not None:
+            entries.append(_emergence_entry(metric, info, found, names))
     if not entries:
         return None
     return {"probe": "steps", "entries": entries, "note": STEPS_NOTE, "tables": []}
+
+
+# ---- the emergence step (issue 58) ----------------------------------------------------------------------
+
+#: the metrics whose emergence step a series' page gives (SPEC.md "The emergence step").
+EMERGENCE_METRICS = ("sink_rate", "p0_mass")
+
+
+def _window_values(run, metric: str) -> np.ndarray | None:
+    """(L + 1, n_w) of ``metric`` from the run's ``window_values.npy`` (``run/write.py``), or None."""
+    listed = (run.manifest.get("window_values") or {}).get("metrics") or []
+    path = Path(run.path) / "window_values.npy"
+    if metric not in listed or not path.is_file():
+        return None
+    try:
+        values = np.load(path, allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    if values.ndim != 3 or values.shape[0] != len(listed):
+        return None
+    return values[listed.index(metric)].astype(np.float64)
+
+
+def duplicate_runs(runs: list) -> dict[int, int]:
+    """{index: the earlier index it duplicates} for runs whose manifests record the same weights
+    (``model.weights_sample_sha256``, ``models/fingerprint.py``)."""
+    first: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for k, run in enumerate(runs):
+        digest = (run.manifest.get("model") or {}).get("weights_sample_sha256")
+        if digest is None:
+            continue
+        if digest in first:
+            out[k] = first[digest]
+        else:
+            first[digest] = k
+    return out
+
+
+def emergence_of(runs: list, xs: list[float], metric: str) -> dict | None:
+    """The model's and each layer's emergence step of ``metric`` along the series, runs that duplicate an earlier
+    run's weights left out; None unless every other run kept its per-window values on the same windows."""
+    from sinkscope.stats.emergence import emergence
+
+    duplicates = duplicate_runs(runs)
+    kept = [k for k in range(len(runs)) if k not in duplicates]
+    matrices = [_window_values(runs[k], metric) for k in kept]
+    if len(kept) < 2 or any(m is None for m in matrices) or len({m.shape for m in matrices}) != 1:
+        return None
+    stacked = np.stack(matrices)  # (K, L + 1, n_w)
+    order = np.argsort([xs[k] for k in kept])
+    x = np.asarray([xs[k] for k in kept])[order]
+    stacked = stacked[order]
+    if np.any(np.diff(x) <= 0):
+        return None
+    out = {"model": emergence(x, stacked[:, -1]), "layers": {}, "left_out": {runs[k].label: runs[j].label
+                                                                            for k, j in duplicates.items()}}
+    for layer in range(stacked.shape[1] - 1):
+        if not np.isnan(stacked[:, layer]).any():
+            out["layers"][layer] = emergence(x, stacked[:, layer])
+    return out
+
+
+def _at(step: float, names: dict[float, str] | None) -> str:
+    if np.isnan(step):
+        return "—"
+    return f"{step:.2f} (position)" if names else f"{step:,.0f}"
+
+
+def _emergence_note(found: dict, names: dict[float, str] | None) -> str:
+    model = found["model"]
+    if np.isnan(model.step):
+        said = f"the model value never crosses {model.threshold:.4g}"
+    else:
+        said = (f"emergence step (the model value first crosses {model.threshold:.4g}, half-way between its first and "
+                f"last value, {'rising' if model.rising else 'falling'}): {_at(model.step, names)}, 95% interval "
+                f"{_at(model.low, names)} to {_at(model.high, names)} (bootstrap over {model.n_windows} windows; the "
+                "dashed line and the grey band)")
+    left = found["left_out"]
+    if left:
+        said += "; left out as duplicates of an earlier checkpoint's weights: " + ", ".join(
+            f"{name} (= {earlier})" for name, earlier in left.items())
+    return said + "."
+
+
+def _emergence_entry(metric: str, info: MetricInfo, found: dict, names: dict[float, str] | None) -> dict:
+    """A table of the model's and each layer's emergence step with its interval."""
+    rows = [["model", *_emergence_cells(found["model"], names)]]
+    rows += [[f"layer {layer}", *_emergence_cells(value, names)] for layer, value in found["layers"].items()]
+    return {"metric": f"{metric}_emergence",
+            "info": MetricInfo(f"{info.label or metric}: emergence step", "step",
+                               "the interpolated first crossing of the half-way threshold, 95% bootstrap interval "
+                               "over windows", "SPEC.md 'The emergence step'; stats/emergence.py", ""),
+            "note": None, "figures": [],
+            "table": {"columns": ["line", "threshold", "emergence step", "95% interval", "no crossing (replicates)"],
+                      "rows": rows, "collapsed": len(rows) > COLLAPSE_ROWS}}
+
+
+def _emergence_cells(value, names) -> list[str]:
+    return [f"{value.threshold:.4g}", _at(value.step, names), f"{_at(value.low, names)} to {_at(value.high, names)}",
+            "—" if np.isnan(value.no_crossing) else f"{100 * value.no_crossing:.0f}%"]
+
+
+def _mark_emergence(fig, model) -> None:
+    """The model's emergence step (dashed) and its interval (a grey band) on the figure's axes."""
+    if np.isnan(model.step):
+        return
+    ax = fig.axes[0]
+    ax.axvline(model.step, color="black", linestyle="--", linewidth=1.0, label="emergence step")
+    if not (np.isnan(model.low) or np.isnan(model.high)):
+        ax.axvspan(model.low, model.high, color="grey", alpha=0.18, linewidth=0)
+    ax.axhline(model.threshold, color="grey", linestyle=":", linewidth=0.8)
 
 
 # ---- a trainer checkpoint's monitor ---------------------------------------------------------------------

@@ -146,6 +146,7 @@ def finish_comparison(plans: list[Plan], failed: dict[str, str], log: Callable[[
     finished = [child for child in children if child.name not in failed]
     if comparison.series and len(finished) > 1:
         _check_same_windows(finished)
+        _say_duplicates(finished, strict=any(getattr(p.options, "strict_revisions", False) for p in plans), log=log)
     if finished and comparison.series:
         write_series_table(parent, finished)
     labels = ([label for label, child in zip(comparison.labels, children) if child.name not in failed]
@@ -184,6 +185,40 @@ def write_comparison_differences(parent: Path, finished: list[Path], labels: lis
         (parent / COMPARE_FILE).unlink(missing_ok=True)
         return
     write_differences(parent, compare_folders(finished, labels, group_by))
+
+
+def duplicated_weights(children: list[Path]) -> dict[str, str]:
+    """{run folder name: the earlier run folder name it duplicates} for the runs of a series whose manifests record
+    the same weights (``model.weights_sample_sha256``, ``models/fingerprint.py``); runs without one are never
+    duplicates."""
+    from sinkscope.store.files import read_json
+
+    first: dict[str, str] = {}
+    duplicates: dict[str, str] = {}
+    for child in children:
+        try:
+            digest = read_json(child / "manifest.json", "the run's manifest")["model"]["weights_sample_sha256"]
+        except (SinkscopeError, KeyError, TypeError):
+            continue
+        if digest in first:
+            duplicates[child.name] = first[digest]
+        else:
+            first[digest] = child.name
+    return duplicates
+
+
+def _say_duplicates(children: list[Path], *, strict: bool, log: Callable[[str], None]) -> None:
+    """One warning per run of a series that loaded an earlier run's weights; with ``--strict-revisions``, an error."""
+    duplicates = duplicated_weights(children)
+    if not duplicates:
+        return
+    said = "; ".join(f"{name} has the same weights as {earlier}" for name, earlier in duplicates.items())
+    if strict:
+        raise SinkscopeError(f"{said} (a sample hash of every tensor agrees), so the series does not show the "
+                             f"model changing there; its runs are kept; rerun without {option('strict_revisions', True)} "
+                             "to compare the others, or drop the duplicates from --revision.")
+    log(f"warning: {said} (a sample hash of every tensor agrees: a hub branch serving another checkpoint's weights?); "
+        "the comparison marks them and leaves them out of the emergence estimate.")
 
 
 def _check_same_windows(children: list[Path]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sinkscope.models.fingerprint import weights_fingerprint
 from sinkscope.capture.families import layer_windows
 from sinkscope.data import corpus as corpus_mod
 from sinkscope.errors import SinkscopeError
@@ -53,6 +54,7 @@ def assemble(prepared: Prepared, loaded: Loaded, probes: list[Probe], run_s: flo
             "family": loaded.spec.family,
             "spec": asdict(loaded.spec),
             "n_parameters": sum(p.numel() for p in model.model.parameters()),
+            "weights_sample_sha256": weights_fingerprint(model.model),  # models/fingerprint.py
             "config": model_config_summary(model.model),
             "device_map": getattr(model.model, "hf_device_map", None),
             "layer_windows": windows_per_layer,
@@ -81,7 +83,34 @@ def assemble(prepared: Prepared, loaded: Loaded, probes: list[Probe], run_s: flo
         plan=None if prepared.plan is None else prepared.plan.to_dict(),  # what produced the run (plan.Plan)
     )
     arrays = {name: array for probe in probes for name, array in probe.arrays().items()}
+    metrics, values = window_values(probes)
+    if metrics:
+        arrays["window_values"] = values
+        manifest["window_values"] = {"metrics": metrics, "rows": "layers 0 .. L - 1, then the model value",
+                                     "windows": int(values.shape[-1])}
     return Result(frame, manifest, windows.tokens, arrays=arrays)
+
+
+def window_values(probes: list[Probe]) -> tuple[list[str], np.ndarray | None]:
+    """Each window's layer means and model value of every metric a probe accumulates per window (``HeadMeans``
+    with every window kept): (metric names, (M, L + 1, n_w) float32), the first accumulator of a name kept."""
+    from sinkscope.probes.base import HeadMeans
+
+    found: dict[str, np.ndarray] = {}
+    for probe in probes:
+        for accumulator in vars(probe).values():
+            metric = getattr(accumulator, "rows_metric", None)
+            if not isinstance(accumulator, HeadMeans) or metric is None or metric in found:
+                continue
+            matrix = accumulator.window_matrix()
+            if matrix is not None:
+                found[metric] = matrix.numpy().astype(np.float32)
+    if not found:
+        return [], None
+    shapes = [m.shape for m in found.values()]
+    common = max(set(shapes), key=shapes.count)  # a probe that saw other windows (a second stage's) is left out
+    names = sorted(name for name, m in found.items() if m.shape == common)
+    return names, np.stack([found[name] for name in names])
 
 
 def assemble_lengths(prepared: Prepared, loaded: Loaded, finished: list) -> Result:

@@ -5,6 +5,9 @@ A run folder holds:
     results.csv / results.parquet   tidy table: probe, metric, layer, head, value, n, (conditions), se
     manifest.json                   what produced it (versions, model, corpus + hash, seed, BOS, options)
     tokens.npy                      int64 (n_seqs, seq_len): exactly the ids evaluated
+    window_values.npy               float32 (metrics, L + 1, n_seqs): each window's layer means and model value
+                                    of the metrics the manifest's ``window_values.metrics`` lists (the bootstrap
+                                    of a series' emergence step, ``stats/emergence.py``)
     figures/                        heatmap_<metric>.{png,svg}, layers_<metric>.{png,svg}
     .sinkscope-files                the files above, as written (``fileio.write_inventory``)
 
@@ -376,7 +379,7 @@ def _check_not_cwd(out_dir: Path) -> None:
 
 #: the files a run folder holds (``figures/`` holds PNG and SVG files only).
 #: arrays some commands add beside the table (``Result.arrays``): ``stream``'s every-token NLL.
-ARRAY_FILES = ("stream_nll.npy",)
+ARRAY_FILES = ("stream_nll.npy", "window_values.npy")
 RUN_FILES = ("results.csv", "results.parquet", "manifest.json", "tokens.npy", "report.html", "explorer.npz", *ARRAY_FILES)
 
 
