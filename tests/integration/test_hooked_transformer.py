@@ -72,8 +72,34 @@ PROCESSING = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value
 INVARIANT = ("p0_mass", "sink_rate", "sink_alpha", "sink_head_share")
 
 
-def converted(model, processed):
+def gemma2():
+    """A tiny Gemma 2 (sliding and global layers, logit soft-capping, pre and post norms) and TransformerLens's config
+    for it, written as TransformerLens 3 writes google/gemma-2-2b's (it converts Gemma only from official names)."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(Gemma2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                           num_key_value_heads=2, head_dim=16, intermediate_size=128, sliding_window=8,
+                                           query_pre_attn_scalar=16, max_position_embeddings=512)).eval()
+    cfg = dict(d_model=64, d_head=16, n_heads=4, d_mlp=128, n_layers=3, n_ctx=512, eps=model.config.rms_norm_eps,
+               d_vocab=VOCAB, act_fn="gelu_pytorch_tanh", normalization_type="RMS", rotary_base=10000.0,
+               positional_embedding_type="rotary", use_attn_scale=True, n_key_value_heads=2, window_size=8,
+               use_local_attn=True, attn_types=["local", "global", "local"], attn_scores_soft_cap=50.0,
+               output_logits_soft_cap=30.0, gated_mlp=True, final_rms=True, use_normalization_before_and_after=True,
+               original_architecture="Gemma2ForCausalLM", device="cpu", dtype=torch.float32, init_weights=False)
+    return model, cfg
+
+
+def converted(model, processed, cfg=None):
     """The HookedTransformer TransformerLens 3 builds from the same weights (its own config and weight converters)."""
+    if cfg is not None:  # Gemma 2: the config written out, TransformerLens's own weight converter
+        from transformer_lens.pretrained.weight_conversions.gemma import convert_gemma_weights
+
+        cfg = HookedTransformerConfig(**cfg)
+        hooked = HookedTransformer(cfg)
+        hooked.load_and_process_state_dict(convert_gemma_weights(model, cfg), refactor_factored_attn_matrices=False,
+                                           **{k: processed for k in PROCESSING})
+        return hooked.eval()
     if model.config.model_type == "gpt2":
         model.config.n_ctx = model.config.n_positions  # TransformerLens 3 reads GPT-2's context as n_ctx
     folder = tempfile.mkdtemp()
@@ -98,8 +124,8 @@ def gaps(ours, theirs, metrics=None):
 out = {}
 ids = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(1))
 for family in sys.argv[1:]:
-    model = build(family).eval()
-    hooked, folded = converted(model, False), converted(model, True)
+    model, cfg = gemma2() if family == "gemma2" else (build(family).eval(), None)
+    hooked, folded = converted(model, False, cfg), converted(model, True, cfg)
     out[family] = {"plain": {}, "rows": 0, "metrics": []}
     for command in ("sinks", "heads", "inject"):  # attention records, head ablations (hook_z), value injection (hook_v)
         extra = {"eval_batch": 3} if command == "inject" else {}
@@ -115,7 +141,7 @@ for family in sys.argv[1:]:
 print(json.dumps(out))
 '''
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox", "gemma2")
 
 
 def _run(code: str, *args: str) -> dict:
@@ -131,8 +157,11 @@ def _run(code: str, *args: str) -> dict:
 @pytest.mark.slow  # a subprocess with TransformerLens 3 (make tl3-deps)
 def test_transformers_and_transformer_lens_give_the_same_numbers_on_the_same_weights():
     """Issue 57, item 4: every metric of sinks, heads (head ablations through hook_z) and inject (value injection
-    through hook_v) that both paths make agrees within 1e-5 (relative above 1) with the weights as they are; with TransformerLens's weight processing on, the metrics read off the attention weights still do.
-    Gemma is left out: TransformerLens 3 converts Gemma only from its official hub names."""
+    through hook_v) that both paths make agrees within 1e-5 (relative above 1) with the weights as they are; with
+    TransformerLens's weight processing on, the metrics read off the attention weights still do. TransformerLens 3
+    converts Gemma only from its official hub names, so Gemma 2's config is written out as TransformerLens writes
+    google/gemma-2-2b's (sliding and global layers, soft-capping, pre and post norms) and its own converter moves
+    the weights."""
     results = _run(CONVERTED, *FAMILIES)
     for family, got in results.items():
         assert {"sinks:p0_mass", "sinks:sink_rate", "sinks:value_norm_ratio"} <= set(got["plain"]), (family, got)

@@ -129,6 +129,8 @@ def layer_windows(model: nn.Module, n_layers: int) -> list[int | None]:
     ``config.sliding_window``); without ``layer_types`` every layer has ``sliding_window`` when
     it is set and not switched off (``use_sliding_window = False``, Qwen2), e.g. Mistral.
     """
+    if callable(getattr(model, "layer_windows", None)):  # a HookedTransformer (capture/hooked.py) says itself
+        return model.layer_windows(n_layers)
     config = getattr(model, "config", None)
     if hasattr(config, "layer_window"):
         return [config.layer_window(layer) for layer in range(n_layers)]

@@ -112,6 +112,13 @@ class HookedModel(nn.Module):
             missing_hooks=missing,
             attention_path="interface" if self._qk else "transformer_lens_weights")
 
+    def layer_windows(self, n_layers: int) -> list[int | None]:
+        """Each layer's sliding window (``cfg.window_size`` on a ``"local"`` layer of ``cfg.attn_types``), else None."""
+        cfg = self.tl.cfg
+        kinds = list(getattr(cfg, "attn_types", None) or [None] * cfg.n_layers)
+        window = getattr(cfg, "window_size", None)
+        return [int(window) if window and kinds[layer] == "local" else None for layer in range(n_layers)]
+
     def record(self) -> dict:
         """What the manifest says of the model (``model.transformer_lens``): its class, and the hook names an SAE
         was attached at (SAELens), which the measurement saw."""
@@ -203,11 +210,11 @@ class HookedModel(nn.Module):
         if not self._qk or "q" not in parts or "k" not in parts:
             return AttentionRecord(layer=layer, query=None, key=None, value=None, scale=float("nan"), mask=None,
                                    weights=weights.float())
-        local = (getattr(cfg, "attn_types", None) or [None] * cfg.n_layers)[layer] == "local"
+        window = self.layer_windows(cfg.n_layers)[layer]
         softcap = getattr(cfg, "attn_scores_soft_cap", -1.0)
         scale = 1.0 / float(cfg.attn_scale) if getattr(cfg, "use_attn_scale", True) else 1.0
         return AttentionRecord(
             layer=layer, query=parts["q"].transpose(1, 2), key=parts["k"].transpose(1, 2), value=value,  # (B, H, T, D)
             scale=scale, mask=None, weights=weights.float(),
-            sliding_window=int(cfg.window_size) if local and getattr(cfg, "window_size", None) else None,
+            sliding_window=window,
             softcap=float(softcap) if softcap and softcap > 0 and math.isfinite(softcap) else None)
