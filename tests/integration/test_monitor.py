@@ -264,3 +264,33 @@ def test_a_table_written_before_se_gets_the_column_when_continued(tmp_path):
     assert list(upgraded.columns)[-1] == "se" and len(upgraded) == 2 * len(old)
     assert upgraded[upgraded.step == 0]["se"].isna().all()
     assert upgraded[(upgraded.step == 1) & upgraded["head"].notna() & (upgraded.metric == "p0_mass")]["se"].notna().all()
+
+
+def test_the_monitor_keeps_each_steps_windows_and_gives_the_emergence_step(tmp_path):
+    """Issue 58, item 2: every measured step's per-window values go to monitor_windows.npz (model row = the
+    table's model value); SinkMonitor.emergence is stats.emergence on them; a resumed training drops later steps."""
+    from sinkscope.stats.emergence import emergence
+
+    windows = torch.randint(1, 500, (4, 16), generator=torch.Generator().manual_seed(0)).numpy()
+    monitor = SinkMonitor(every=100, windows=windows, out=tmp_path / "mon")
+    for k, step in enumerate((0, 100, 200, 300)):
+        frame = monitor.step(build("llama", seed=k + 1), step)
+        model = frame[(frame.metric == "p0_mass") & frame["layer"].isna() & frame["head"].isna()]
+        metrics, values = monitor.window_steps[step]
+        assert values.shape == (len(metrics), 4, 4)  # 3 layers + the model row, 4 windows
+        assert float(values[metrics.index("p0_mass"), -1].mean()) == pytest.approx(model["value"].iloc[0], rel=1e-5)
+    found = monitor.emergence("p0_mass")
+    stacked = np.stack([monitor.window_steps[s][1][monitor.window_steps[s][0].index("p0_mass"), -1]
+                        for s in (0, 100, 200, 300)])
+    again = emergence(np.array([0.0, 100, 200, 300]), stacked)
+    assert (found.threshold, found.n_windows) == (again.threshold, 4)
+    assert found.step == again.step or (np.isnan(found.step) and np.isnan(again.step))
+    with np.load(tmp_path / "mon" / "monitor_windows.npz") as held:
+        assert held["steps"].tolist() == [0, 100, 200, 300] and held["values"].shape[:2] == (4, len(metrics))
+    continued = SinkMonitor(every=100, windows=windows, out=tmp_path / "mon")  # a resumed training's monitor
+    assert sorted(continued.window_steps) == [0, 100, 200, 300]
+    continued.truncate(100)
+    with np.load(tmp_path / "mon" / "monitor_windows.npz") as held:
+        assert held["steps"].tolist() == [0, 100]
+    with pytest.raises(SinkscopeError, match="needs 2 or more"):
+        SinkMonitor(every=100, windows=windows).emergence("p0_mass")

@@ -26,7 +26,7 @@ from sinkscope.store.files import INVENTORY, foreign_entries, is_temporary_name,
 #: config.json's marker and format version.
 TRAINER_FORMAT = 1
 #: files the loop owns that survive a checkpoint rewrite.
-CARRIED_FILES = ("log.csv", "monitor.csv", "monitor.json", "monitor_tokens.npy")  # the last three: --monitor-every
+CARRIED_FILES = ("log.csv", "monitor.csv", "monitor.json", "monitor_tokens.npy", "monitor_windows.npz")  # all but log.csv: --monitor-every
 #: the inventory's writer name for a checkpoint folder.
 WRITER = "checkpoint"
 #: the fixed names of the files a checkpoint held before inventories existed: the trainer's own

@@ -802,3 +802,23 @@ def _check_keys(probe: Probe, mine: dict, theirs: dict, what: str) -> None:
         raise ValueError(f"{what} does not match the accumulators of the probe {_probe_name(probe)}: "
                          f"missing {missing or 'none'}, unexpected {unexpected or 'none'} "
                          "(a container's entries must be created in setup()).")
+
+
+def window_values(probes: list["Probe"]) -> tuple[list[str], np.ndarray | None]:
+    """Each window's layer means and model value of every metric a probe accumulates per window (``HeadMeans``
+    with every window kept): (metric names, (M, L + 1, n_w) float32), the first accumulator of a name kept."""
+    found: dict[str, np.ndarray] = {}
+    for probe in probes:
+        for accumulator in vars(probe).values():
+            metric = getattr(accumulator, "rows_metric", None)
+            if not isinstance(accumulator, HeadMeans) or metric is None or metric in found:
+                continue
+            matrix = accumulator.window_matrix()
+            if matrix is not None:
+                found[metric] = matrix.numpy().astype(np.float32)
+    if not found:
+        return [], None
+    shapes = [m.shape for m in found.values()]
+    common = max(set(shapes), key=shapes.count)  # a probe that saw other windows (a second stage's) is left out
+    names = sorted(name for name, m in found.items() if m.shape == common)
+    return names, np.stack([found[name] for name in names])

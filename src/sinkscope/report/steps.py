@@ -36,7 +36,7 @@ from sinkscope.report.runs import TrainingLog, _seq_len, uniform_p0
 from sinkscope.store.results import NOT_CONDITIONS, MetricInfo
 
 #: the monitor's table and manifest in a checkpoint folder (``train/monitor.py``'s TABLE and MANIFEST).
-MONITOR_TABLE, MONITOR_MANIFEST = "monitor.csv", "monitor.json"
+MONITOR_TABLE, MONITOR_MANIFEST, MONITOR_WINDOWS = "monitor.csv", "monitor.json", "monitor_windows.npz"
 #: the monitor's metrics, in the order the report draws them.
 FORMATION_METRICS = ("p0_mass", "phantom_mass", "value_norm_ratio")
 #: run conditions a series' runs differ or agree in (never a probe's own condition column).
@@ -333,12 +333,32 @@ FORMATION_NOTE = ("The trainer's monitor (--monitor-every) measured these on the
                   "phantom key has no phantom-mass curve (it is 0 by construction).")
 
 
+def monitor_emergence(folder: str | Path, metric: str):
+    """The emergence step of ``metric``'s model value over a checkpoint's monitored steps (``monitor_windows.npz``,
+    ``train/monitor.py``), or None without per-window values of it at 2 steps or more."""
+    from sinkscope.stats.emergence import emergence
+
+    path = Path(folder) / MONITOR_WINDOWS
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as held:
+            steps, metrics, values = held["steps"], [str(m) for m in held["metrics"]], held["values"]
+    except (OSError, ValueError, KeyError):
+        return None
+    if metric not in metrics or values.ndim != 4 or len(steps) < 2 or np.any(np.diff(steps) <= 0):
+        return None
+    return emergence(steps.astype(float), values[:, metrics.index(metric), -1].astype(np.float64))
+
+
 def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep,
-                      labels: figures.MetricLabels | None = None, colours: dict[str, str] | None = None) -> list[dict]:
+                      labels: figures.MetricLabels | None = None, colours: dict[str, str] | None = None,
+                      folders: dict[str, Path] | None = None) -> list[dict]:
     """The training section's formation figures: per layer for one checkpoint, overlaid for several.
 
     ``labels``: metric labels for the titles and y axes (default: the metrics' names); ``colours``: each
-    checkpoint's colour on the page (default: by the order of ``monitors``).
+    checkpoint's colour on the page (default: by the order of ``monitors``); ``folders``: each checkpoint's folder,
+    whose ``monitor_windows.npz`` gives one checkpoint's emergence step (drawn, and said in the caption).
     """
     colours = colours or figures.run_colours(monitors)
     drawn = []
@@ -357,7 +377,15 @@ def formation_figures(monitors: dict[str, tuple[pd.DataFrame, int | None]], keep
             if lines:
                 fig = plots.metric_vs_step(lines, metric, floor=floor, labels=labels,
                                            title=f"{figures.metric_title(metric, labels)} through training ({label})")
-                drawn.append(keep(fig, f"formation_{stem}", f"{metric} against the step, per layer (monitor.csv)"))
+                caption = f"{metric} against the step, per layer (monitor.csv)"
+                found = (monitor_emergence(folders[label], metric)
+                         if folders and label in folders and metric in EMERGENCE_METRICS else None)
+                if found is not None and not np.isnan(found.step):
+                    _mark_emergence(fig, found)
+                    caption += (f"; emergence step {_at(found.step, None)}, 95% interval {_at(found.low, None)} to "
+                                f"{_at(found.high, None)} over the monitor's {found.n_windows} windows (threshold "
+                                f"{found.threshold:.4g}, half-way; dashed line, grey band)")
+                drawn.append(keep(fig, f"formation_{stem}", caption))
             continue
         lines = {label: curves(table, metric).get(plots.MODEL_LINE) for label, (table, _) in monitors.items()}
         lines = {label: rows for label, rows in lines.items() if rows is not None}
@@ -388,7 +416,8 @@ def training_section(logs: list[TrainingLog], fig_dir: Path) -> dict:
                      str(t.config.get("seed", "—")), str(int(t.log["step"].max())),
                      fmt(val["val_loss"].iloc[0]) if len(val) else "—", fmt(val["val_loss"].iloc[-1]) if len(val) else "—"])
     monitors = {t.label: m for t in logs if (m := read_monitor(t.path)) is not None}
-    formation = formation_figures(monitors, keep, colours=colours) if monitors else []
+    formation = formation_figures(monitors, keep, colours=colours, folders={t.label: Path(t.path) for t in logs}) \
+        if monitors else []
     return {"figures": drawn, "formation": formation, "formation_note": FORMATION_NOTE,
             "table": {"columns": ["checkpoint", "variant", "tier", "seed", "steps", "first val loss", "last val loss"],
                       "rows": rows}}

@@ -15,7 +15,7 @@ from sinkscope.capture.families import layer_windows
 from sinkscope.data import corpus as corpus_mod
 from sinkscope.errors import SinkscopeError
 from sinkscope.models.resolve import Source
-from sinkscope.probes.base import Probe
+from sinkscope.probes.base import Probe, window_values
 from sinkscope.run.load import Loaded
 from sinkscope.run.loaders import model_config_summary
 from sinkscope.run.prepare import Prepared
@@ -90,27 +90,6 @@ def assemble(prepared: Prepared, loaded: Loaded, probes: list[Probe], run_s: flo
                                      "windows": int(values.shape[-1])}
     return Result(frame, manifest, windows.tokens, arrays=arrays)
 
-
-def window_values(probes: list[Probe]) -> tuple[list[str], np.ndarray | None]:
-    """Each window's layer means and model value of every metric a probe accumulates per window (``HeadMeans``
-    with every window kept): (metric names, (M, L + 1, n_w) float32), the first accumulator of a name kept."""
-    from sinkscope.probes.base import HeadMeans
-
-    found: dict[str, np.ndarray] = {}
-    for probe in probes:
-        for accumulator in vars(probe).values():
-            metric = getattr(accumulator, "rows_metric", None)
-            if not isinstance(accumulator, HeadMeans) or metric is None or metric in found:
-                continue
-            matrix = accumulator.window_matrix()
-            if matrix is not None:
-                found[metric] = matrix.numpy().astype(np.float32)
-    if not found:
-        return [], None
-    shapes = [m.shape for m in found.values()]
-    common = max(set(shapes), key=shapes.count)  # a probe that saw other windows (a second stage's) is left out
-    names = sorted(name for name, m in found.items() if m.shape == common)
-    return names, np.stack([found[name] for name in names])
 
 
 def assemble_lengths(prepared: Prepared, loaded: Loaded, finished: list) -> Result:

@@ -22,7 +22,10 @@ head, per layer and model rows, as in a run's ``results.csv``, ``se`` the standa
 windows), one block of rows per measured step, appended and flushed; a table written before ``se``
 existed gets the column (empty) when a monitor continues it. ``p0_mass`` brings
 ``sink_head_share``, the share of heads whose p0 mass exceeds 0.5 (SPEC.md "Share of sink heads"). ``out/monitor.json`` records the probes, ``every`` and the windows'
-sha256, and ``out/monitor_tokens.npy`` the exact ids. A folder holding a ``monitor.csv`` of
+sha256, ``out/monitor_tokens.npy`` the exact ids, and ``out/monitor_windows.npz`` each measured step's
+per-window layer means and model values (``steps`` (S,), ``metrics`` (M,), ``values`` (S, M, L + 1, n)
+float32), from which :meth:`SinkMonitor.emergence` gives the step where a metric emerges, with its
+bootstrap interval over the windows (SPEC.md "The emergence step"). A folder holding a ``monitor.csv`` of
 other probes or windows is refused, never appended to; a resumed run drops the rows after its
 checkpoint (``truncate``).
 
@@ -62,6 +65,8 @@ DEFAULT_EVERY = 100
 TABLE = "monitor.csv"
 MANIFEST = "monitor.json"
 TOKENS = "monitor_tokens.npy"
+#: each measured step's per-window values (the emergence step's bootstrap, ``stats/emergence.py``).
+WINDOWS = "monitor_windows.npz"
 COLUMNS = ("step", "probe", "metric", "layer", "head", "value", "n", "se")
 
 
@@ -170,6 +175,9 @@ class SinkMonitor(TrainerCallback):
         self._spec_of = None
         self._last_step: int | None = None  # a step is measured once (Lightning calls per micro-batch)
         self._handler: CallbackHandler | None = None  # the Trainer's, found at on_train_begin
+        #: each measured step's (metric names, (M, L + 1, n) per-window values), in step order
+        self.window_steps: dict[int, tuple[list[str], np.ndarray]] = {}
+        self._last_windows: tuple[list[str], np.ndarray | None] = ([], None)
         if self.out is not None and _rank() == 0:
             self._open()
 
@@ -200,6 +208,7 @@ class SinkMonitor(TrainerCallback):
                 raise SinkscopeError(f"{self.out} already holds a monitor table of other probes or windows (or one "
                                      "sinkscope did not write); give the monitor another out= folder.")
             self._add_se_column(table)
+            self._read_windows()
             return  # the same monitor, continued (a resumed training): rows are appended
         atomic_write_text(manifest, json.dumps(self._manifest(), indent=2) + "\n")
         import io
@@ -235,6 +244,52 @@ class SinkMonitor(TrainerCallback):
         kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= after_step]
         lines = [",".join(r) for r in kept]
         atomic_write_text(self.out / TABLE, "\n".join(lines) + "\n")
+        self.window_steps = {step: held for step, held in self.window_steps.items() if step <= after_step}
+        self._write_windows()
+
+    def _read_windows(self) -> None:
+        """The per-window values of a continued monitor's earlier steps (none if the file is missing or damaged)."""
+        path = self.out / WINDOWS
+        if not path.is_file():
+            return
+        try:
+            with np.load(path, allow_pickle=False) as held:
+                steps, metrics, values = held["steps"], [str(m) for m in held["metrics"]], held["values"]
+        except (OSError, ValueError, KeyError):
+            return
+        if values.ndim == 4 and values.shape[:2] == (len(steps), len(metrics)):
+            self.window_steps = {int(step): (metrics, values[k]) for k, step in enumerate(steps)}
+
+    def _write_windows(self) -> None:
+        """``monitor_windows.npz``, atomically: every kept step whose values have the latest step's metrics and shape."""
+        if self.out is None or not self.window_steps:
+            return
+        import io
+
+        from sinkscope.store.files import atomic_write_bytes
+
+        last_metrics, last_values = self.window_steps[max(self.window_steps)]
+        steps = sorted(step for step, (metrics, values) in self.window_steps.items()
+                       if metrics == last_metrics and values.shape == last_values.shape)
+        buffer = io.BytesIO()
+        np.savez(buffer, steps=np.asarray(steps, dtype=np.int64), metrics=np.asarray(last_metrics),
+                 values=np.stack([self.window_steps[step][1] for step in steps]).astype(np.float32))
+        atomic_write_bytes(self.out / WINDOWS, buffer.getvalue())
+
+    def emergence(self, metric: str = "p0_mass", *, layer: int | None = None, threshold: float | None = None):
+        """The step where ``metric`` (the model value, or ``layer``'s mean over heads) emerges over the steps measured
+        so far, with its 95% bootstrap interval over the monitor's windows (``stats.emergence.Emergence``, SPEC.md
+        "The emergence step"); one sentence when fewer than 2 steps or no per-window values of it are kept."""
+        from sinkscope.stats.emergence import emergence
+
+        steps = sorted(step for step, (metrics, _) in self.window_steps.items() if metric in metrics)
+        if len(steps) < 2:
+            raise SinkscopeError(f"the monitor holds the per-window values of {metric!r} at {len(steps)} step(s); the "
+                                 "emergence step needs 2 or more (a probe that measures it, every= steps apart).")
+        row = -1 if layer is None else int(layer)
+        values = np.stack([self.window_steps[step][1][self.window_steps[step][0].index(metric), row]
+                           for step in steps])  # (K, n)
+        return emergence(np.asarray(steps, dtype=float), values, threshold)
 
     # ---- measuring --------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -251,12 +306,16 @@ class SinkMonitor(TrainerCallback):
         frame = self.measure(model)
         frame.insert(0, "step", int(step))
         self.frames.append(frame)
+        metrics, values = self._last_windows
+        if values is not None:
+            self.window_steps[int(step)] = (metrics, values)
         if self.out is not None:
             with open(self.out / TABLE, "a", newline="", encoding="utf-8") as handle:
                 writer = csv.writer(handle)
                 for row in frame.reindex(columns=list(COLUMNS)).itertuples(index=False):
                     writer.writerow(["" if _missing(v) else v for v in row])
                 handle.flush()
+            self._write_windows()
         return frame
 
     def measure(self, model):
@@ -265,6 +324,7 @@ class SinkMonitor(TrainerCallback):
 
         from sinkscope.capture.families import ModelSpec
         from sinkscope.probes import get_probe
+        from sinkscope.probes.base import window_values
         from sinkscope.store.results import rows_to_frame
         from sinkscope.forward.runner import run_probes
 
@@ -281,6 +341,7 @@ class SinkMonitor(TrainerCallback):
         finally:
             model.train(was_training)
         frame = rows_to_frame([row for probe in probes for row in probe.rows()])
+        self._last_windows = window_values(probes)  # after rows(): each accumulator knows its metric
         return frame[[c for c in COLUMNS if c != "step" and c in frame.columns]].copy()
 
     @staticmethod
