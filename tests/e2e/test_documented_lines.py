@@ -368,7 +368,7 @@ def needs_of(line: DocLine) -> set[str]:
     out = set()
     if _models(line):
         out.add("weights")
-    if "cuda" in " ".join(argv).split() or any(w.startswith("cuda") for w in argv):
+    if "cuda" in " ".join(argv).split() or any(w.split("=")[-1].startswith("cuda") for w in argv):  # --set x.device=cuda
         out.add("GPU")
     if "--executor" in argv and argv[argv.index("--executor") + 1] == "slurm" and "--slurm-cluster" not in words:
         out.add("SLURM")

@@ -74,13 +74,16 @@ def checkpoint_legacy(folder: str | os.PathLike):
 def foreign_files(folder: str | os.PathLike) -> list[str]:
     """What the checkpoint folder ``folder`` holds that sinkscope did not write (relative paths).
 
-    ``fileio.foreign_entries`` with the legacy names, and every subfolder: a checkpoint has none,
-    so one (even a run folder sinkscope wrote there) would be lost when the folder is replaced.
+    ``fileio.foreign_entries`` with the legacy names, less :data:`CARRIED_FILES` (copied into the new
+    folder), and every subfolder: a checkpoint has none, so one (even a run folder sinkscope wrote
+    there) would be lost when the folder is replaced.
     """
     folder = Path(folder)
     if folder.is_symlink() or not folder.is_dir():
         return []
-    found = foreign_entries(folder, checkpoint_legacy(folder))
+    # the loop's own files (log.csv, the monitor's) are copied into every new checkpoint (CARRIED_FILES), so
+    # replacing the folder loses none of them, whichever step wrote them
+    found = [rel for rel in foreign_entries(folder, checkpoint_legacy(folder)) if rel not in CARRIED_FILES]
     with os.scandir(folder) as entries:
         subfolders = [f"{entry.name}/" for entry in entries
                       if entry.is_dir(follow_symlinks=False) and not is_temporary_name(entry.name)]

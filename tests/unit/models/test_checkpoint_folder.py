@@ -39,3 +39,17 @@ def test_the_module_imports_no_torch():
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not any(name.split(".")[0] in ("torch", "transformers") for name in imported)
+
+
+def test_the_loops_own_files_written_after_the_inventory_are_not_foreign(tmp_path):
+    """The monitor writes monitor_windows.npz after the folder's inventory (step 0, before any checkpoint); the
+    checkpoint copies it into the new folder (CARRIED_FILES), so it must not block the replacement."""
+    from sinkscope.models.checkpoint_folder import CARRIED_FILES, WRITER
+    from sinkscope.store.files import write_inventory
+
+    (tmp_path / "monitor.csv").write_text("step\n")
+    write_inventory(tmp_path, WRITER)
+    (tmp_path / "monitor_windows.npz").write_bytes(b"written after the inventory")
+    (tmp_path / "notes.txt").write_text("a user's file")
+    assert "monitor_windows.npz" in CARRIED_FILES
+    assert foreign_files(tmp_path) == ["notes.txt"]
