@@ -20,6 +20,7 @@ What counts as a documented line:
 
 A line that cannot run offline on a CPU says so in its trailing comment, with ``needs:`` and one of
 :data:`NEEDS` (``# needs: weights`` for a hub model, ``# needs: GPU``, ``# needs: SLURM``,
+``# needs: TransformerLens 3`` for ``--loader transformer-lens``,
 ``# needs: Ray cluster``); the marker may follow other words of the comment (``# one page; needs:
 weights``).
 """
@@ -35,7 +36,7 @@ from pathlib import Path
 from repo_paths import REPO
 
 #: what a marked line needs
-NEEDS = ("weights", "GPU", "SLURM", "Ray cluster")
+NEEDS = ("weights", "GPU", "SLURM", "Ray cluster", "TransformerLens 3")
 #: the pages read: the README and every page of the site
 PAGES = ("README.md", "docs/*.md", "docs/commands/*.md", "docs/results/*.md", "recipes/README.md")
 NOTEBOOK = "docs/tutorial.ipynb"

@@ -374,6 +374,8 @@ def needs_of(line: DocLine) -> set[str]:
         out.add("SLURM")
     if "--ray-address" in words:
         out.add("Ray cluster")
+    if "--loader" in argv and argv[argv.index("--loader") + 1] == "transformer-lens":
+        out.add("TransformerLens 3")
     return out
 
 

@@ -108,7 +108,7 @@ GLOB_STEMS = {"ckpt": ("normgate", "sink+proj"), "runs": ("baseline-s0", "baseli
 MEASURING = ("sinks", "selectivity", "heads", "circuit", "inject", "stream", "measure", "explore")
 #: how one need's error sentence names it
 NEED_WORDS = {"weights": ("offline", "cache", "hub"), "GPU": ("cuda", "gpu"), "SLURM": ("slurm", "sbatch"),
-              "Ray cluster": ("ray",)}
+              "Ray cluster": ("ray",), "TransformerLens 3": ("transformerlens 3",)}
 #: sizes of a shrunk run
 SEQ_LEN = 64  # above a trainer checkpoint's sliding window of 32 (docs/lengths.md's eviction lines)
 SEQ_LEN_GGUF = 32
@@ -609,6 +609,12 @@ def need_is_here(need: str) -> bool:
         import torch
 
         return torch.cuda.is_available()
+    if need == "TransformerLens 3":  # TransformerLens 4 (the test extras') has no HookedTransformer
+        try:
+            from transformer_lens import HookedTransformer  # noqa: F401
+        except ImportError:
+            return False
+        return True
     return False
 
 
