@@ -430,6 +430,7 @@ def test_ctrl_c_in_a_series_names_the_runs_kept(offline_hub, text_file, tmp_path
     assert (out / "step0" / "results.csv").is_file() and not (out / "step10").exists()
 
 
+@pytest.mark.slow  # six runs of a series and a page (the fast tier's budget); fingerprints: tests/unit/models
 def test_a_revision_serving_another_revisions_weights_is_flagged(offline_hub, hub_cache, tokenizer, text_file,
                                                                  tmp_path):
     """Issue 58, item 1 (EleutherAI/pythia#205): step30 serves step10's weights under another commit. The
