@@ -10,7 +10,8 @@ default; ``commands/circuit.py`` takes the up projection, ``hook_pre_linear``, o
 the P0-sink study does, ``hook_pre`` elsewhere): PCA over every position of every window from a
 streaming covariance (float64 sums of x and x x^T, kept apart for position 0 and the rest:
 memory 2 F^2 doubles per pass, F = the MLP width; nothing grows with the windows but the
-scatter sample). With ``heads`` (``LAYER.HEAD``, heads of the PCA layer only) a second pass zeroes
+scatter sample; sums that would not fit in the free memory are refused in one sentence before they are
+allocated, :func:`check_covariance_fits`). With ``heads`` (``LAYER.HEAD``, heads of the PCA layer only) a second pass zeroes
 those heads at ``hook_z``: at the PCA layer this removes exactly ``hook_result[..., h, :]`` from
 the residual stream the MLP reads (the heads' outputs add into it; nothing else in the layer
 depends on them), so the pre-activation is that of the residual without those heads. The PCA is
@@ -142,6 +143,32 @@ def _pca_metrics(point: str) -> dict[str, MetricInfo]:
     }
 
 
+def covariance_bytes(width: int, passes: int) -> int:
+    """What the streaming covariance holds: two (F, F) float64 sums (every position, position 0) per pass."""
+    return 2 * passes * width * width * 8
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    from sinkscope.runtime.memory import available_memory
+
+    return available_memory()
+
+
+def check_covariance_fits(probe: str, width: int, passes: int, device: torch.device, free: int | None = None) -> None:
+    """One sentence, before the sums are allocated, when they would not fit in the memory free on ``device``
+    (issue 56: a 70B model's F = 28,672 needs 13 GB per pass; a run killed out of memory keeps nothing)."""
+    needed = covariance_bytes(width, passes)
+    free = _free_bytes(device) if free is None else free
+    if free is None or needed <= free:
+        return
+    raise SinkscopeError(f"{probe} keeps {2 * passes} float64 covariance sums of {width:,} x {width:,} (the MLP width), "
+                         f"{needed / 1e9:.1f} GB, more than the {free / 1e9:.1f} GB free on {device}; run it on a "
+                         f"machine with more memory, or leave {probe} out (sinkscope measure with the circuit's other "
+                         "probes).")
+
+
 class _MlpPca(LazyTensors):
     """PCA of one layer's MLP pre-activation, position 0 marked, optionally without chosen heads."""
 
@@ -176,6 +203,8 @@ class _MlpPca(LazyTensors):
         k = 1 if self.pass_label == SUBTRACTED else 0
         B, T, F = pre.shape
         P, device = len(self.passes()), pre.device
+        if self.sq_all.numel() == 0:  # before the F x F sums exist: they must fit, or one sentence
+            check_covariance_fits(self.name, F, P, device)
         self.sum_all, self.sum_0 = grow(self.sum_all, (P, F), device), grow(self.sum_0, (P, F), device)
         self.sq_all, self.sq_0 = grow(self.sq_all, (P, F, F), device), grow(self.sq_0, (P, F, F), device)
         x = pre.detach().to(self.sum_all.dtype)  # (B, T, F)

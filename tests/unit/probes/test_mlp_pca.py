@@ -141,3 +141,21 @@ def test_mlp_pca_heads_take_layer_head_pairs_checked_by_the_probe():
     with pytest.raises(SinkscopeError, match=r"^the mlp_pca parameter heads takes LAYER\.HEAD pairs such as 0\.3, "
                                              r"not 'zero' \(got \('zero',\)\)\.$"):
         MlpPca(make_spec(), heads=("zero",))
+
+
+def test_covariance_sums_that_would_not_fit_are_one_sentence_before_they_exist(monkeypatch):
+    """Issue 56, item 3 (the guard): a 70B model's F = 28,672 needs 2 x 28,672^2 doubles (13.2 GB) per pass; with
+    less free memory the probe stops in one sentence before allocating them, and nothing is accumulated."""
+    from sinkscope.probes.mlp_pca import check_covariance_fits, covariance_bytes
+
+    assert covariance_bytes(28_672, 1) == 2 * 28_672 ** 2 * 8
+    with pytest.raises(SinkscopeError) as error:
+        check_covariance_fits("mlp_pca", 28_672, 2, torch.device("cpu"), free=16 * 10 ** 9)
+    assert_one_sentence(error)
+    assert "26.3 GB" in str(error.value) and "28,672" in str(error.value)
+    check_covariance_fits("mlp_pca", 28_672, 1, torch.device("cpu"), free=16 * 10 ** 9)  # 13.2 GB fits in 16
+    monkeypatch.setattr(mlp_pca, "_free_bytes", lambda device: 100)  # 100 bytes free: a 5-wide field needs 400
+    probe = MlpPca(make_spec(), layer=0)
+    with pytest.raises(SinkscopeError, match="covariance sums of 5 x 5"):
+        probe.pre(0, torch.from_numpy(_pca_data(2)))
+    assert probe.sq_all.numel() == 0
