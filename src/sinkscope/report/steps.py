@@ -33,7 +33,7 @@ from sinkscope.report import curves as plots
 from sinkscope.report import figures
 from sinkscope.report.page import COLLAPSE_ROWS, _keeper, _metric_docs, fmt
 from sinkscope.report.runs import TrainingLog, _seq_len, uniform_p0
-from sinkscope.store.results import NOT_CONDITIONS, MetricInfo
+from sinkscope.store.results import NOT_CONDITIONS, MetricInfo, earlier_duplicates
 
 #: the monitor's table and manifest in a checkpoint folder (``train/monitor.py``'s TABLE and MANIFEST).
 MONITOR_TABLE, MONITOR_MANIFEST, MONITOR_WINDOWS = "monitor.csv", "monitor.json", "monitor_windows.npz"
@@ -187,17 +187,7 @@ def _window_values(run, metric: str) -> np.ndarray | None:
 def duplicate_runs(runs: list) -> dict[int, int]:
     """{index: the earlier index it duplicates} for runs whose manifests record the same weights
     (``model.weights_sample_sha256``, ``models/fingerprint.py``)."""
-    first: dict[str, int] = {}
-    out: dict[int, int] = {}
-    for k, run in enumerate(runs):
-        digest = (run.manifest.get("model") or {}).get("weights_sample_sha256")
-        if digest is None:
-            continue
-        if digest in first:
-            out[k] = first[digest]
-        else:
-            first[digest] = k
-    return out
+    return earlier_duplicates([(run.manifest.get("model") or {}).get("weights_sample_sha256") for run in runs])
 
 
 def emergence_of(runs: list, xs: list[float], metric: str) -> dict | None:

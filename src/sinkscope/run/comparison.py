@@ -192,19 +192,15 @@ def duplicated_weights(children: list[Path]) -> dict[str, str]:
     the same weights (``model.weights_sample_sha256``, ``models/fingerprint.py``); runs without one are never
     duplicates."""
     from sinkscope.store.files import read_json
+    from sinkscope.store.results import earlier_duplicates
 
-    first: dict[str, str] = {}
-    duplicates: dict[str, str] = {}
+    digests: list[str | None] = []
     for child in children:
         try:
-            digest = read_json(child / "manifest.json", "the run's manifest")["model"]["weights_sample_sha256"]
+            digests.append(read_json(child / "manifest.json", "the run's manifest")["model"]["weights_sample_sha256"])
         except (SinkscopeError, KeyError, TypeError):
-            continue
-        if digest in first:
-            duplicates[child.name] = first[digest]
-        else:
-            first[digest] = child.name
-    return duplicates
+            digests.append(None)
+    return {children[k].name: children[j].name for k, j in earlier_duplicates(digests).items()}
 
 
 def _say_duplicates(children: list[Path], *, strict: bool, log: Callable[[str], None]) -> None:

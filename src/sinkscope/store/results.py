@@ -456,3 +456,18 @@ def write_tables(stage: Path, frame: pd.DataFrame, manifest: dict, tokens: np.nd
     frame.to_parquet(stage / "results.parquet", index=False)
     np.save(stage / "tokens.npy", np.ascontiguousarray(tokens, dtype=np.int64))
     (stage / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def earlier_duplicates(digests: list[str | None]) -> dict[int, int]:
+    """{index: the earlier index with the same digest} over a series' weight hashes (``model.weights_sample_sha256``,
+    ``models/fingerprint.py``); None (no hash recorded) is never a duplicate."""
+    first: dict[str, int] = {}
+    out: dict[int, int] = {}
+    for k, digest in enumerate(digests):
+        if digest is None:
+            continue
+        if digest in first:
+            out[k] = first[digest]
+        else:
+            first[digest] = k
+    return out
