@@ -75,6 +75,8 @@ class ModelSpec:
         output_gate_unread: why sinkscope cannot read an output gate the model has: W_O reads the
             attention output changed by something that is not ``sigmoid`` of one projection
             (``discover.Parts.gate_unread``); None when there is none or it is read.
+        mlp_width: F, the width of ``mlp.hook_pre`` (the first layer's projection's output features), when
+            known: ``mlp_pca`` states its memory from it before the first window (None: at the first window).
     """
 
     family: str
@@ -93,6 +95,7 @@ class ModelSpec:
     missing_hooks: tuple[str, ...] = ()
     attention_path: str = "interface"
     output_gate_unread: str | None = None
+    mlp_width: int | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ModelSpec":
@@ -118,7 +121,20 @@ class ModelSpec:
             missing_hooks=tuple(sorted(parts.absent)),
             attention_path="interface" if parts.interface else "eager",
             output_gate_unread=parts.gate_unread,
+            mlp_width=_mlp_width(model, parts.layers, parts.mlp_pre),
         )
+
+
+def _mlp_width(model: nn.Module, layers: str, pre: str | None) -> int | None:
+    """The output width of the first layer's ``mlp.hook_pre`` module (``out_features``; GPT-2's Conv1D: ``nf``)."""
+    if pre is None:
+        return None
+    try:
+        module = get_submodule(get_submodule(model, layers)[0], pre)
+    except (AttributeError, IndexError, TypeError):
+        return None
+    width = getattr(module, "out_features", None) or getattr(module, "nf", None)
+    return int(width) if isinstance(width, int) else None
 
 
 def layer_windows(model: nn.Module, n_layers: int) -> list[int | None]:

@@ -109,7 +109,7 @@ class HookedModel(nn.Module):
             n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=n_kv, head_dim=cfg.d_head,
             hidden_size=cfg.d_model, attention_layers=tuple(range(cfg.n_layers)), has_phantom=False,
             has_output_gate=False, vocab_size=cfg.d_vocab, mlp_kind=mlp_kind,
-            missing_hooks=missing,
+            missing_hooks=missing, mlp_width=getattr(cfg, "d_mlp", None) if mlp_kind else None,
             attention_path="interface" if self._qk else "transformer_lens_weights")
 
     def layer_windows(self, n_layers: int) -> list[int | None]:

@@ -276,6 +276,8 @@ def run_probes(
     if not passes:  # every probe has what it needs already (a second stage that changes nothing): no forward
         return batch_size
     heap.fix_mmap_threshold(heap.RUN_THRESHOLD_BYTES)  # else glibc's heap fragments at long windows (runtime/heap.py)
+    for probe in probes:  # what a probe allocates by the model's size is decided (and stated) before the bar
+        probe.prepare(device, log)
     bar = _Bar(n, start, batch_size, len(passes), progress)
     switch = _PassSwitch([d for _, d in passes])
     # logits of every position only on the passes that read the loss (the others: the last position's)

@@ -581,6 +581,10 @@ class Probe:
         """
         return None
 
+    def prepare(self, device: torch.device, log: Callable[[str], None]) -> None:
+        """Called by the runner before the first batch, with the device the windows go to and its line printer:
+        a probe that allocates by the model's size decides here, and says what it will hold (``mlp_pca``)."""
+
     def passes(self) -> tuple[str | None, ...]:
         """The forward passes this probe takes part in per batch: None is the clean pass."""
         return (None,)

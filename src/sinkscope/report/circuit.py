@@ -42,7 +42,7 @@ DRAWN = ("p0_norm", "p0_cosine", "attn_z_norm", "attn_out_norm", "pca_separation
 FOLDED = ("other_norm", "p0_norm_ratio", "p0_norm_separates", "later_cosine", "attn_z_norm_p0_ratio",
           "attn_z_norm_trend", "attn_out_norm_p0_ratio", "attn_out_norm_trend", "pca_explained_pc1",
           "pca_explained_pc2", "pca_separation_best", "pca_separation_best_pc", "pca_scatter_pc1", "pca_scatter_pc2",
-          "p0_outlier_z", "p0_outlier_channel", "bos_repeat_loss", "bos_sink_rate_from_layer")
+          "pca_sketch_bound", "p0_outlier_z", "p0_outlier_channel", "bos_repeat_loss", "bos_sink_rate_from_layer")
 #: the model-level value shown in the summary for a drawn metric (a function of one run's table).
 MODEL_VALUE_NOTE = {
     "p0_norm": "first layer with ratio > threshold",
@@ -409,7 +409,7 @@ def _pca(runs, keep, colours) -> dict:
         out.append(keep(fig, "circuit_pca_scatter", "layer-0 MLP pre-activation, PC1 x PC2 (red: position 0; "
                                                     "sample: every position 0, evenly spaced others)"))
     columns = ["run", "subtracted", "separation (PC1)", "best of 10 PCs (which)", "PC1 share", "PC2 share",
-               "n positions"]
+               "n positions", "covariance"]
     body = []
     for run in runs:
         sep = _rows(run.table, "pca_separation")
@@ -421,8 +421,10 @@ def _pca(runs, keep, colours) -> dict:
                 r = r[r["subtracted"].astype(str) == cond]["value"]
                 return _fmt(r.iloc[0]) if len(r) else "—"
             best = f"{share('pca_separation_best')} (PC{share('pca_separation_best_pc')})"
+            bound = share("pca_sketch_bound")  # a run from before the sketch has no such row: exact
+            way = "exact" if bound in ("—", _fmt(0.0)) else f"sketch, bound {bound} of PC1's variance"
             body.append([run.label, cond, _fmt(row["value"]), best, share("pca_explained_pc1"),
-                         share("pca_explained_pc2"), str(int(row["n"]))])
+                         share("pca_explained_pc2"), str(int(row["n"])), way])
     note = None
     missing = [r.label for r in runs if _rows(r.table, "pca_separation").empty]
     if missing:

@@ -559,6 +559,7 @@ class GPT(nn.Module):
             has_output_gate=c.variant_spec.output_gate,
             has_value_gate=c.variant_spec.value_gate is not None,
             vocab_size=c.vocab_size,
+            mlp_width=4 * c.n_embd,
         )
 
     def force_sink_mask(self, T: int, like: Tensor) -> Tensor | None:

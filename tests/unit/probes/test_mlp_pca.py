@@ -143,19 +143,122 @@ def test_mlp_pca_heads_take_layer_head_pairs_checked_by_the_probe():
         MlpPca(make_spec(), heads=("zero",))
 
 
-def test_covariance_sums_that_would_not_fit_are_one_sentence_before_they_exist(monkeypatch):
-    """Issue 56, item 3 (the guard): a 70B model's F = 28,672 needs 2 x 28,672^2 doubles (13.2 GB) per pass; with
-    less free memory the probe stops in one sentence before allocating them, and nothing is accumulated."""
-    from sinkscope.probes.mlp_pca import check_covariance_fits, covariance_bytes
+def test_a_sketch_as_wide_as_the_field_gives_the_direct_pca_and_a_zero_bound():
+    """covariance=sketch with l >= F: every shrink drops a zero singular value, so the sketched fit is the exact one."""
+    x = _pca_data(6)  # (B=6, T=12, F=5)
+    probe = MlpPca(make_spec(), layer=0, scatter_positions=3, scatter_windows=2, covariance="sketch", sketch_rank=16)
+    probe.announce = lambda message: None
+    probe.pre(0, torch.from_numpy(x[:4]))
+    probe.pre(0, torch.from_numpy(x[4:]))
+    assert probe.method() == "sketch" and probe.sq_all.numel() == 0
+    rows = probe.rows()
+    _check_pca_rows(rows, x, "none", scatter_windows=2, positions=[1, 6, 11])
+    assert abs(one_row(rows, "pca_sketch_bound", subtracted="none").value) < 1e-10
 
-    assert covariance_bytes(28_672, 1) == 2 * 28_672 ** 2 * 8
+
+def _wide_data(seed: int, B: int = 12, T: int = 64, F: int = 120) -> np.ndarray:
+    """(B, T, F): a decaying spectrum wider than a small sketch, position 0 shifted along a few channels."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(B, T, F)) * np.logspace(0.8, -0.8, F) + 0.3  # (B, T, F)
+    x[:, 0, :4] += np.array([6.0, -3.0, 2.0, 1.0])
+    return x
+
+
+def test_a_narrow_sketch_is_close_to_the_exact_pca_and_within_its_bound():
+    """The sketch's leading components agree with the exact ones, better as l grows, and its explained share of
+    PC1 obeys what the bound promises (Weyl: lambda_1(sketch) <= lambda_1 <= lambda_1(sketch) + shrunk / n)."""
+    x = _wide_data(3)
+    exact = MlpPca(make_spec(), covariance="exact")
+    exact.pre(0, torch.from_numpy(x))
+    want = exact.pca(0)
+    assert want["bound"] == 0.0
+    angles, bounds = [], []
+    for rank in (32, 64, 96):
+        probe = MlpPca(make_spec(), covariance="sketch", sketch_rank=rank)
+        probe.announce = lambda message: None
+        for part in np.split(x, 3):
+            probe.pre(0, torch.from_numpy(part))
+        got = probe.pca(0)
+        cos = abs(float(got["v1"] @ want["v1"]))
+        angles.append(np.degrees(np.arccos(min(cos, 1.0))))
+        lead, lead_exact = got["pc1"], want["pc1"]  # shares of the same exact trace
+        assert lead <= lead_exact * (1 + 1e-9)
+        assert lead_exact <= lead * (1 + got["bound"]) * (1 + 1e-9)
+        assert got["separation"] == pytest.approx(want["separation"], rel=0.15)
+        bounds.append(got["bound"])
+    assert angles == sorted(angles, reverse=True) and angles[-1] < 0.1  # degrees
+    assert bounds == sorted(bounds, reverse=True)
+
+
+def test_shares_that_took_different_ways_merge_as_sketches():
+    """A share that held the covariance exactly and one that sketched it (their free memory differed) merge; with
+    l >= F the conversion loses nothing, so the merged rows are the whole run's."""
+    x = _pca_data(12, B=6, T=7)  # (B, T, F)
+    whole = MlpPca(make_spec(), scatter_positions=2, scatter_windows=2, covariance="exact")
+    first = MlpPca(make_spec(), scatter_positions=2, scatter_windows=2, covariance="exact")
+    second = MlpPca(make_spec(), scatter_positions=2, scatter_windows=2, covariance="sketch", sketch_rank=16)
+    for probe in (whole, first, second):
+        probe.announce = lambda message: None
+    whole.pre(0, torch.from_numpy(x))
+    first.pre(0, torch.from_numpy(x[:3]))
+    second.pre(0, torch.from_numpy(x[3:]))
+    first.merge(second)
+    assert first.method() == "sketch"
+    want, got = whole.rows(), first.rows()
+    got = [r for r in got if r.metric != "pca_sketch_bound"]
+    want = [r for r in want if r.metric != "pca_sketch_bound"]
+    assert [(r.metric, r.conditions, r.n) for r in got] == [(r.metric, r.conditions, r.n) for r in want]
+    np.testing.assert_allclose([r.value for r in got], [r.value for r in want], rtol=1e-6, atol=1e-6)
+
+
+def test_a_sketched_state_survives_a_checkpoint_and_a_rolled_back_batch():
+    x = _wide_data(5, B=6, T=40, F=60)
+    params = dict(covariance="sketch", sketch_rank=16)
+    whole, resumed, rolled = (MlpPca(make_spec(), **params) for _ in range(3))
+    for probe in (whole, resumed, rolled):
+        probe.announce = lambda message: None
+    whole.pre(0, torch.from_numpy(x[:3]))
+    whole.pre(0, torch.from_numpy(x[3:]))
+    resumed.pre(0, torch.from_numpy(x[:3]))
+    fresh = MlpPca(make_spec(), **params)
+    fresh.load_state_dict(resumed.state_dict())
+    fresh.pre(0, torch.from_numpy(x[3:]))
+    rolled.pre(0, torch.from_numpy(x[:3]))
+    before = rolled.snapshot()
+    rolled.pre(0, torch.from_numpy(x[3:] * 7.0))  # a batch that is rolled back
+    rolled.restore(before)
+    rolled.pre(0, torch.from_numpy(x[3:]))
+    want = [r.value for r in whole.rows()]
+    for probe in (fresh, rolled):
+        assert [r.value for r in probe.rows()] == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_the_plan_is_stated_before_the_first_window_when_the_width_is_known():
+    """prepare (called by the runner before the first batch) plans from ModelSpec.mlp_width and prints one line;
+    without a known width the line comes with the first window, before anything F wide exists."""
+    from dataclasses import replace
+
+    said = []
+    probe = MlpPca(replace(make_spec(), mlp_width=5), memory_gb=1.0)
+    probe.prepare(torch.device("cpu"), said.append)
+    assert probe.plan.method == "exact" and probe.sq_all.numel() == 0
+    assert len(said) == 1 and said[0].startswith("mlp_pca: exact covariance of layer 0's 5-wide MLP")
+    assert "budget 1.00 GB: memory_gb" in said[0]
+    probe.pre(0, torch.from_numpy(_pca_data(2)))
+    assert len(said) == 1  # stated once
+    later = MlpPca(make_spec(), covariance="sketch", sketch_rank=16, memory_gb=1.0)
+    later.prepare(torch.device("cpu"), said.append)
+    assert len(said) == 1 and later.plan is None
+    later.pre(0, torch.from_numpy(_pca_data(2)))
+    assert len(said) == 2 and "a streaming sketch of rank 16" in said[1] and "pca_sketch_bound" in said[1]
+
+
+def test_a_covariance_that_does_not_fit_its_budget_is_one_sentence_before_it_exists():
+    """Issue 56, item 3: a forced exact covariance above the budget stops before allocating, and nothing is kept."""
+    probe = MlpPca(make_spec(), layer=0, covariance="exact", memory_gb=1e-7)  # 100 bytes
+    probe.announce = lambda message: None
     with pytest.raises(SinkscopeError) as error:
-        check_covariance_fits("mlp_pca", 28_672, 2, torch.device("cpu"), free=16 * 10 ** 9)
-    assert_one_sentence(error)
-    assert "26.3 GB" in str(error.value) and "28,672" in str(error.value)
-    check_covariance_fits("mlp_pca", 28_672, 1, torch.device("cpu"), free=16 * 10 ** 9)  # 13.2 GB fits in 16
-    monkeypatch.setattr(mlp_pca, "_free_bytes", lambda device: 100)  # 100 bytes free: a 5-wide field needs 400
-    probe = MlpPca(make_spec(), layer=0)
-    with pytest.raises(SinkscopeError, match="covariance sums of 5 x 5"):
         probe.pre(0, torch.from_numpy(_pca_data(2)))
-    assert probe.sq_all.numel() == 0
+    assert_one_sentence(error)
+    assert "mlp_pca at layer 0: the exact covariance of its 5-wide MLP needs" in str(error.value)
+    assert probe.sq_all.numel() == 0 and probe.sum_all.numel() == 0

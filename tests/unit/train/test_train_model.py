@@ -399,7 +399,8 @@ def test_records_feed_the_probes(variant, mode):
     S = T + 1 if variant == "sinktoken" else T
     spec = ModelSpec(family="sinkscope-gpt", n_layers=L, n_heads=H, n_kv_heads=H, head_dim=D, hidden_size=C,
                      attention_layers=tuple(range(L)), has_phantom=variant in PHANTOM,
-                     has_output_gate=variant == "outgate", has_value_gate=variant in VALUE_GATED, vocab_size=VOCAB)
+                     has_output_gate=variant == "outgate", has_value_gate=variant in VALUE_GATED, vocab_size=VOCAB,
+                     mlp_width=4 * C)
     assert model.model_spec() == spec
     assert [r.layer for r in tap.records] == list(range(L))
     for r in tap.records:
