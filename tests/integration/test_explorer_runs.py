@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import sinkscope
 from sinkscope.errors import SinkscopeError
-from sinkscope.store.explorer_format import SCALE, THRESHOLD
+from sinkscope.store.explorer_format import SCALE, THRESHOLD, choose_heads
 from sinkscope.run.result import Result
 from tiny_models import build, random_ids
 
@@ -93,17 +93,34 @@ def test_a_sinks_run_keeps_the_patterns_eager_attention_returns(tiny_llama_dir, 
     assert not data.has_phantom and data.has_value_norms
     p0 = result.table[(result.table.metric == "p0_mass") & result.table["head"].notna()]
     assert len(p0) == 12  # the measurement's own rows are all there
-    assert record["ranked_by"] == "the run's p0_mass"
-    sampled = {tuple(h) for h, c in zip(record["heads"], record["chosen"]) if c == "sample"}
-    ranked = p0[[(l, h) not in sampled for l, h in zip(p0.layer, p0["head"])]].sort_values("value", ascending=False)
-    tops = [tuple(h) for h, c in zip(record["heads"], record["chosen"]) if c == "top"]
-    assert tops == list(zip(ranked.layer.astype(int), ranked["head"].astype(int)))[:8]
+    # issue 56, item 2: the patterns were kept in the measuring forward, the heads ranked there by the position-0
+    # mass of the explorer's windows: the heads choose_heads picks from that p0 (the old second pass's rule)
+    assert record["ranked_by"] == "position-0 mass on the explorer's windows"
+    chosen = {tuple(h): c for h, c in zip(record["heads"], record["chosen"])}
+    assert chosen == choose_heads(data.p0.astype(np.float64), 0) and list(chosen) == list(choose_heads(data.p0, 0))
 
 
-def test_a_command_without_p0_ranks_on_the_stored_windows():
-    result = sinkscope.measure("value_norm_ratio", build("llama"), windows=random_ids(3, 16, seed=8), **quiet)
+def test_a_command_without_p0_ranks_on_the_explorers_windows_in_the_measuring_pass(monkeypatch):
+    """No forward pass runs for the explorer alone: run_probes is called once, with the explorer's probe beside the
+    command's, and a batch of 1 window ranks the heads on the first window, then keeps the final set's patterns."""
+    from sinkscope.forward import runner
+    from sinkscope.run import measuring
+
+    calls = []
+    original = runner.run_probes
+
+    def counted(model, tokens, probes, **kwargs):
+        calls.append([p.name for p in probes])
+        return original(model, tokens, probes, **kwargs)
+
+    monkeypatch.setattr(runner, "run_probes", counted)
+    monkeypatch.setattr(measuring, "run_probes", counted)
+    model = build("llama")
+    result = sinkscope.measure("value_norm_ratio", model, windows=random_ids(3, 16, seed=8), batch_size=1, **quiet)
+    assert len(calls) == 1 and calls[0][-1] == "explorer"
     record = result.manifest["explorer"]
-    assert record["ranked_by"] == "position-0 mass on the stored windows"
+    assert record["ranked_by"] == "position-0 mass on the explorer's windows" and record["windows"] == [0, 1]
+    assert_patterns_equal_eager(result, model, windows=2)
     p0 = result.explorer.p0
     tops = [tuple(h) for h, c in zip(record["heads"], record["chosen"]) if c == "top"]
     assert [p0[t] for t in tops] == sorted((p0[t] for t in tops), reverse=True)
@@ -209,3 +226,29 @@ def test_show_in_a_notebook_displays_the_page_in_a_frame(monkeypatch):
     html = frame.data
     assert html.startswith("<iframe srcdoc=") and "height:700px" in html and 'sandbox="allow-scripts"' in html
     assert html.startswith('<iframe srcdoc="&lt;!DOCTYPE html&gt;') and "data-sinkscope-explorer" in html
+
+
+def test_a_run_that_cannot_carry_the_explorer_says_why_and_reads_its_windows_after(monkeypatch):
+    """A resumed run (its first windows measured by an earlier process) or several processes: one line says why a
+    pass of its own runs, and that pass keeps the same patterns (auto ranked by the run's p0_mass)."""
+    from types import SimpleNamespace
+
+    from sinkscope.run import measuring, stages
+
+    options = SimpleNamespace(resume=True)
+    prepared = SimpleNamespace(command=SimpleNamespace(read_windows=None), options=options, world_size=1)
+    assert measuring.explorer_rider(prepared, None) == (
+        None, "the run was resumed, so an earlier process measured its first windows")
+    options.resume, prepared.world_size = False, 2
+    assert measuring.explorer_rider(prepared, None) == (None, "the windows were measured by 2 processes")
+    prepared.command.read_windows = object()  # stream: no explorer, nothing to say
+    assert measuring.explorer_rider(prepared, None) == (None, None)
+
+    monkeypatch.setattr(stages, "explorer_rider", lambda prepared, loaded: (None, "the windows were measured by 2 "
+                                                                                   "processes"))
+    said = []
+    model = build("llama")
+    result = sinkscope.measure("sinks", model, windows=random_ids(3, 16, seed=2), progress=False, log=said.append)
+    assert "The explorer reads its windows in a pass of their own: the windows were measured by 2 processes." in said
+    assert result.manifest["explorer"]["ranked_by"] == "the run's p0_mass"
+    assert_patterns_equal_eager(result, model, windows=2)

@@ -40,7 +40,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.discover import LAYER_OF, Parts, _family_eager, find_submodule
 from sinkscope.capture.families import ModelSpec, family_of, get_submodule
-from sinkscope.capture.kernels import attention_with_lse
+from sinkscope.capture.kernels import attention_with_lse, attention_with_received
 from sinkscope.capture.masks import _additive, causal_additive_mask, fold_into_mask
 from sinkscope.capture.record import AttentionRecord, sink_rows
 from sinkscope.capture.window_masks import fused_eager_mask, fused_sdpa_mask
@@ -282,15 +282,19 @@ def sinkscope_fused_attention(
     # calls name it, as transformers' flash path reads it: window_masks.py)
     window = kwargs.get("sliding_window") if mask is None else None
     scale = _scale(query, kwargs)
-    quiet = None
+    quiet = received = None
     records = active is not None and active.records_now()
+    sinks = _sink_logits(module, kwargs)
     if records and "quiet" in active.record_columns:
         # exposure: the quiet-set indicators ride along as extra value columns of the same call
         out, lse, quiet = _attention_with_columns(query, key, value, scale, mask,
                                                   AttentionRecord.quiet_indicator_columns(value), window)
+    elif records and "received" in active.record_columns:
+        # per-key mass (h2o, --protect top-p0): the column sums from the logits that make the output
+        out, lse, received = attention_with_received(query, key, value, scale, mask, window=window,
+                                                     sink_rows=None if sinks is None else sink_rows(sinks))
     else:
         out, lse = attention_with_lse(query, key, value, scale, mask, window=window)  # (B, H, T, D), (B, H, T)
-    sinks = _sink_logits(module, kwargs)
     if sinks is not None:  # both forms (an extra softmax column, the output rescaled by sigmoid(LSE - b)) are this
         phi = torch.sigmoid(sink_rows(sinks) - lse)  # (B, H, T); b (1, H, 1) per head or (B, H, T) per query
         out = out * (1 - phi).unsqueeze(-1).to(out.dtype)  # drop the phantom's share
@@ -299,7 +303,7 @@ def sinkscope_fused_attention(
             layer=layer, query=query, key=key, value=value, scale=scale, mask=mask, weights=None,
             kernel_lse=lse, sink_logits=sinks,
             sliding_window=window if mask is None else _sliding_window(module, kwargs),  # None: the window applied
-            output_gate=active.pending_gates.pop(layer, None), quiet_columns=quiet,
+            output_gate=active.pending_gates.pop(layer, None), quiet_columns=quiet, received=received,
         ))
     return out.transpose(1, 2).contiguous(), None  # (B, T, H, D)
 

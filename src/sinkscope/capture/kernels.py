@@ -25,6 +25,12 @@ name            op (all return the LSE)                                 when
 ``blocked``     exact matmuls, one block of queries at a time           anything, the fallback
 ==============  =====================================================  ==========================
 
+Where a probe needs the attention each key receives (``stream``'s ``h2o`` and ``--protect top-p0``:
+record column ``"received"``), :func:`attention_with_received` replaces the kernel: exact float32
+attention by query blocks whose one product of queries and keys gives the output, the LSE and the
+column sums together (grouped query heads folded onto their key head, no key repeated); on a CPU at
+64-query chunks it is no slower than the flash kernel with its repeated keys (docs/commands/stream.md).
+
 Every private op is called from one function, :func:`_private_attention`, and only after
 :func:`private_op_available` has checked the torch version and the op's schema (argument
 names and order), so a torch release that changes one of them falls back instead of
@@ -361,6 +367,66 @@ def blocked_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float, ma
         outs.append(torch.matmul(p, v.float()).to(q.dtype))  # (B, H, b, D)
         lses.append(lse)
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
+#: the most float32 logits one query block of :func:`attention_with_received` holds (bytes).
+RECEIVED_BLOCK_BYTES = 64 * 2 ** 20
+
+
+def attention_with_received(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None, *,
+                            window: int | None = None, sink_rows: Tensor | None = None,
+                            block_bytes: int = RECEIVED_BLOCK_BYTES) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact attention that also returns the attention each key receives, summed over the queries, in the same pass.
+
+    For every query block the logits s_ij are computed once (float32) and give the output, the row's
+    LSE_i and the block's share of the column sums (issue 56, item 1; SPEC.md "Streaming", H2O)::
+
+        received_hj = sum_i a_ij,   a_ij = exp(s_ij - LSE_i) (1 - phi_i),   phi_i = sigmoid(b_h - LSE_i)
+
+    (phi = 0 without a learned sink: ``sink_rows`` (1|B, H, 1|T), the phantom logits, else None), so
+    nothing (T, S) is ever held beyond one block of ``block_bytes``, and no second product of the
+    queries with the keys runs to find what each key received. Grouped queries are folded onto their
+    key head ((B, Hkv, G b, D) against (B, Hkv, D, S)): the keys and values are never repeated per
+    query head. The output is over real keys (the caller applies 1 - phi, as for every kernel).
+
+    Shapes: q (B, H, T, D); k (B, Hkv, S, D); v (B, Hkv, S, Dv); mask (B|1, 1|H, T, S) additive, or
+    None for causal (sliding with ``window``), as :func:`attention_with_lse`. Returns out
+    (B, H, T, Dv) in q's dtype, lse (B, H, T) float32 and received (B, H, S) float32.
+    """
+    B, H, T, D = q.shape
+    Hkv, S, Dv = k.shape[1], k.shape[2], v.shape[-1]
+    G = H // Hkv
+    keys_t = k.float().transpose(-1, -2)  # (B, Hkv, D, S)
+    values = v.float()  # (B, Hkv, S, Dv)
+    grouped = q.view(B, Hkv, G, T, D)
+    step = max(1, block_bytes // (4 * B * H * S))  # queries per block
+    outs, lses = [], []
+    received = torch.zeros(B, Hkv, G, S, dtype=torch.float32, device=q.device)
+    positions = torch.arange(S, device=q.device).unsqueeze(0)  # (1, S)
+    for start in range(0, T, step):
+        stop = min(start + step, T)
+        b = stop - start
+        rows = grouped[:, :, :, start:stop].float().reshape(B, Hkv, G * b, D)  # (B, Hkv, G b, D)
+        s = torch.matmul(rows, keys_t).mul_(scale).view(B, Hkv, G, b, S)  # (B, Hkv, G, b, S)
+        if mask is not None:
+            m = mask[:, :, start:stop].float()  # (B|1, 1|H, b, S)
+            s.add_(m.unsqueeze(2) if m.shape[1] == 1 else m.view(m.shape[0], Hkv, G, b, S))
+        else:
+            queries = torch.arange(start, stop, device=q.device).unsqueeze(-1) + (S - T)  # (b, 1)
+            s.masked_fill_(hidden_keys(queries, positions, window), float("-inf"))
+        p = torch.softmax(s, dim=-1)  # (B, Hkv, G, b, S): w_ij (one fused pass; logsumexp then exp costs 5x on a CPU)
+        lse = s.amax(dim=-1) - p.amax(dim=-1).log()  # (B, Hkv, G, b): LSE_i = max_j s_ij - log max_j w_ij
+        del s
+        outs.append(torch.matmul(p.view(B, Hkv, G * b, S), values).view(B, Hkv, G, b, Dv))
+        lses.append(lse)
+        if sink_rows is None:
+            received += p.sum(3)
+        else:
+            b_rows = sink_rows.float().expand(-1, -1, T)[:, :, start:stop]  # (1|B, H, b)
+            keep = 1 - torch.sigmoid(b_rows.reshape(b_rows.shape[0], Hkv, G, b) - lse)  # (B, Hkv, G, b): 1 - phi_i
+            received += torch.matmul(keep.unsqueeze(-2), p).squeeze(-2)  # (B, Hkv, G, S)
+    out = torch.cat(outs, dim=3).view(B, H, T, Dv).to(q.dtype)  # (B, H, T, Dv)
+    return out, torch.cat(lses, dim=3).view(B, H, T), received.view(B, H, S)
 
 
 # ---- choice, trust, and the log ---------------------------------------------------------------

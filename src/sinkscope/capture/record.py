@@ -25,7 +25,7 @@ SPEC.md:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -114,6 +114,10 @@ class AttentionRecord:
             quiet sets of :data:`QUIET_CUTOFFS` (``quiet_reads`` of the values), K extra value
             columns of the kernel call that computed the layer's output; None when no probe
             asked for them (``record_columns`` "quiet").
+        received: (B, H, S) float32, fused records only: sum_i a_ij, the attention each key received
+            summed over the queries, from the kernel call that computed the layer's output
+            (``kernels.attention_with_received``); None when no probe asked for it (``record_columns``
+            "received"): :meth:`received_mass` then computes it by query blocks.
     """
 
     layer: int
@@ -133,12 +137,68 @@ class AttentionRecord:
     routing_gate: bool = False
     gate_columns: Tensor | None = None
     quiet_columns: Tensor | None = None
+    received: Tensor | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     # ---- shapes ---------------------------------------------------------------------------
     @property
     def n_heads(self) -> int:
         return (self.query if self.query is not None else self.weights).shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        """B, the windows of the record."""
+        return (self.query if self.query is not None else self.weights).shape[0]
+
+    def first_windows(self, n: int) -> "AttentionRecord":
+        """The same record for its first ``n`` windows only (views; the caches are not carried over)."""
+        return self.windows(0, n)
+
+    def windows(self, start: int, stop: int) -> "AttentionRecord":
+        """The same record for its windows ``start:stop`` only (views; the caches are not carried over).
+
+        Every field with a batch axis is cut; a mask or per-query phantom logits shared by the batch
+        (a leading 1) and per-head phantom logits (H,) are kept as they are.
+        """
+        B = self.batch_size
+        cut = {}
+        for name in ("query", "key", "value", "weights", "kernel_lse", "output_gate", "value_gate", "key_bias",
+                     "gate_columns", "quiet_columns", "received", "mask"):
+            value = getattr(self, name)
+            if value is not None and value.shape[0] == B:
+                cut[name] = value[start:stop]
+        if self.sink_logits is not None and self.sink_logits.dim() == 3 and self.sink_logits.shape[0] == B:
+            cut["sink_logits"] = self.sink_logits[start:stop]
+        return replace(self, **cut, _cache={})
+
+    def one_head(self, head: int, *, copy: bool = False) -> "AttentionRecord":
+        """The same record for one query head only, with its key-value head (caches not carried over).
+
+        The result has one query head and one key-value head, so its rows and reductions are those
+        of ``head`` in this record (the explorer keeps a candidate head's record until it knows
+        whether the head is kept). Views, or with ``copy`` the head's own tensors (so that keeping
+        it does not keep the whole layer's alive; a mask, shared by the heads and the layers of a
+        forward, stays a view).
+        """
+        H = self.n_heads
+        kv = head // (H // self.n_kv_heads)
+        cut: dict = {}
+        for name, index in (("query", head), ("key", kv), ("value", kv), ("weights", head), ("kernel_lse", head),
+                            ("value_gate", kv), ("key_bias", kv), ("gate_columns", head), ("quiet_columns", head),
+                            ("received", head)):
+            value = getattr(self, name)
+            if value is not None:
+                cut[name] = value[:, index:index + 1]
+        if self.output_gate is not None:
+            cut["output_gate"] = self.output_gate[:, :, head:head + 1]  # (B, T, 1, D)
+        if self.mask is not None and self.mask.shape[1] == H > 1:
+            cut["mask"] = self.mask[:, head:head + 1]
+        if self.sink_logits is not None:
+            sinks = self.sink_logits
+            cut["sink_logits"] = sinks[head:head + 1] if sinks.dim() == 1 else sinks[:, head:head + 1]
+        if copy:
+            cut = {name: value if name == "mask" else value.clone() for name, value in cut.items()}
+        return replace(self, **cut, _cache={})
 
     @property
     def n_kv_heads(self) -> int:
@@ -210,13 +270,16 @@ class AttentionRecord:
             self._cache["logits"] = s
         return self._cache["logits"]
 
-    def row_logits(self, rows: slice, *, heads: Tensor | None = None, keys: slice = slice(None)) -> Tensor:
+    def row_logits(self, rows: slice, *, heads: Tensor | None = None, keys: slice = slice(None),
+                   causal: bool = True) -> Tensor:
         """s_ij for the queries of ``rows`` (a slice of the T queries) and the keys of ``keys`` (all by
         default), float32, (B, H, n, K); with ``heads`` (an index of query heads) only those, (B, H', n, K).
 
         The same numbers as ``logits()[:, heads][:, :, rows, keys]`` without the (T, S) matrix: a
         probe that reads whole rows walks the queries in blocks (``head_importance --sink-set
         data``), and the explorer reads a few heads' visible keys only (``probes/explorer.py``).
+        ``causal`` False leaves the keys a mask None stands for (after the query, outside the
+        window) unfilled: the caller hides them itself (the explorer, on the entries it keeps).
         """
         groups = self.n_heads // self.n_kv_heads
         k = self.key[:, :, keys].float().repeat_interleave(groups, dim=1)  # (B, H, K, D)
@@ -230,7 +293,7 @@ class AttentionRecord:
             if heads is not None and mask.shape[1] > 1:
                 mask = mask[:, heads]  # (B, H', n, K)
             return s + mask.float()
-        return self._causal_fill(s, keys, rows)
+        return self._causal_fill(s, keys, rows) if causal else s
 
     def key_logits(self, keys: int | slice) -> Tensor:
         """s_ij for a key position or a slice of them only, float32, (B, H, T, K): linear memory."""
@@ -299,6 +362,31 @@ class AttentionRecord:
         if mass.dim() == 4:
             mass = mass.sum(-1)  # (B, H, T)
         return mass if over == "all" else mass / self.real_mass()
+
+    def received_mass(self, block_bytes: int = 64 * 2 ** 20) -> Tensor:
+        """sum_i a_ij: the attention each key receives, summed over the queries (phantom in the normaliser),
+        (B, H, S) float32 (H2O's score, ``--protect top-p0``'s mass).
+
+        The kernel's own column sums when the call made them (``received``), else the model's weights
+        summed, else the logits walked in query blocks of at most ``block_bytes``: no (T, S) matrix.
+        """
+        if self.received is not None:
+            return self.received
+        if "received" not in self._cache:
+            if not self.is_fused:
+                self._cache["received"] = self.weights.float().sum(2)  # (B, H, S)
+            else:
+                B, H, T, _ = self.query.shape
+                S = self.key.shape[-2]
+                lse, real = self.lse(), self.real_mass()  # (B, H, T) each
+                step = max(1, block_bytes // (4 * B * H * S))
+                total = torch.zeros(B, H, S, dtype=torch.float32, device=self.query.device)
+                for start in range(0, T, step):
+                    rows = slice(start, min(start + step, T))
+                    a = torch.exp(self.row_logits(rows) - lse[:, :, rows].unsqueeze(-1))  # (B, H, n, S): w_ij
+                    total += torch.matmul(real[:, :, rows].unsqueeze(-2), a).squeeze(-2)  # (B, H, S)
+                self._cache["received"] = total
+        return self._cache["received"]
 
     def weighted_moments(self, per_key: Tensor) -> tuple[Tensor, Tensor]:
         """First and second moment of a per-key quantity under w, each (B, H, T).

@@ -1,8 +1,10 @@
 """The explorer's patterns: a few heads' attention on a few windows, sparse (SPEC.md "The explorer").
 
-Not a metric: the pipeline runs this probe alone, in an extra forward pass over the first
-``--explore-windows`` windows, after the measurement (``forward/explorer_pass.py``), and writes what it
-keeps to ``explorer.npz`` (``store/explorer_format.py``) for the report's interactive view.
+Not a metric: the pipeline runs this probe beside the measurement's probes, in the measuring forward,
+on its first ``--explore-windows`` windows (``windows``; issue 56, item 2), or, where that cannot be
+(a resumed run, several processes), alone in an extra pass over them after it
+(``forward/explorer_pass.py``), and writes what it keeps to ``explorer.npz``
+(``store/explorer_format.py``) for the report's interactive view.
 
 Per layer it reads the attention record and keeps, for each head of ``heads`` and each window,
 
@@ -14,9 +16,14 @@ Per layer it reads the attention record and keeps, for each head of ``heads`` an
 
 and, for every head, its position-0 mass p0 = mean over queries q >= 1 of w_q0 (SPEC.md
 "Position-0 mass") on these windows, summed window by window (the same float64 additions at any
-batch size): ``heads="none"`` keeps only that, the first of ``auto``'s two passes
-(``explorer_data.choose_heads`` then names the heads of the second). ``all`` keeps every head,
-``L.H,...`` the heads named. Rows are walked in query blocks of at most :data:`BLOCK_BYTES` of
+batch size): ``heads="none"`` keeps only that. ``all`` keeps every head, ``L.H,...`` the heads
+named. ``auto`` keeps ``explorer_data.choose_heads``'s heads, chosen as the layers arrive: the
+AUTO_SAMPLE heads drawn with ``seed`` (known before the pass) and the AUTO_TOP others of highest
+position-0 mass on the windows of the first batch, kept as a running set (a head that enters it at
+its layer has its patterns read there; one pushed out has them dropped), so only those heads'
+rows are ever held; later batches keep the final set's. A decision of this project: ``auto`` ranks
+by the first batch's explorer windows (every explorer window when the batch holds them all), not by
+the whole run's p0_mass, so that one pass serves both. Rows are walked in query blocks of at most :data:`BLOCK_BYTES` of
 logits, each over the keys its queries can see, for the kept heads only: no (T, S) matrix of every
 head is made on the fused path. Each (window, head)'s kept entries are found in its own slice of
 the block and move to the host as each layer is read (this pass exists only to keep them).
@@ -29,16 +36,23 @@ value norms and phantom mass (what the file holds for a pattern left out), not t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
 from sinkscope.capture import hooks
+from sinkscope.capture.masks import hidden_keys
 from sinkscope.capture.record import AttentionRecord
-from sinkscope.store.explorer_format import SCALE, THRESHOLD, ExplorerData, block_size, label_array, parse_heads
+from sinkscope.store.explorer_format import (AUTO_SAMPLE, AUTO_TOP, SCALE, THRESHOLD, ExplorerData, block_size,
+                                             label_array, parse_heads)
 from sinkscope.probes.base import Param, Probe, observes, register_probe
 
 #: query blocks hold at most this many bytes of float32 logits (all heads of the batch).
 BLOCK_BYTES = 64 << 20
+#: fused records: a logit within this much (in log space) of the threshold's is a candidate whose weight is then
+#: computed exactly, so float32 rounding of the bound never drops a weight at or above the threshold.
+LOG_SLACK = 1e-3
 
 
 def _heads_value(value: str) -> str | None:
@@ -53,6 +67,9 @@ def _heads_value(value: str) -> str | None:
     Param("heads", str, "all", "all | none (position-0 mass only) | L.H,L.H,... : the heads whose patterns are kept",
           check=_heads_value),
     Param("threshold", float, THRESHOLD, "weights below this are not kept"),
+    Param("windows", int, 0, "read only windows below this index (0: every window the probe sees)",
+          check=lambda v: None if v >= 0 else "must be at least 0"),
+    Param("seed", int, 0, "auto: the seed of the sampled heads"),
 ), metrics={}, summary="keeps a few heads' attention patterns for the report's explorer (no metric)")
 class Explorer(Probe):
     """Sparse attention patterns of chosen heads, for the report's explorer (no rows)."""
@@ -61,8 +78,6 @@ class Explorer(Probe):
 
     def setup(self) -> None:
         self.kind, asked = parse_heads(self.heads)
-        if self.kind == "auto":
-            raise ValueError("the explorer probe takes all, none or named heads; auto is explore_pass's two passes")
         spec = self.spec
         self.p0_sum = np.zeros((spec.n_layers, spec.n_heads))
         self.p0_count = np.zeros((spec.n_layers, spec.n_heads))
@@ -73,6 +88,17 @@ class Explorer(Probe):
         self.seq_len = 0
         self.max_bytes: int | None = None  # the page's budget (keep_within); None: keep every entry
         self.window_bytes: dict[int, int] = {}  # window row -> what its patterns cost the page (within the budget)
+        #: auto: the sampled heads (drawn as choose_heads draws them), the running top set, whether it is final
+        attention_heads = [(l, h) for l in sorted(spec.attention_layers) for h in range(spec.n_heads)]
+        drawn = np.random.default_rng(self.seed).permutation(len(attention_heads))[:AUTO_SAMPLE]
+        self.sampled = {attention_heads[i] for i in drawn} if self.kind == "auto" else set()
+        self.tops: list[tuple[int, int]] = []
+        self.ranked = False
+        self.windows_read = 0
+        #: the line the run prints when the probe rides its measuring forward (``explorer_pass.rider``)
+        self.announcement: str | None = None
+        #: auto, the ranking batch: the fused records of the candidate heads (one head each), read at its end
+        self.deferred: dict[tuple[int, int], AttentionRecord] = {}
 
     def keep_within(self, max_bytes: int | None, labels_bytes: int) -> None:
         """Keep the entries of the windows the page can hold: ``max_bytes`` of page data, of which the
@@ -96,12 +122,34 @@ class Explorer(Probe):
     def snapshot(self) -> dict:
         return {"p0_sum": self.p0_sum.copy(), "p0_count": self.p0_count.copy(),
                 "patterns": {key: dict(windows) for key, windows in self.patterns.items()},
-                "window_bytes": dict(self.window_bytes)}
+                "window_bytes": dict(self.window_bytes), "tops": list(self.tops), "ranked": self.ranked,
+                "windows_read": self.windows_read, "deferred": dict(self.deferred)}
 
     def restore(self, snapshot: dict) -> None:
         self.p0_sum, self.p0_count = snapshot["p0_sum"].copy(), snapshot["p0_count"].copy()
         self.patterns = {key: dict(windows) for key, windows in snapshot["patterns"].items()}
         self.window_bytes = dict(snapshot["window_bytes"])
+        self.tops, self.ranked, self.windows_read = list(snapshot["tops"]), snapshot["ranked"], snapshot["windows_read"]
+        self.deferred = dict(snapshot["deferred"])
+
+    def end_batch(self) -> None:
+        """auto: the top set is final once the first batch that read explorer windows has run; the patterns of the
+        heads it holds are read now from the records kept for them (only those heads' rows are ever computed), in
+        the page's order (window by window, the heads as ``chosen`` orders them), so that once the budget is spent
+        the rest keep their row counts only, as ``explorer_data.fit`` would leave them out."""
+        if self.deferred:
+            order = [key for key in self.chosen() if key in self.deferred]
+            spent = sum(size for w, size in self.window_bytes.items() if w < self.batch_start)
+            for b in range(next(iter(self.deferred.values())).batch_size):
+                for layer, h in order:
+                    window = self.batch_start + b
+                    beyond = self.max_bytes is not None and spent > self.max_bytes
+                    self._keep(layer, [h], self.deferred[(layer, h)].windows(b, b + 1), heads_of_record=[0],
+                               first_window=window, beyond=beyond)
+                    spent = sum(size for w, size in self.window_bytes.items() if w <= window)
+            self.deferred.clear()
+        if self.windows_read:
+            self.ranked = True
 
     def merge(self, other: "Probe") -> None:
         raise NotImplementedError("the explorer runs in one process (forward/explorer_pass.py); its patterns are not merged")
@@ -110,23 +158,69 @@ class Explorer(Probe):
         return []
 
     # ---- reading a layer -----------------------------------------------------------------------------
+    def _heads_here(self, layer: int, H: int) -> list[int]:
+        """The heads of ``layer`` whose patterns this batch keeps (auto: updating the running top set)."""
+        if self.kind != "auto":
+            return [h for h in range(H) if self.kind == "all" or (layer, h) in self.asked]
+        if not self.ranked:  # the first batch: rank this layer's heads into the running top set
+            p0 = self.p0()
+            candidates = self.tops + [(layer, h) for h in range(H) if (layer, h) not in self.sampled]
+            self.tops = sorted(candidates, key=lambda key: (-p0[key], key))[:AUTO_TOP]
+            for store in (self.patterns, self.deferred):
+                for key in [key for key in store if key not in self.tops and key not in self.sampled]:
+                    del store[key]  # pushed out of the top set: its rows are dropped
+        keep = set(self.tops) | self.sampled
+        return [h for h in range(H) if (layer, h) in keep]
+
+    def chosen(self) -> dict[tuple[int, int], str] | None:
+        """auto: {(layer, head): "top" | "sample"} in the page's order (choose_heads's), else None."""
+        if self.kind != "auto":
+            return None
+        p0 = self.p0()
+        by_p0 = sorted(set(self.tops) | self.sampled, key=lambda key: (-p0[key], key))
+        return {**{key: "top" for key in by_p0 if key not in self.sampled},
+                **{key: "sample" for key in by_p0 if key in self.sampled}}
+
     @observes(hooks.ATTN)
     def attention(self, layer: int, record: AttentionRecord) -> None:
+        if self.windows:  # only the explorer's windows: the first ``windows`` of the run
+            n = min(record.batch_size, self.windows - self.batch_start)
+            if n <= 0:
+                return
+            if n < record.batch_size:
+                record = record.first_windows(n)
+            self.windows_read = max(self.windows_read, self.batch_start + n)
+        else:
+            self.windows_read = max(self.windows_read, self.batch_start + record.batch_size)
         p0 = record.key_mass(0)[:, :, 1:]  # (B, H, T - 1): w_q0 over real keys, queries q >= 1
         for per_window in p0.double().sum(dim=2).cpu().numpy():  # (H,) each: window by window, any batch size
             self.p0_sum[layer] += per_window
         self.p0_count[layer] += p0.shape[0] * p0.shape[2]
         H, self.seq_len = p0.shape[1], p0.shape[2] + 1
-        heads = [h for h in range(H) if self.kind == "all" or (layer, h) in self.asked]
+        heads = self._heads_here(layer, H)
         if not heads:
             return
+        if self.kind == "auto" and not self.ranked and record.is_fused:
+            # a candidate may still be pushed out: keep its record (one head: its q, k, v rows, not a pattern)
+            for h in heads:
+                self.deferred[(layer, h)] = record.one_head(h, copy=True)
+            return
+        self._keep(layer, heads, record)
+
+    def _keep(self, layer: int, heads: list[int], record: AttentionRecord, heads_of_record: list[int] | None = None,
+              first_window: int | None = None, beyond: bool | None = None) -> None:
+        """Read and keep the patterns of ``heads`` of ``layer`` (``heads_of_record``: their indices in ``record``;
+        ``first_window``: the run's index of the record's first window, default the batch's; ``beyond``: past the
+        budget, default :meth:`_past_budget`)."""
         self.has_phantom = self.has_phantom or record.has_phantom
         self.has_value_norms = self.has_value_norms and record.value is not None
-        beyond = self._past_budget()
-        for h, per_window in zip(heads, self._patterns(record, heads, entries=not beyond)):
+        beyond = self._past_budget() if beyond is None else beyond
+        first = self.batch_start if first_window is None else first_window
+        read = self._patterns(record, heads if heads_of_record is None else heads_of_record, entries=not beyond)
+        for h, per_window in zip(heads, read):
             windows = self.patterns.setdefault((layer, h), {})
             for b, pattern in enumerate(per_window):
-                window = self.batch_start + b
+                window = first + b
                 windows[window] = pattern
                 if self.max_bytes is not None and not beyond:
                     self.window_bytes[window] = self.window_bytes.get(window, 0) + block_size(
@@ -152,35 +246,43 @@ class Explorer(Probe):
         for first in range(0, T, step):
             rows = slice(first, min(T, first + step))
             keys = slice(0, min(S, rows.stop + S - T))  # causal: query i sees keys j <= i + S - T
-            if record.is_fused:  # a_qj = exp(s_qj - LSE_q) (1 - phi_q)
-                logits = record.row_logits(rows, heads=index, keys=keys)  # (B, k, n, K)
-                a = torch.exp(logits - lse[:, :, rows].unsqueeze(-1)) * real[:, :, rows].unsqueeze(-1)
+            n = rows.stop - rows.start
+            if record.is_fused:  # a_qj = exp(s_qj - LSE_q) (1 - phi_q) >= t  <=>  s_qj >= LSE_q + log t - log(1 - phi_q)
+                logits = record.row_logits(rows, heads=index, keys=keys, causal=False)  # (B, k, n, K)
+                shift = lse[:, :, rows]  # (B, k, n)
+                bound = shift + math.log(self.threshold) - torch.log(real[:, :, rows]) - LOG_SLACK  # (B, k, n)
+                candidates = logits >= bound.unsqueeze(-1)  # (B, k, n, K)
+                if record.mask is None:  # the causal (and window) part was left unfilled: hidden keys go here
+                    positions = torch.arange(first, rows.stop, device=like.device).unsqueeze(-1) + (S - T)  # (n, 1)
+                    candidates &= ~hidden_keys(positions, torch.arange(keys.stop, device=like.device).unsqueeze(0),
+                                               record.sliding_window)  # (n, K) over every window and head
+                where = candidates.nonzero()  # (m, 4) candidates: b, i, q, j row-major
+                del candidates
+                b_, i_, q_, j_ = where.unbind(1)
+                values = torch.exp(logits[b_, i_, q_, j_] - shift[b_, i_, q_]) * real[:, :, rows][b_, i_, q_]  # (m,)
                 del logits
             else:
                 a = record.weights[:, index, rows, keys].float()  # (B, k, n, K)
-            kept = a >= self.threshold  # (B, k, n, K)
-            if entries:  # one array per block for the (window, head) pieces: few long-lived allocations
-                counts = kept.sum(dim=(-2, -1)).reshape(-1).cpu().numpy()  # (B k,) entries of each (window, head)
-                block = [np.empty(int(counts.sum()), dtype) for dtype in (np.int32, np.int32, np.float32)]  # q, j, a_qj
-                at = 0
-                for b in range(B):
-                    for i in range(k):
-                        where = kept[b, i].nonzero()  # (m, 2) row-major: query, key (keys ascending per row)
-                        m = where.shape[0]
-                        block[0][at:at + m] = (where[:, 0] + first).cpu().numpy()
-                        block[1][at:at + m] = where[:, 1].cpu().numpy()
-                        block[2][at:at + m] = a[b, i][kept[b, i]].cpu().numpy()
-                        at += m
-                bounds = np.cumsum(counts)[:-1]  # (B k - 1,) where each (window, head) ends
-                for j, piece in enumerate(zip(*(np.split(part, bounds) for part in block))):
+                where = (a >= self.threshold).nonzero()  # (m, 4)
+                b_, i_, q_, j_ = where.unbind(1)
+                values = a[b_, i_, q_, j_]  # (m,)
+                del a
+            exact = values >= self.threshold  # (m,): the candidates that are kept (the slack's extra ones are not)
+            owner = ((b_ * k + i_) * n + q_)[exact].cpu().numpy()  # (m',) the (window, head, row) of each entry
+            per_row = np.bincount(owner, minlength=B * k * n).reshape(B, k, n)  # entries of each row
+            if entries:  # row-major order per (window, head): queries ascending, keys ascending within a row
+                queries = (q_[exact] + first).to(torch.int32).cpu().numpy()
+                keys_kept = j_[exact].to(torch.int32).cpu().numpy()
+                kept_values = values[exact].float().cpu().numpy()
+                bounds = np.cumsum(per_row.sum(-1).reshape(-1))[:-1]  # (B k - 1,) where each (window, head) ends
+                pieces = zip(*(np.split(part, bounds) for part in (queries, keys_kept, kept_values)))
+                for j, piece in enumerate(pieces):
                     found[j // k][j % k].append(piece)
             else:
-                per_row = kept.sum(dim=-1).cpu().numpy()  # (B, k, n) entries of each row
                 for b in range(B):
                     for i in range(k):
                         found[b][i].append((per_row[b, i], None, None))
-            del kept
-            del a
+            del where, values, exact
         phantom = (1 - real).float().cpu().numpy()  # (B, k, T)
         if record.value is not None:
             groups = H // record.n_kv_heads

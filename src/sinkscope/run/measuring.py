@@ -82,7 +82,7 @@ def _progress_tree(tree, path: Path) -> dict:
     return tree
 
 
-def measure(prepared: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float] | None:
+def measure(prepared: Prepared, loaded: Loaded, log, riders: tuple[Probe, ...] = ()) -> tuple[list[Probe], float] | None:
     """Run the probes; returns (probes with merged accumulators, seconds), or None on processes > 0.
 
     A command with a ``followup`` runs in two stages over the same windows: the first stage's
@@ -90,7 +90,8 @@ def measure(prepared: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float
     second stage's probes from them, so a choice such as "the dormant heads" is made on all the
     windows, never on a first batch. The checkpoint for ``--resume`` records the stage; a run
     killed in the second stage resumes there with the first stage's finished accumulators.
-    The table holds the rows of both stages.
+    The table holds the rows of both stages. ``riders`` run in the first stage's forward beside its probes
+    but are not among those returned, checkpointed or merged (the explorer's probe: ``explorer_pass.rider``).
     """
     options, windows = prepared.options, loaded.windows
     rank, world_size = prepared.rank, prepared.world_size
@@ -131,7 +132,7 @@ def measure(prepared: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float
                     + (f" (stage {stage + 1})" if stage else "") + ", kept for --resume.")
         return checkpoint
 
-    def run_stage(probes: list[Probe], stage: int, done: list[Probe]) -> None:
+    def run_stage(probes: list[Probe], stage: int, done: list[Probe], riding: tuple[Probe, ...] = ()) -> None:
         start = first
         if state is not None and state.get("stage", 0) == stage:
             for probe, probe_state in zip(probes, state["probes"]):
@@ -140,7 +141,7 @@ def measure(prepared: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float
             log(f"Resuming at window {start} of {stop}" + (f" (stage {stage + 1})." if stage else "."))
         try:
             reader = prepared.command.read_windows or run_probes
-            reader(model.model, windows.tokens[:stop], probes, batch_size=options.batch_size,
+            reader(model.model, windows.tokens[:stop], [*probes, *riding], batch_size=options.batch_size,
                        device=None if options.device_map else model.device, progress=options.progress and rank == 0,
                        attention=options.attention, start=start, on_batch_done=checkpointer(probes, stage, done),
                        log=log)
@@ -160,6 +161,9 @@ def measure(prepared: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float
     log(f"Running {spec.family} ({spec.n_layers} layers x {spec.n_heads} heads) over "
         f"{windows.tokens.shape[0]} window{'s' if windows.tokens.shape[0] != 1 else ''} of {windows.tokens.shape[1]} tokens on {model.device} in "
         f"{str(model.dtype)[6:]}" + (f", {world_size} processes" if world_size > 1 else "") + " ...")
+    for rider in riders:  # the explorer's probe says what it keeps as the windows are measured
+        if getattr(rider, "announcement", None):
+            log(rider.announcement)
     started = time.perf_counter()
     first_specs = available_probes(prepared.command, prepared.command.probes(options, spec), spec, log)
     probes = build(first_specs)
@@ -167,7 +171,7 @@ def measure(prepared: Prepared, loaded: Loaded, log) -> tuple[list[Probe], float
         for probe, probe_state in zip(probes, state["done"]):
             probe.load_state_dict(probe_state)
     else:
-        run_stage(probes, 0, [])
+        run_stage(probes, 0, [], riders)
     is_main = True
     if world_size > 1:
         is_main = distributed.merge_into_rank0(probes, lambda: build(first_specs))
@@ -218,13 +222,40 @@ def measure_lengths(prepared: Prepared, loaded: Loaded, lengths: tuple[int, ...]
     return out if prepared.rank == 0 else None
 
 
-def _add_explorer(prepared: Prepared, loaded: Loaded, result: Result, log) -> None:
-    """The explorer's patterns (``forward/explorer_pass.py``) into the result and its manifest (``explorer``)."""
+def explorer_rider(prepared: Prepared, loaded: Loaded):
+    """The explorer's probe to ride the measuring forward (``explorer_pass.rider``), and why not when it cannot:
+    (rider or None, a phrase or None)."""
+    from sinkscope.forward.explorer_pass import rider
+
+    options = prepared.options
+    if prepared.command.read_windows is not None:  # stream: its windows are read through a bounded cache
+        return None, None
+    if options.resume:
+        return None, "the run was resumed, so an earlier process measured its first windows"
+    if prepared.world_size > 1:
+        return None, f"the windows were measured by {prepared.world_size} processes"
+    if hp.ATTN in loaded.spec.missing_hooks:
+        return None, None
+    return rider(loaded.spec, loaded.model.tokenizer, loaded.windows.tokens, heads=options.explore_heads,
+                 windows=options.explore_windows, max_mb=options.explore_max_mb, seed=options.seed), None
+
+
+def _add_explorer(prepared: Prepared, loaded: Loaded, result: Result, log, riding=None,
+                  why_not: str | None = None) -> None:
+    """The explorer's patterns into the result and its manifest (``explorer``): from the probe that rode the
+    measuring forward, else from a pass of their own (``forward/explorer_pass.py``), saying why in one line."""
     from sinkscope.forward.explorer_pass import explore, p0_by_head
 
     options = prepared.options
     if prepared.command.read_windows is not None:  # stream: its windows are read through a bounded cache
         return
+    if riding is not None:
+        found = riding.package(log)
+        if found is not None:
+            result.explorer, result.manifest["explorer"] = found
+        return
+    if why_not:
+        log(f"The explorer reads its windows in a pass of their own: {why_not}.")
     found = explore(loaded.model.model, loaded.model.tokenizer, loaded.spec, loaded.windows.tokens,
                     heads=options.explore_heads, windows=options.explore_windows, max_mb=options.explore_max_mb,
                     seed=options.seed, attention=options.attention,

@@ -19,7 +19,7 @@ from typing import Callable
 from sinkscope.commands.spec import seq_lens
 from sinkscope.forward import distributed
 from sinkscope.run.load import load
-from sinkscope.run.measuring import _add_explorer, measure, measure_lengths
+from sinkscope.run.measuring import _add_explorer, explorer_rider, measure, measure_lengths
 from sinkscope.run.plan import Plan
 from sinkscope.run.prepare import Inputs, prepare, Prepared
 from sinkscope.run.result import Result
@@ -43,14 +43,16 @@ def carry_out(prepared: Prepared, write: bool, log, *, finish: bool = True) -> R
             log = lambda message: None  # noqa: E731 - only process 0 talks
     loaded = load(prepared, log)
     lengths = seq_lens(prepared.options.seq_len) or ()
-    finished = measure_lengths(prepared, loaded, lengths, log) if len(lengths) > 1 else measure(prepared, loaded, log)
+    riding, why_not = explorer_rider(prepared, loaded) if len(lengths) <= 1 else (None, None)
+    finished = measure_lengths(prepared, loaded, lengths, log) if len(lengths) > 1 else measure(
+        prepared, loaded, log, riders=() if riding is None else (riding.probe,))
     if finished is None:
         if finish:
             distributed.finish()
         return None
     result = assemble_lengths(prepared, loaded, finished) if len(lengths) > 1 else assemble(prepared, loaded, *finished)
     if len(lengths) <= 1:
-        _add_explorer(prepared, loaded, result, log)
+        _add_explorer(prepared, loaded, result, log, riding, why_not)
     _warn_non_finite(result.table, log)
     if write:
         result.save(prepared.out_dir, overwrite=prepared.options.overwrite,

@@ -64,7 +64,8 @@ THRESHOLD = 1e-3
 #: one uint16 code is this much weight.
 SCALE = 1.0 / 65535
 #: the heads ``auto`` keeps: a seeded sample drawn first, then the top ones of the rest by position-0 mass.
-AUTO_TOP, AUTO_SAMPLE = 8, 4
+AUTO_TOP = 8
+AUTO_SAMPLE = 4
 #: the page's explorer data budget by default (report.html stays under 5 MB with its figures).
 DEFAULT_MAX_MB = 3.5
 #: the members of ``explorer.npz``: (numpy kinds allowed, dimensions); shapes are checked by :func:`_npz_limits`.

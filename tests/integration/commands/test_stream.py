@@ -131,6 +131,34 @@ def test_h2o_keeps_the_keys_a_hand_computation_picks():
                for layer in range(3))  # not simply the most recent keys
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt_oss", "qwen2"])
+@pytest.mark.parametrize("policy", [Policy("h2o", 12, recent=4),
+                                    Policy("sinks", 12, 2, "original", kv_bits=2, kv_group=4, kv_scheme="per-token",
+                                           protect="top-p0:3")], ids=["h2o", "top-p0"])
+def test_the_kernels_column_sums_choose_the_keys_the_materialised_weights_choose(family, policy, monkeypatch):
+    """Issue 56, item 1: h2o and --protect top-p0 read each key's attention from the kernel call that makes the
+    layer's output (``kernels.attention_with_received``); with the record's own sums of the materialised weights
+    instead (the observer asks for no column), every chunk keeps the same keys and protects the same ones, and the
+    per-token NLL agrees to float32 rounding (gpt-oss: learned sinks and sliding layers)."""
+    from sinkscope.forward.stream import reader
+
+    model, ids, layout = _setup(family)
+    fused = list(iter_chunks(model, ids, policy, layout, chunk=4))
+    built = reader._ColumnMass.__init__
+
+    def materialised(self, layers, p0=False):
+        built(self, layers, p0)
+        self.record_columns = frozenset()  # no kernel columns: record.received_mass() sums the weights itself
+
+    monkeypatch.setattr(reader._ColumnMass, "__init__", materialised)
+    plain = list(iter_chunks(model, ids, policy, layout, chunk=4))
+    assert len(fused) == len(plain)
+    for a, b in zip(fused, plain):
+        assert all(torch.equal(x, y) for x, y in zip(a.kept, b.kept))
+        assert all(x is None and y is None or torch.equal(x, y) for x, y in zip(a.exact, b.exact))
+        torch.testing.assert_close(a.nll, b.nll, atol=1e-5, rtol=1e-5)
+
+
 def test_heavy_and_recent_breaks_ties_towards_the_earlier_key():
     scores = torch.tensor([[1.0, 3.0, 3.0, 0.5, 9.0, 9.0]])
     assert heavy_and_recent(scores, 3, 1).tolist() == [[1, 4, 5]]  # recent: 5; heavy: 4 (9), then 1 of the tied 1, 2

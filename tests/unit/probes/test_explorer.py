@@ -94,6 +94,55 @@ def test_auto_keeps_the_top_heads_by_p0_and_a_seeded_sample():
     assert [tuple(x) for x in data.heads.tolist()] == list(chosen) and list(data.chosen) == list(chosen.values())
 
 
+def test_auto_in_one_pass_keeps_the_heads_choose_heads_takes_and_only_their_rows():
+    """Issue 56, item 2: ``auto`` ranks the heads as the layers arrive (a running top set; a head pushed out has its
+    rows dropped) and ends with choose_heads's heads on the same p0, their patterns equal to the named-head run's."""
+    L, H = 4, 4
+    strengths = {l: np.linspace(3.0, 0.0, H) + (L - l) for l in range(L)}  # early layers first: later ones push out
+    make = lambda: {l: make_layer(l, B=2, H=H, T=10, seed=l, sink_strength=strengths[l], fused=True)  # noqa: E731
+                    for l in range(L)}
+    probe = Explorer(spec(n_layers=L, n_heads=H), heads="auto", seed=7)
+    held = []
+    for l, layer in make().items():
+        probe.attention(l, layer.record)
+        held.append(len(probe.patterns) + len(probe.deferred))
+    assert not probe.patterns  # fused records: the candidates' records are held, no pattern is read yet
+    probe.end_batch()
+    chosen = choose_heads(probe.p0(), seed=7)
+    assert probe.chosen() == chosen and list(probe.chosen()) == list(chosen)
+    assert set(probe.patterns) == set(chosen) and max(held) <= AUTO_TOP + AUTO_SAMPLE
+    named = Explorer(spec(n_layers=L, n_heads=H), heads=",".join(f"{l}.{h}" for l, h in chosen))
+    _run(named, make())
+    a, b = probe.data(_labels(2, 10), probe.chosen()), named.data(_labels(2, 10), chosen)
+    np.testing.assert_array_equal(a.heads, b.heads)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    assert np.abs(a.codes.astype(int) - b.codes.astype(int)).max() <= 1  # one head's matmul against several heads'
+    np.testing.assert_allclose(a.phantom, b.phantom, atol=1e-6)
+    np.testing.assert_allclose(a.value_norms, b.value_norms, rtol=1e-6)
+    # a later batch keeps the final set's patterns, whatever its own p0 says
+    later = make_layer(0, B=1, H=H, T=10, seed=9, sink_strength=np.linspace(0.0, 9.0, H))
+    probe.batch_start = 2
+    probe.attention(0, later.record)
+    assert set(probe.patterns) == set(chosen)
+
+
+def test_windows_reads_only_the_first_windows_of_the_run():
+    """``windows=3``: of a batch of 4 starting at window 2 only the first window is read (the record is cut), and a
+    batch past it is not read at all."""
+    layer = make_layer(0, B=4, H=4, T=8, seed=2)
+    probe = Explorer(spec(n_layers=1, n_heads=4), heads="all", windows=3)
+    probe.batch_start = 2
+    probe.attention(0, layer.record)
+    assert {w for windows in probe.patterns.values() for w in windows} == {2}
+    assert probe.p0_count[0, 0] == 1 * 7  # one window, queries 1..7
+    whole = Explorer(spec(n_layers=1, n_heads=4), heads="all")
+    whole.attention(0, layer.record.first_windows(1))  # the same window, cut by the record itself
+    np.testing.assert_allclose(probe.p0(), whole.p0())
+    probe.batch_start = 6
+    probe.attention(0, layer.record)
+    assert probe.p0_count[0, 0] == 7
+
+
 def test_choose_heads_skips_layers_without_attention():
     p0 = np.array([[0.9, 0.8], [np.nan, np.nan], [0.1, 0.2]])
     chosen = choose_heads(p0, seed=0)

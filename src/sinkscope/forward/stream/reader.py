@@ -114,10 +114,12 @@ class _ColumnMass:
     and, with ``p0``, the position-0 share through the cache (:meth:`_p0_share`)."""
 
     intervened = frozenset()
-    record_columns = frozenset()
 
     def __init__(self, layers: list[int], p0: bool = False):
         self.observed = frozenset({hp.ATTN})
+        #: with layers to sum: the kernel returns each key's received attention with the layer's output
+        #: (``kernels.attention_with_received``), not a second product of queries and keys
+        self.record_columns = frozenset({"received"}) if layers else frozenset()
         self.layers = set(layers)
         self.columns: dict[int, Tensor] = {}
         self.p0 = p0
@@ -155,8 +157,7 @@ class _ColumnMass:
             self._p0_share(layer, record)
         if template != hp.ATTN or layer not in self.layers:
             return
-        a = torch.exp(record.logits() - record.lse().unsqueeze(-1)) * record.real_mass().unsqueeze(-1)  # (B, H, T, S)
-        column = a.sum(2)[0]  # (H, S): sum over queries
+        column = record.received_mass()[0]  # (H, S): sum over queries of a_ij
         H, S = column.shape
         self.columns[layer] = column.view(record.n_kv_heads, H // record.n_kv_heads, S).sum(1).double()  # (H_kv, S)
 
