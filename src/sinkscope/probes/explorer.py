@@ -19,11 +19,12 @@ and, for every head, its position-0 mass p0 = mean over queries q >= 1 of w_q0 (
 batch size): ``heads="none"`` keeps only that. ``all`` keeps every head, ``L.H,...`` the heads
 named. ``auto`` keeps ``explorer_data.choose_heads``'s heads, chosen as the layers arrive: the
 AUTO_SAMPLE heads drawn with ``seed`` (known before the pass) and the AUTO_TOP others of highest
-position-0 mass on the windows of the first batch, kept as a running set (a head that enters it at
-its layer has its patterns read there; one pushed out has them dropped), so only those heads'
-rows are ever held; later batches keep the final set's. A decision of this project: ``auto`` ranks
-by the first batch's explorer windows (every explorer window when the batch holds them all), not by
-the whole run's p0_mass, so that one pass serves both. Rows are walked in query blocks of at most :data:`BLOCK_BYTES` of
+position-0 mass on the windows of the first batch, kept as a running set. A head in it holds its
+own record (its q, k, v: ``AttentionRecord.one_head``) until the batch ends, one pushed out drops
+it, and the final heads' patterns are read then, in the page's order; later batches read the final
+set's as they come. A decision of this project: ``auto`` ranks by the first batch's explorer
+windows (every explorer window when the batch holds them all), not by the whole run's p0_mass, so
+that one pass serves both. Rows are walked in query blocks of at most :data:`BLOCK_BYTES` of
 logits, each over the keys its queries can see, for the kept heads only: no (T, S) matrix of every
 head is made on the fused path. Each (window, head)'s kept entries are found in its own slice of
 the block and move to the host as each layer is read (this pass exists only to keep them).
