@@ -32,7 +32,7 @@ from sinkscope.runtime import heap
 from sinkscope.capture.attention import capture
 from sinkscope.capture import hooks as hp
 from sinkscope.capture.discover import input_device
-from sinkscope.runtime.memory import ram_available
+from sinkscope.runtime.memory import free_memory
 from sinkscope.errors import SinkscopeError, option
 from sinkscope.probes.base import Probe
 from sinkscope.runtime.progress import progress_bar
@@ -378,18 +378,6 @@ def forward_cost(model: torch.nn.Module, *, all_logits: bool) -> ForwardCost:
     size = weight.element_size() if weight.is_floating_point() else 2
     per_token = size * (2 * width + 2 * mlp) + (size * vocab if all_logits else 0)
     return ForwardCost(per_token, 0 if all_logits else size * vocab, width, mlp, vocab)
-
-
-def free_memory(device: torch.device) -> int | None:
-    """Bytes a forward on ``device`` can still allocate: a CUDA device's free memory plus what torch's
-    allocator holds unused; on the CPU, available RAM (Linux's MemAvailable); None where unknown."""
-    if device.type == "cuda":
-        try:
-            free, _ = torch.cuda.mem_get_info(device)
-            return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-        except RuntimeError:
-            return None
-    return ram_available() if device.type == "cpu" else None
 
 
 def check_forward_fits(model: torch.nn.Module, seq_len: int, device: torch.device, *, all_logits: bool,

@@ -223,7 +223,7 @@ class _MlpPca(LazyTensors):
     covariance: str
     memory_gb: float
     sketch_rank: int
-    not_state = ("plan", "announce", "device_hint")
+    not_state = ("plan", "announce")
 
     def setup(self) -> None:
         self.targets = parse_subtracted(self.heads, self.layer, self.spec.n_heads)
@@ -236,11 +236,10 @@ class _MlpPca(LazyTensors):
         self.sample = _Sample()
         self.plan: CovariancePlan | None = None
         self.announce = _to_stderr
-        self.device_hint: torch.device | None = None
 
     def prepare(self, device: torch.device, log) -> None:
         """Plan (and state) the covariance's memory before the first window when the MLP width is known."""
-        self.announce, self.device_hint = log, device
+        self.announce = log
         if self.spec.mlp_width and not (self.sq_all.numel() or self.sketch.any()):
             self._plan(self.spec.mlp_width, device)
 

@@ -7,8 +7,9 @@ at most 2 l rows per sketch, l = ``sketch_rank``), whose error is bounded and re
 plan is made once, when the width is known, from:
 
 - the **budget**: ``memory_gb`` when given, else half the memory free on the device the
-  activations are on (``torch.cuda.mem_get_info`` on CUDA, the host's available memory
-  otherwise), measured when the run starts (the weights already loaded);
+  activations are on (``runtime.memory.free_memory``, what the runner holds a forward to: a CUDA
+  device's free memory, the host's available RAM), measured when the run starts (the weights
+  already loaded);
 - the **peak** of each way (bytes, P passes, F the width, l the rank), counting everything the
   probe allocates:
 
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from sinkscope.errors import SinkscopeError, option
+from sinkscope.runtime.memory import free_memory
 
 #: rows of the pre-activation read in float64 at a time (bounds the working copy: 3 CHUNK_ROWS F doubles).
 CHUNK_ROWS = 512
@@ -64,17 +66,6 @@ def common_bytes(width: int, passes: int, scatter_windows: int, scatter_position
 def per_window_bytes(width: int, passes: int) -> int:
     """Position 0's rows: P x F float32 per window."""
     return passes * width * 4
-
-
-def free_bytes(device: torch.device) -> int | None:
-    """The memory free on ``device`` (None: unknown, e.g. the meta device)."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    if device.type == "meta":
-        return None
-    from sinkscope.runtime.memory import available_memory
-
-    return available_memory()
 
 
 @dataclass(frozen=True)
@@ -122,7 +113,7 @@ def plan_covariance(probe: str, layer: int, width: int, passes: int, *, rank: in
     if memory_gb > 0:
         budget, source = int(memory_gb * GB), "memory_gb"
     else:
-        free = free_bytes(device) if free is None else free
+        free = free_memory(device) if free is None else free
         budget = None if free is None else free // 2
         source = f"half the {free / GB:.2f} GB free on {device}" if free is not None else ""
     base = common_bytes(width, passes, scatter_windows, scatter_positions)

@@ -46,7 +46,7 @@ def ram_available() -> int | None:
     its address-space limit's room (``ulimit -v`` less what is mapped).
 
     Unlike :func:`available_memory` it counts no accelerator (and so never starts CUDA): what a
-    window draw, or a forward on the CPU, has (``forward.runner.free_memory``).
+    window draw, or a forward on the CPU, has (:func:`free_memory`).
     """
     found = [_meminfo_available(), _cgroup_room(), _address_space_room()]
     known = [n for n in found if n is not None]
@@ -114,3 +114,17 @@ def _address_space_room() -> int | None:
         return limit - size
     except (OSError, ValueError, ImportError, StopIteration, IndexError):
         return None
+
+
+def free_memory(device) -> int | None:
+    """Bytes a forward on ``device`` can still allocate: a CUDA device's free memory plus what torch's
+    allocator holds unused; on the CPU, available RAM (Linux's MemAvailable); None where unknown."""
+    if device.type == "cuda":
+        import torch
+
+        try:
+            free, _ = torch.cuda.mem_get_info(device)
+            return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+        except RuntimeError:
+            return None
+    return ram_available() if device.type == "cpu" else None
